@@ -1,0 +1,30 @@
+"""The `tiergate` command line. Each command group lives in its own module."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+
+import typer
+
+app = typer.Typer(help="tiergate: an OpenAI-compatible gateway that spends compute where it pays.",
+                  no_args_is_help=True, add_completion=False)
+
+
+def _register() -> None:
+    # Imported lazily so that `tiergate --help` stays fast and nothing heavy loads at import.
+    from gateway.cli import bench, classifier_cmd, db_cmd, engine_cmd, serve, tenants
+
+    app.add_typer(db_cmd.app, name="db")
+    app.add_typer(tenants.tenants_app, name="tenants")
+    app.add_typer(tenants.keys_app, name="keys")
+    app.add_typer(engine_cmd.app, name="engine")
+    app.add_typer(classifier_cmd.app, name="classifier")
+    app.add_typer(bench.app, name="bench")
+    serve.register(app)
+
+
+def main() -> None:
+    _register()
+    app()

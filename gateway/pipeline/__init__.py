@@ -1,0 +1,1 @@
+"""The four-layer pipeline: perceive, plan, execute, review. Knows nothing of FastAPI or Celery."""

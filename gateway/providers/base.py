@@ -1,0 +1,74 @@
+"""The provider contract: every upstream (OpenAI-compatible HTTP, litellm, the in-process
+engine) speaks OpenAI chat-completions dicts. Imports only settings and errors.
+
+``complete`` returns an OpenAI ``chat.completion`` dict; ``stream`` yields
+``chat.completion.chunk`` dicts (the last one carries ``usage`` when the upstream
+reports it). Providers never choose their URL from the request body: the URL comes
+from ``ModelSettings`` only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from gateway.settings import ModelSettings
+
+
+@dataclass(frozen=True)
+class Usage:
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+    reasoning_tokens: int = 0
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+    @classmethod
+    def from_openai(cls, usage: dict[str, Any] | None) -> Usage:
+        if not usage:
+            return cls()
+        prompt_details = usage.get("prompt_tokens_details") or {}
+        completion_details = usage.get("completion_tokens_details") or {}
+        return cls(
+            prompt_tokens=int(usage.get("prompt_tokens") or 0),
+            completion_tokens=int(usage.get("completion_tokens") or 0),
+            cached_tokens=int(prompt_details.get("cached_tokens") or 0),
+            reasoning_tokens=int(completion_details.get("reasoning_tokens") or 0),
+        )
+
+    def to_openai(self) -> dict[str, Any]:
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "total_tokens": self.total_tokens,
+            "prompt_tokens_details": {"cached_tokens": self.cached_tokens},
+            "completion_tokens_details": {"reasoning_tokens": self.reasoning_tokens},
+        }
+
+    def __add__(self, other: Usage) -> Usage:
+        return Usage(self.prompt_tokens + other.prompt_tokens,
+                     self.completion_tokens + other.completion_tokens,
+                     self.cached_tokens + other.cached_tokens,
+                     self.reasoning_tokens + other.reasoning_tokens)
+
+
+@dataclass(frozen=True)
+class CallOptions:
+    """Per-call knobs the gateway sets (never the client): engine experts, timeouts."""
+
+    experts_per_token: int | None = None
+    timeout_s: float | None = None
+
+
+class ChatProvider(Protocol):
+    async def complete(self, model: ModelSettings, body: dict[str, Any],
+                       options: CallOptions = ...) -> dict[str, Any]: ...
+
+    def stream(self, model: ModelSettings, body: dict[str, Any],
+               options: CallOptions = ...) -> AsyncIterator[dict[str, Any]]: ...
+
+    async def aclose(self) -> None: ...

@@ -1,0 +1,199 @@
+"""Typed configuration: config.yaml plus environment, parsed once.
+
+Secrets are never stored in config.yaml; fields ending in ``_env`` name the
+environment variable that holds them. Must not import anything from the gateway
+besides its own errors (it sits below every other module).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+TIER_NAMES: tuple[str, ...] = ("none", "minimal", "low", "medium", "high", "xhigh")
+Tier = Literal["none", "minimal", "low", "medium", "high", "xhigh"]
+DEFAULT_CONFIG_ENV = "TIERGATE_CONFIG"
+
+
+class ConfigError(Exception):
+    """config.yaml is missing, malformed or names an invalid field."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ServerSettings(_Strict):
+    host: str = "127.0.0.1"
+    port: int = Field(8080, ge=1, le=65535)
+    admin_key_env: str = "TIERGATE_ADMIN_KEY"
+    max_body_bytes: int = Field(4 * 1024 * 1024, gt=0)
+    request_timeout_s: float = Field(600.0, gt=0)
+    log_level: str = "info"
+
+
+class DatabaseSettings(_Strict):
+    url_env: str = "TIERGATE_DATABASE_URL"
+    default_url: str = "sqlite:///var/tiergate.db"
+
+    def resolved_url(self) -> str:
+        return os.environ.get(self.url_env) or self.default_url
+
+
+class RedisSettings(_Strict):
+    url_env: str = "TIERGATE_REDIS_URL"
+
+    def resolved_url(self) -> str | None:
+        return os.environ.get(self.url_env) or None
+
+
+class LedgerSettings(_Strict):
+    journal_dir: str = "var/journal"
+    flush_interval_ms: int = Field(50, gt=0)
+    batch_size: int = Field(500, gt=0)
+
+
+class Price(_Strict):
+    """USD per one million tokens."""
+
+    input: float = Field(0.0, ge=0)
+    cached_input: float | None = Field(None, ge=0)
+    output: float = Field(0.0, ge=0)
+
+    def cost_usd(self, prompt_tokens: int, cached_tokens: int, completion_tokens: int) -> float:
+        cached_price = self.input if self.cached_input is None else self.cached_input
+        uncached = max(prompt_tokens - cached_tokens, 0)
+        return (uncached * self.input + cached_tokens * cached_price + completion_tokens * self.output) / 1e6
+
+
+class EngineKnobs(_Strict):
+    experts_per_token: int | None = Field(None, ge=1)
+    thinking_budget_tokens: int | None = Field(None, ge=0)
+    speculative: bool = False
+
+
+class ModelSettings(_Strict):
+    """One upstream model. ``provider``: openai (any OpenAI-compatible server),
+    litellm (any litellm provider string), local (the bundled engine)."""
+
+    provider: Literal["openai", "litellm", "local"]
+    model: str = Field(..., min_length=1, description="upstream model name / litellm string / local dir")
+    api_base: str | None = None
+    api_key_env: str | None = None
+    timeout_s: float = Field(120.0, gt=0)
+    max_retries: int = Field(2, ge=0, le=10)
+    context_window: int = Field(8192, gt=0)
+    price: Price = Price()
+    supports: tuple[str, ...] = ()
+
+    @model_validator(mode="after")
+    def _needs_base(self) -> ModelSettings:
+        if self.provider == "openai" and not self.api_base:
+            raise ValueError("provider 'openai' needs api_base")
+        return self
+
+    def api_key(self) -> str | None:
+        return os.environ.get(self.api_key_env) if self.api_key_env else None
+
+
+class TierSettings(_Strict):
+    model: str
+    fallbacks: tuple[str, ...] = ()
+    price: Price | None = None  # overrides the model's price for this tier
+    engine: EngineKnobs = EngineKnobs()
+    max_output_tokens: int = Field(1024, gt=0)
+
+
+class BudgetDefaults(_Strict):
+    period: Literal["day", "week", "month", "total"] = "month"
+    limit_usd: float | None = Field(None, ge=0)
+    soft_limit_fraction: float = Field(0.8, gt=0, le=1)
+    alert_thresholds: tuple[float, ...] = (0.5, 0.8, 1.0)
+    soft_effort_cap: Tier = "medium"
+    reservation_lease_s: float = Field(300.0, gt=0)
+    alert_webhook_env: str | None = None
+
+
+class ClassifierSettings(_Strict):
+    artifact: str = "classifier/artifacts/effort.skops"
+    feedback_dir: str = "var/classifier"
+    target_mix: dict[str, float] = {"low": 0.70, "medium": 0.20, "high": 0.10}
+    store_prompt_text: bool = False
+    reload_interval_s: float = Field(5.0, gt=0)
+
+
+class PipelineSettings(_Strict):
+    max_review_rounds: int = Field(2, ge=0)
+    xhigh_paths: int = Field(3, ge=1)
+    prune_after_tokens: int = Field(32, ge=1)
+    max_steps: int = Field(6, ge=1)
+
+
+class Settings(_Strict):
+    server: ServerSettings = ServerSettings()
+    database: DatabaseSettings = DatabaseSettings()
+    redis: RedisSettings = RedisSettings()
+    ledger: LedgerSettings = LedgerSettings()
+    models: dict[str, ModelSettings]
+    tiers: dict[Tier, TierSettings]
+    budgets: BudgetDefaults = BudgetDefaults()
+    classifier: ClassifierSettings = ClassifierSettings()
+    pipeline: PipelineSettings = PipelineSettings()
+    base_dir: str = "."
+
+    @field_validator("tiers")
+    @classmethod
+    def _all_tiers(cls, tiers: dict[str, TierSettings]) -> dict[str, TierSettings]:
+        missing = [t for t in TIER_NAMES if t not in tiers]
+        if missing:
+            raise ValueError(f"missing tiers: {', '.join(missing)}")
+        return tiers
+
+    @model_validator(mode="after")
+    def _tier_models_exist(self) -> Settings:
+        for name, tier in self.tiers.items():
+            for model in (tier.model, *tier.fallbacks):
+                if model not in self.models:
+                    raise ValueError(f"tiers.{name}: unknown model {model!r} (not under models:)")
+        return self
+
+    def tier_price(self, tier: str) -> Price:
+        t = self.tiers[tier]  # type: ignore[index]
+        return t.price or self.models[t.model].price
+
+    def resolve_path(self, path: str) -> Path:
+        p = Path(path)
+        return p if p.is_absolute() else Path(self.base_dir) / p
+
+
+def _format_validation_error(err: ValidationError) -> str:
+    lines = []
+    for e in err.errors():
+        loc = ".".join(str(part) for part in e["loc"])
+        lines.append(f"  {loc or '<root>'}: {e['msg']}")
+    return "invalid config:\n" + "\n".join(lines)
+
+
+def settings_from_dict(data: dict[str, Any], base_dir: str | Path = ".") -> Settings:
+    try:
+        return Settings.model_validate({**data, "base_dir": str(base_dir)})
+    except ValidationError as err:
+        raise ConfigError(_format_validation_error(err)) from None
+
+
+def load_settings(path: str | Path | None = None) -> Settings:
+    """Load and validate config.yaml (``$TIERGATE_CONFIG`` or ./config.yaml)."""
+    path = Path(path or os.environ.get(DEFAULT_CONFIG_ENV) or "config.yaml")
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"config file not found: {path}") from None
+    except yaml.YAMLError as err:
+        raise ConfigError(f"config file {path} is not valid YAML: {err}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"config file {path} must be a mapping")
+    return settings_from_dict(raw, base_dir=path.resolve().parent)
