@@ -1,0 +1,161 @@
+"""The lean OpenAI-compatible upstream client (OpenAI, vLLM, SGLang, tiergate's engine server).
+
+One pooled ``aiohttp.ClientSession`` per process (built on first use inside the running loop,
+closed by ``aclose``), orjson in and out, connect/read timeouts, and true streaming: SSE lines
+are parsed as they arrive and the upstream connection is closed as soon as the consumer stops
+iterating (client disconnect), so the upstream stops generating. The URL and key come only from
+``ModelSettings`` (config.yaml), never from the request body.
+
+Imports aiohttp, orjson, settings, errors and providers.base only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import aiohttp
+import orjson
+
+from gateway.errors import GatewayError, InvalidRequest, UpstreamError, UpstreamTimeout
+from gateway.providers.base import CallOptions
+from gateway.settings import ModelSettings
+
+SessionFactory = Callable[[], aiohttp.ClientSession]
+_RETRYABLE_STATUS = frozenset({408, 409, 425, 429, 500, 502, 503, 504, 529})
+
+
+def default_session_factory() -> aiohttp.ClientSession:
+    connector = aiohttp.TCPConnector(limit=1024, limit_per_host=0, ttl_dns_cache=300,
+                                     enable_cleanup_closed=True)
+    return aiohttp.ClientSession(connector=connector, json_serialize=lambda o: orjson.dumps(o).decode(),
+                                 auto_decompress=True, trust_env=False)
+
+
+def _headers(model: ModelSettings) -> dict[str, str]:
+    headers = {"Content-Type": "application/json", "Accept": "application/json"}
+    key = model.api_key()
+    if key:
+        headers["Authorization"] = f"Bearer {key}"
+    return headers
+
+
+def _scrub(text: str, model: ModelSettings) -> str:
+    key = model.api_key()
+    if key:
+        text = text.replace(key, "***")
+    return text[:500]
+
+
+def upstream_http_error(status: int, raw: bytes, model: ModelSettings,
+                        retry_after: str | None) -> GatewayError:
+    """Map an upstream HTTP error to the gateway's tree without leaking its secrets."""
+    detail = ""
+    try:
+        err = orjson.loads(raw).get("error") or {}
+        detail = _scrub(str(err.get("message") or ""), model) if isinstance(err, dict) else ""
+    except (orjson.JSONDecodeError, AttributeError):
+        pass
+    if status in (400, 422):
+        return InvalidRequest(f"upstream rejected the request: {detail or 'bad request'}",
+                              code="upstream_bad_request")
+    headers = {"retry-after": retry_after} if retry_after else None
+    if status in _RETRYABLE_STATUS:
+        return UpstreamError(f"upstream returned HTTP {status}", upstream_status=status,
+                             retryable=True, headers=headers)
+    # 401/403/404 from the upstream are configuration problems, not the client's: don't retry
+    # the same model, but the router may still fall back to the next one.
+    return UpstreamError(f"upstream returned HTTP {status}", upstream_status=status, retryable=False)
+
+
+class OpenAICompatProvider:
+    """``ChatProvider`` over HTTP for any server speaking OpenAI chat completions."""
+
+    def __init__(self, session_factory: SessionFactory | None = None, *,
+                 connect_timeout_s: float = 10.0) -> None:
+        self._factory = session_factory or default_session_factory
+        self._session: aiohttp.ClientSession | None = None
+        self._connect_timeout_s = connect_timeout_s
+
+    def _client(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            self._session = self._factory()
+        return self._session
+
+    def _timeout(self, model: ModelSettings, options: CallOptions, *, streaming: bool) -> aiohttp.ClientTimeout:
+        limit = options.timeout_s or model.timeout_s
+        # Streams may run long in total; each read must still arrive within the limit.
+        return aiohttp.ClientTimeout(total=None if streaming else limit, connect=self._connect_timeout_s,
+                                     sock_read=limit)
+
+    @staticmethod
+    def _url(model: ModelSettings) -> str:
+        assert model.api_base, "openai provider needs api_base (validated in settings)"
+        return model.api_base.rstrip("/") + "/chat/completions"
+
+    async def complete(self, model: ModelSettings, body: dict[str, Any],
+                       options: CallOptions = CallOptions()) -> dict[str, Any]:
+        payload = {**body, "model": model.model, "stream": False}
+        payload.pop("stream_options", None)
+        try:
+            async with self._client().post(self._url(model), data=orjson.dumps(payload), headers=_headers(model),
+                                           timeout=self._timeout(model, options, streaming=False)) as resp:
+                raw = await resp.read()
+                if resp.status >= 400:
+                    raise upstream_http_error(resp.status, raw, model, resp.headers.get("Retry-After"))
+        except TimeoutError:
+            raise UpstreamTimeout("upstream timed out", retryable=True) from None
+        except aiohttp.ClientError as err:
+            raise UpstreamError(f"upstream connection failed ({type(err).__name__})", retryable=True) from None
+        try:
+            data = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            raise UpstreamError("upstream returned invalid JSON", retryable=True) from None
+        if not isinstance(data, dict):
+            raise UpstreamError("upstream returned an unexpected body", retryable=True)
+        return data
+
+    async def stream(self, model: ModelSettings, body: dict[str, Any],
+                     options: CallOptions = CallOptions()) -> AsyncIterator[dict[str, Any]]:
+        payload = {**body, "model": model.model, "stream": True,
+                   "stream_options": {"include_usage": True}}  # always ask: the ledger needs counts
+        resp: aiohttp.ClientResponse | None = None
+        finished = False
+        try:
+            try:
+                resp = await self._client().post(self._url(model), data=orjson.dumps(payload),
+                                                 headers=_headers(model),
+                                                 timeout=self._timeout(model, options, streaming=True))
+                if resp.status >= 400:
+                    raw = await resp.read()
+                    raise upstream_http_error(resp.status, raw, model, resp.headers.get("Retry-After"))
+                async for line in resp.content:
+                    if not line.startswith(b"data:"):
+                        continue  # comments, event:, blank separators
+                    data = line[5:].strip()
+                    if data == b"[DONE]":
+                        finished = True
+                        break
+                    if data:
+                        yield orjson.loads(data)
+                finished = True
+            except TimeoutError:
+                raise UpstreamTimeout("upstream timed out", retryable=True) from None
+            except aiohttp.ClientError as err:
+                raise UpstreamError(f"upstream connection failed ({type(err).__name__})",
+                                    retryable=True) from None
+            except orjson.JSONDecodeError:
+                raise UpstreamError("upstream sent an invalid stream chunk", retryable=False) from None
+        finally:
+            if resp is not None:
+                if finished:
+                    resp.release()
+                else:
+                    resp.close()  # consumer went away: drop the connection so the upstream stops
+
+    async def aclose(self) -> None:
+        if self._session is not None and not self._session.closed:
+            await self._session.close()
+            await asyncio.sleep(0)
+        self._session = None

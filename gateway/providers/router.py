@@ -1,0 +1,227 @@
+"""Calling a tier: retries with exponential backoff + full jitter on 429/5xx/timeouts (honouring
+``retry-after``), then the tier's ordered fallbacks.
+
+Every upstream attempt — failed, answered, streamed to the end or cut short — is reported once
+through ``on_attempt`` with its usage, so the caller can bill it (the ledger lives above this
+layer). Streams can only be retried before their first chunk; after that an error ends the
+stream. Imports settings, errors and sibling provider modules only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from gateway.errors import GatewayError, UpstreamError
+from gateway.providers.base import CallOptions, Usage
+from gateway.providers.metering import StreamMeter, response_usage
+from gateway.providers.registry import ProviderRegistry
+from gateway.settings import Settings
+
+AttemptStatus = Literal["ok", "error", "cancelled"]
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One upstream call, as the ledger needs it."""
+
+    model_name: str
+    usage: Usage
+    status: AttemptStatus
+    latency_ms: int
+    error: GatewayError | None = None
+
+
+OnAttempt = Callable[[Attempt], None]
+Sleep = Callable[[float], Awaitable[None]]
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    base_delay_s: float = 0.25
+    max_delay_s: float = 8.0
+    max_retry_after_s: float = 30.0
+
+    def delay(self, attempt: int, err: GatewayError) -> float:
+        retry_after = err.headers.get("retry-after") if err.headers else None
+        if retry_after:
+            try:
+                return min(max(float(retry_after), 0.0), self.max_retry_after_s)
+            except ValueError:
+                pass  # an HTTP date: fall through to backoff
+        return random.uniform(0, min(self.max_delay_s, self.base_delay_s * 2 ** attempt))
+
+
+DEFAULT_POLICY = RetryPolicy()
+
+
+def tier_models(settings: Settings, tier: str) -> list[str]:
+    t = settings.tiers[tier]  # type: ignore[index]
+    return [t.model, *t.fallbacks]
+
+
+def _noop(_: Attempt) -> None:
+    return None
+
+
+def _ms(start: float) -> int:
+    return int((time.perf_counter() - start) * 1000)
+
+
+def _retryable(err: GatewayError) -> bool:
+    return isinstance(err, UpstreamError) and err.retryable
+
+
+async def call_models(registry: ProviderRegistry, models: Sequence[str], body: dict[str, Any],
+                      options: CallOptions = CallOptions(), *, on_attempt: OnAttempt = _noop,
+                      policy: RetryPolicy = DEFAULT_POLICY, sleep: Sleep = asyncio.sleep,
+                      ) -> tuple[dict[str, Any], str]:
+    """Non-streaming call over an ordered chain of models; returns (response, model used)."""
+    last: GatewayError | None = None
+    for name in models:
+        model = registry.model(name)
+        provider = registry.for_model(name)
+        for attempt in range(model.max_retries + 1):
+            start = time.perf_counter()
+            try:
+                response = await provider.complete(model, body, options)
+            except GatewayError as err:
+                on_attempt(Attempt(name, Usage(), "error", _ms(start), err))
+                if not isinstance(err, UpstreamError):
+                    raise  # the client's fault (400): no retry, no fallback
+                last = err
+                if not err.retryable or attempt == model.max_retries:
+                    break
+                await sleep(policy.delay(attempt, err))
+                continue
+            except asyncio.CancelledError:
+                on_attempt(Attempt(name, Usage(), "cancelled", _ms(start)))
+                raise
+            on_attempt(Attempt(name, response_usage(model, body.get("messages") or [], response), "ok",
+                               _ms(start)))
+            return response, name
+    assert last is not None
+    raise last
+
+
+async def call_tier(registry: ProviderRegistry, settings: Settings, tier: str, body: dict[str, Any],
+                    options: CallOptions = CallOptions(), *, on_attempt: OnAttempt = _noop,
+                    policy: RetryPolicy = DEFAULT_POLICY, sleep: Sleep = asyncio.sleep,
+                    ) -> tuple[dict[str, Any], str]:
+    return await call_models(registry, tier_models(settings, tier), body, options,
+                             on_attempt=on_attempt, policy=policy, sleep=sleep)
+
+
+class MeteredStream:
+    """The chunks of one opened upstream stream. Reports its attempt exactly once: at the end of
+    the stream, on an upstream error, or on ``aclose`` (client went away: the upstream connection
+    is closed first so it stops generating, then what was generated is billed)."""
+
+    def __init__(self, first: dict[str, Any], rest: AsyncIterator[dict[str, Any]], meter: StreamMeter,
+                 name: str, start: float, on_attempt: OnAttempt) -> None:
+        self._first: dict[str, Any] | None = first
+        self._rest = rest
+        self.meter = meter
+        self.model_name = name
+        self._start = start
+        self._on_attempt = on_attempt
+        self._reported = False
+
+    def __aiter__(self) -> MeteredStream:
+        return self
+
+    async def __anext__(self) -> dict[str, Any]:
+        if self._reported:
+            raise StopAsyncIteration
+        if self._first is not None:
+            first, self._first = self._first, None
+            return first
+        try:
+            chunk = await self._rest.__anext__()
+        except StopAsyncIteration:
+            self._report("ok")
+            raise
+        except GatewayError as err:
+            await _close(self._rest)
+            self._report("error", err)
+            raise
+        except asyncio.CancelledError:
+            await self.aclose()
+            raise
+        self.meter.observe(chunk)
+        return chunk
+
+    def _report(self, status: AttemptStatus, error: GatewayError | None = None) -> None:
+        if not self._reported:
+            self._reported = True
+            self._on_attempt(Attempt(self.model_name, self.meter.usage(), status, _ms(self._start), error))
+
+    async def aclose(self) -> None:
+        if self._reported:
+            return
+        try:
+            await _close(self._rest)
+        finally:
+            self._report("cancelled")
+
+
+async def stream_models(registry: ProviderRegistry, models: Sequence[str], body: dict[str, Any],
+                        options: CallOptions = CallOptions(), *, on_attempt: OnAttempt = _noop,
+                        policy: RetryPolicy = DEFAULT_POLICY, sleep: Sleep = asyncio.sleep,
+                        ) -> tuple[AsyncIterator[dict[str, Any]], str]:
+    """Open a stream over an ordered chain of models: retries and fallbacks until the first chunk
+    arrives. Returns (chunks, model used); the attempt is reported when the stream ends."""
+    last: GatewayError | None = None
+    for name in models:
+        model = registry.model(name)
+        provider = registry.for_model(name)
+        for attempt in range(model.max_retries + 1):
+            start = time.perf_counter()
+            chunks = provider.stream(model, body, options)
+            meter = StreamMeter(model, body.get("messages") or [])
+            try:
+                first = await chunks.__anext__()
+            except StopAsyncIteration:
+                # Nothing at all came back: bill the prompt, hand back an empty stream.
+                on_attempt(Attempt(name, meter.usage(), "ok", _ms(start)))
+                return _empty(), name
+            except GatewayError as err:
+                on_attempt(Attempt(name, Usage(), "error", _ms(start), err))
+                if not isinstance(err, UpstreamError):
+                    raise
+                last = err
+                if not err.retryable or attempt == model.max_retries:
+                    break
+                await sleep(policy.delay(attempt, err))
+                continue
+            except asyncio.CancelledError:
+                await _close(chunks)
+                on_attempt(Attempt(name, meter.usage(), "cancelled", _ms(start)))
+                raise
+            meter.observe(first)
+            return MeteredStream(first, chunks, meter, name, start, on_attempt), name
+    assert last is not None
+    raise last
+
+
+async def stream_tier(registry: ProviderRegistry, settings: Settings, tier: str, body: dict[str, Any],
+                      options: CallOptions = CallOptions(), *, on_attempt: OnAttempt = _noop,
+                      policy: RetryPolicy = DEFAULT_POLICY, sleep: Sleep = asyncio.sleep,
+                      ) -> tuple[AsyncIterator[dict[str, Any]], str]:
+    return await stream_models(registry, tier_models(settings, tier), body, options,
+                               on_attempt=on_attempt, policy=policy, sleep=sleep)
+
+
+async def _close(chunks: AsyncIterator[dict[str, Any]]) -> None:
+    aclose = getattr(chunks, "aclose", None)
+    if aclose is not None:
+        await aclose()
+
+
+async def _empty() -> AsyncIterator[dict[str, Any]]:
+    return
+    yield  # pragma: no cover - makes this an async generator
