@@ -1,0 +1,134 @@
+"""Sampling: per-request parameters and the sampler that turns last-token logits into tokens.
+
+`SamplingParams` is plain data (what a request asks for). `sample` takes the logits of every
+sequence that produces a token this step and returns the chosen tokens plus, where asked,
+their log-probabilities and the top alternatives. Randomness comes only from each
+request's own `torch.Generator`, so a request's tokens never depend on what else shares
+its batch (and a preempted request resumes with identical output).
+
+Imports torch only; never the model, the scheduler or anything web/db.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """What one request asks the sampler for.
+
+    temperature 0 means greedy. ``top_k`` <= 0 and ``top_p`` >= 1 disable those filters.
+    ``max_tokens`` None means "until the context is full". ``logprobs`` asks for the
+    chosen token's log-probability; ``top_logprobs`` (0..20) for that many alternatives.
+    Log-probabilities are those of the model's distribution (before temperature/filters),
+    as OpenAI reports them.
+    """
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+    max_tokens: int | None = 16
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+    logprobs: bool = False
+    top_logprobs: int = 0
+    min_tokens: int = 0
+    extra: dict[str, object] = field(default_factory=dict, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.temperature < 0:
+            raise ValueError("temperature must be >= 0")
+        if not 0 < self.top_p <= 1:
+            raise ValueError("top_p must be in (0, 1]")
+        if self.max_tokens is not None and self.max_tokens < 1:
+            raise ValueError("max_tokens must be >= 1")
+        if not 0 <= self.top_logprobs <= 20:
+            raise ValueError("top_logprobs must be between 0 and 20")
+        if self.min_tokens < 0:
+            raise ValueError("min_tokens must be >= 0")
+        if any(not s for s in self.stop):
+            raise ValueError("stop strings must be non-empty")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0 or self.top_k == 1
+
+    @property
+    def wants_logprobs(self) -> bool:
+        return self.logprobs or self.top_logprobs > 0
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """The chosen token's log-probability and the ``top_logprobs`` best alternatives."""
+
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
+def make_generator(seed: int | None) -> torch.Generator:
+    """A request's private RNG: seeded when asked, otherwise from fresh OS entropy."""
+    gen = torch.Generator()
+    if seed is None:
+        gen.seed()
+    else:
+        gen.manual_seed(seed)
+    return gen
+
+
+def _filter_top_k_top_p(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
+    """logits [V] -> logits [V] with everything outside top-k / nucleus set to -inf."""
+    if top_k > 0 and top_k < logits.shape[-1]:
+        kth = torch.topk(logits, top_k).values[-1]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, descending=True)
+        probs = torch.softmax(sorted_logits, dim=-1)
+        # drop a token once the mass *before* it already reaches top_p (always keeps the best one)
+        drop_sorted = (torch.cumsum(probs, dim=-1) - probs) >= top_p
+        drop = torch.zeros_like(drop_sorted).scatter(0, order, drop_sorted)
+        logits = logits.masked_fill(drop, float("-inf"))
+    return logits
+
+
+def sample(logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None],
+           suppress: list[tuple[int, ...]] | None = None) -> tuple[list[int], list[TokenLogprob | None]]:
+    """Choose one token per row.
+
+    logits: [S, V] float, one row per sequence that samples this step.
+    params / generators: one per row. suppress: per row, token ids that may not be chosen
+    (used for ``min_tokens``: end-of-sequence ids are suppressed until it is reached).
+    Returns (token ids, per-row TokenLogprob or None when the row did not ask for them).
+    """
+    logits = logits.float()
+    if suppress is not None and any(suppress):
+        logits = logits.clone()
+        for row, ids in enumerate(suppress):
+            if ids:
+                logits[row, list(ids)] = float("-inf")
+    tokens: list[int] = logits.argmax(dim=-1).tolist()
+    for row, p in enumerate(params):
+        if p.greedy:
+            continue
+        row_logits = _filter_top_k_top_p(logits[row] / p.temperature, p.top_k, p.top_p)
+        probs = torch.softmax(row_logits, dim=-1)
+        tokens[row] = int(torch.multinomial(probs, 1, generator=generators[row]).item())
+    logprobs: list[TokenLogprob | None] = [None] * len(params)
+    wanting = [row for row, p in enumerate(params) if p.wants_logprobs]
+    if wanting:
+        lp = torch.log_softmax(logits[wanting], dim=-1)
+        for i, row in enumerate(wanting):
+            chosen = float(lp[i, tokens[row]])
+            k = params[row].top_logprobs
+            top: tuple[tuple[int, float], ...] = ()
+            if k:
+                vals, ids = torch.topk(lp[i], k)
+                top = tuple(zip(ids.tolist(), vals.tolist(), strict=True))
+            logprobs[row] = TokenLogprob(tokens[row], chosen, top)
+    return tokens, logprobs
