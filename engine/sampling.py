@@ -128,7 +128,7 @@ def sample(logits: torch.Tensor, params: list[SamplingParams], generators: list[
             k = params[row].top_logprobs
             top: tuple[tuple[int, float], ...] = ()
             if k:
-                vals, ids = torch.topk(lp[i], k)
-                top = tuple(zip(ids.tolist(), vals.tolist(), strict=True))
+                best = torch.topk(lp[i], k)
+                top = tuple(zip(best.indices.tolist(), best.values.tolist(), strict=True))
             logprobs[row] = TokenLogprob(tokens[row], chosen, top)
     return tokens, logprobs

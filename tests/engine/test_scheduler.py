@@ -25,8 +25,8 @@ def drive(sched: Scheduler, seqs: list[Sequence], max_new: int, steps_log: list 
     """Run the scheduler to completion, reading every context back from the fake KV cache."""
     bs = sched.allocator.block_size
     cache: list[int | None] = [None] * (sched.allocator.num_blocks * bs)
-    for s in seqs:
-        sched.add(s)
+    for q in seqs:
+        sched.add(q)
     guard = 0
     while sched.has_unfinished():
         guard += 1
@@ -42,9 +42,9 @@ def drive(sched: Scheduler, seqs: list[Sequence], max_new: int, steps_log: list 
             for p in range(s.start, s.start + s.num_new_tokens):
                 cache[seq.block_table[p // bs] * bs + p % bs] = seq.token_ids[p]
         sampled = []
-        for s in out.scheduled:
-            if s.samples:
-                seq = s.seq
+        for sch in out.scheduled:
+            if sch.samples:
+                seq = sch.seq
                 ctx = [cache[seq.block_table[p // bs] * bs + p % bs] for p in range(seq.num_tokens)]
                 assert None not in ctx
                 sampled.append((seq, next_token(ctx)))  # type: ignore[arg-type]
@@ -54,7 +54,7 @@ def drive(sched: Scheduler, seqs: list[Sequence], max_new: int, steps_log: list 
             if seq.num_output_tokens >= max_new:
                 sched.finish(seq, "length")
     assert sched.allocator.num_free == sched.allocator.num_blocks
-    return {s.request_id: s.output_token_ids for s in seqs}
+    return {q.request_id: q.output_token_ids for q in seqs}
 
 
 def alone(prompt: list[int], max_new: int) -> list[int]:
