@@ -1,0 +1,145 @@
+"""SQLAlchemy 2 declarative models: tenants, API keys, requests, the per-call ledger,
+daily spend aggregates and feedback. Every other model module (budgets, jobs, ...) must
+subclass the shared ``Base`` defined here so one ``Base.metadata`` drives Alembic's
+drift check.
+
+Money columns are ``Numeric(18, 9)``. The ledger tables carry no foreign keys on purpose:
+a ledger row must always be writable (a deleted tenant must never make a journal batch
+un-insertable and stall the money path). Imports only SQLAlchemy: this package sits at
+the bottom of the gateway's layers and must not import any other gateway module.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, date, datetime
+from decimal import Decimal
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+MONEY = sa.Numeric(18, 9)
+ID = sa.String(64)
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class Base(DeclarativeBase):
+    """The one declarative base of tiergate; import it, never define another."""
+
+    metadata = sa.MetaData(naming_convention={
+        "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+        "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+        "ck": "ck_%(table_name)s_%(constraint_name)s",
+        "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+        "pk": "pk_%(table_name)s",
+    })
+
+
+class Tenant(Base):
+    __tablename__ = "tenants"
+
+    id: Mapped[str] = mapped_column(ID, primary_key=True)
+    name: Mapped[str] = mapped_column(sa.String(200), unique=True)
+    created_at: Mapped[datetime] = mapped_column(sa.DateTime(timezone=True), default=utcnow)
+    allow_prompt_storage: Mapped[bool] = mapped_column(sa.Boolean, default=False)
+
+
+class ApiKey(Base):
+    """An API key: only its SHA-256 hex digest and a short visible prefix are stored."""
+
+    __tablename__ = "api_keys"
+
+    id: Mapped[str] = mapped_column(ID, primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(ID, sa.ForeignKey("tenants.id", ondelete="CASCADE"), index=True)
+    name: Mapped[str] = mapped_column(sa.String(200), default="")
+    prefix: Mapped[str] = mapped_column(sa.String(16))
+    key_hash: Mapped[str] = mapped_column(sa.String(64), unique=True)
+    created_at: Mapped[datetime] = mapped_column(sa.DateTime(timezone=True), default=utcnow)
+    revoked_at: Mapped[datetime | None] = mapped_column(sa.DateTime(timezone=True), nullable=True)
+
+
+class Request(Base):
+    """One client request (possibly several upstream calls, see ``LedgerEntryRow``)."""
+
+    __tablename__ = "requests"
+    __table_args__ = (sa.Index("ix_requests_tenant_created", "tenant_id", "created_at"),)
+
+    id: Mapped[str] = mapped_column(ID, primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(ID)
+    key_id: Mapped[str | None] = mapped_column(ID, nullable=True)
+    requested_model: Mapped[str] = mapped_column(sa.String(255))
+    tier: Mapped[str | None] = mapped_column(sa.String(16), nullable=True)
+    effort_source: Mapped[str | None] = mapped_column(sa.String(16), nullable=True)
+    classifier_score: Mapped[float | None] = mapped_column(sa.Float, nullable=True)
+    classifier_version: Mapped[str | None] = mapped_column(sa.String(64), nullable=True)
+    pipeline: Mapped[bool] = mapped_column(sa.Boolean, default=False)
+    status: Mapped[str] = mapped_column(sa.String(32))
+    http_status: Mapped[int | None] = mapped_column(sa.Integer, nullable=True)
+    error_code: Mapped[str | None] = mapped_column(sa.String(64), nullable=True)
+    latency_ms: Mapped[float | None] = mapped_column(sa.Float, nullable=True)
+    prompt_tokens: Mapped[int] = mapped_column(sa.BigInteger, default=0)
+    completion_tokens: Mapped[int] = mapped_column(sa.BigInteger, default=0)
+    cost_usd: Mapped[Decimal] = mapped_column(MONEY, default=Decimal(0))
+    baseline_cost_usd: Mapped[Decimal] = mapped_column(MONEY, default=Decimal(0))
+    created_at: Mapped[datetime] = mapped_column(sa.DateTime(timezone=True), default=utcnow)
+
+
+class LedgerEntryRow(Base):
+    """One upstream call. ``id`` is a uuid chosen by the caller so journal replay is idempotent."""
+
+    __tablename__ = "ledger_entries"
+    __table_args__ = (sa.Index("ix_ledger_entries_tenant_created", "tenant_id", "created_at"),)
+
+    id: Mapped[str] = mapped_column(ID, primary_key=True)
+    request_id: Mapped[str] = mapped_column(ID, index=True)
+    tenant_id: Mapped[str] = mapped_column(ID)
+    key_id: Mapped[str | None] = mapped_column(ID, nullable=True)
+    stage: Mapped[str] = mapped_column(sa.String(16))
+    tier: Mapped[str] = mapped_column(sa.String(16))
+    model: Mapped[str] = mapped_column(sa.String(255))
+    prompt_tokens: Mapped[int] = mapped_column(sa.BigInteger, default=0)
+    cached_tokens: Mapped[int] = mapped_column(sa.BigInteger, default=0)
+    completion_tokens: Mapped[int] = mapped_column(sa.BigInteger, default=0)
+    reasoning_tokens: Mapped[int] = mapped_column(sa.BigInteger, default=0)
+    cost_usd: Mapped[Decimal] = mapped_column(MONEY, default=Decimal(0))
+    baseline_cost_usd: Mapped[Decimal] = mapped_column(MONEY, default=Decimal(0))
+    status: Mapped[str] = mapped_column(sa.String(16))
+    created_at: Mapped[datetime] = mapped_column(sa.DateTime(timezone=True), default=utcnow)
+
+
+class DailySpend(Base):
+    """Per tenant/day/model/tier sums of ledger rows, maintained incrementally by the ledger
+    writer in the same transaction as the rows. ``requests`` counts upstream calls."""
+
+    __tablename__ = "daily_spend"
+
+    tenant_id: Mapped[str] = mapped_column(ID, primary_key=True)
+    day: Mapped[date] = mapped_column(sa.Date, primary_key=True)
+    model: Mapped[str] = mapped_column(sa.String(255), primary_key=True)
+    tier: Mapped[str] = mapped_column(sa.String(16), primary_key=True)
+    requests: Mapped[int] = mapped_column(sa.BigInteger, default=0)
+    prompt_tokens: Mapped[int] = mapped_column(sa.BigInteger, default=0)
+    cached_tokens: Mapped[int] = mapped_column(sa.BigInteger, default=0)
+    completion_tokens: Mapped[int] = mapped_column(sa.BigInteger, default=0)
+    reasoning_tokens: Mapped[int] = mapped_column(sa.BigInteger, default=0)
+    cost_usd: Mapped[Decimal] = mapped_column(MONEY, default=Decimal(0))
+    baseline_cost_usd: Mapped[Decimal] = mapped_column(MONEY, default=Decimal(0))
+
+
+class Feedback(Base):
+    """A label for the effort classifier: a review verdict or a user rating."""
+
+    __tablename__ = "feedback"
+
+    id: Mapped[str] = mapped_column(ID, primary_key=True)
+    request_id: Mapped[str] = mapped_column(ID, index=True)
+    tenant_id: Mapped[str] = mapped_column(ID, index=True)
+    source: Mapped[str] = mapped_column(sa.String(16))
+    label_tier: Mapped[str] = mapped_column(sa.String(16))
+    score: Mapped[float | None] = mapped_column(sa.Float, nullable=True)
+    prompt_text: Mapped[str | None] = mapped_column(sa.Text, nullable=True)
+    features: Mapped[Any | None] = mapped_column(sa.JSON, nullable=True)
+    created_at: Mapped[datetime] = mapped_column(sa.DateTime(timezone=True), default=utcnow)

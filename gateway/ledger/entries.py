@@ -1,0 +1,120 @@
+"""The ledger's plain data: one ``LedgerEntry`` per upstream call, one ``RequestRecord`` per
+client request, and their JSON journal encoding. Imports only providers.base (Usage).
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+from gateway.providers.base import Usage
+
+Stage = Literal["direct", "perceive", "plan", "execute", "review"]
+CallStatus = Literal["ok", "error", "cancelled"]
+# Request statuses: ok | error | cancelled | budget_denied | rate_limited | in_progress ...
+IN_PROGRESS = "in_progress"
+
+
+def new_entry_id() -> str:
+    return uuid.uuid4().hex
+
+
+def _utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+def _dt(value: str) -> datetime:
+    dt = datetime.fromisoformat(value)
+    return dt if dt.tzinfo else dt.replace(tzinfo=UTC)
+
+
+@dataclass(frozen=True)
+class LedgerEntry:
+    """One upstream call. ``id`` is chosen by the caller (``new_entry_id()``), so recording the
+    same entry twice (journal replay, a retried write) never double-counts."""
+
+    id: str
+    request_id: str
+    tenant_id: str
+    key_id: str | None
+    stage: str
+    tier: str
+    model: str
+    usage: Usage
+    cost_usd: float
+    baseline_cost_usd: float
+    status: str = "ok"
+    created_at: datetime = field(default_factory=_utcnow)
+
+    def to_json(self) -> dict[str, Any]:
+        u = self.usage
+        return {"t": "e", "id": self.id, "request_id": self.request_id, "tenant_id": self.tenant_id,
+                "key_id": self.key_id, "stage": self.stage, "tier": self.tier, "model": self.model,
+                "prompt_tokens": u.prompt_tokens, "cached_tokens": u.cached_tokens,
+                "completion_tokens": u.completion_tokens, "reasoning_tokens": u.reasoning_tokens,
+                "cost_usd": self.cost_usd, "baseline_cost_usd": self.baseline_cost_usd,
+                "status": self.status, "created_at": self.created_at.isoformat()}
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> LedgerEntry:
+        return cls(id=d["id"], request_id=d["request_id"], tenant_id=d["tenant_id"], key_id=d["key_id"],
+                   stage=d["stage"], tier=d["tier"], model=d["model"],
+                   usage=Usage(prompt_tokens=d["prompt_tokens"], completion_tokens=d["completion_tokens"],
+                               cached_tokens=d["cached_tokens"], reasoning_tokens=d["reasoning_tokens"]),
+                   cost_usd=d["cost_usd"], baseline_cost_usd=d["baseline_cost_usd"], status=d["status"],
+                   created_at=_dt(d["created_at"]))
+
+
+@dataclass(frozen=True)
+class RequestRecord:
+    """One client request (the ``requests`` table). Recording it again with the same ``id``
+    overwrites the earlier record, except that an ``in_progress`` record never overwrites a
+    final one."""
+
+    id: str
+    tenant_id: str
+    key_id: str | None
+    requested_model: str
+    status: str
+    tier: str | None = None
+    effort_source: str | None = None
+    classifier_score: float | None = None
+    classifier_version: str | None = None
+    pipeline: bool = False
+    http_status: int | None = None
+    error_code: str | None = None
+    latency_ms: float | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cost_usd: float = 0.0
+    baseline_cost_usd: float = 0.0
+    created_at: datetime = field(default_factory=_utcnow)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"t": "r", "id": self.id, "tenant_id": self.tenant_id, "key_id": self.key_id,
+                "requested_model": self.requested_model, "status": self.status, "tier": self.tier,
+                "effort_source": self.effort_source, "classifier_score": self.classifier_score,
+                "classifier_version": self.classifier_version, "pipeline": self.pipeline,
+                "http_status": self.http_status, "error_code": self.error_code,
+                "latency_ms": self.latency_ms, "prompt_tokens": self.prompt_tokens,
+                "completion_tokens": self.completion_tokens, "cost_usd": self.cost_usd,
+                "baseline_cost_usd": self.baseline_cost_usd, "created_at": self.created_at.isoformat()}
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> RequestRecord:
+        fields = {k: v for k, v in d.items() if k not in ("t", "created_at")}
+        return cls(**fields, created_at=_dt(d["created_at"]))
+
+
+Record = LedgerEntry | RequestRecord
+
+
+def record_from_json(d: dict[str, Any]) -> Record:
+    kind = d.get("t")
+    if kind == "e":
+        return LedgerEntry.from_json(d)
+    if kind == "r":
+        return RequestRecord.from_json(d)
+    raise ValueError(f"unknown journal record kind {kind!r}")

@@ -1,0 +1,147 @@
+"""The ledger's crash-safe journal: append-only JSON-lines segment files in one directory.
+
+Each line is ``<crc32 hex8> <json>\\n``; a batch of lines is written with one ``write`` and made
+durable with one ``fdatasync`` (group commit). Segments are named ``<seq:012d>.jsonl`` and
+rotated by size or age; a new segment's directory entry is fsync'd. Reading skips a torn
+tail (a crash mid-write) and any line whose checksum fails, reporting how many it skipped.
+This module knows nothing of the database; the ledger service decides when a segment may be
+deleted (only after all its rows are committed). Imports only ledger.entries.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+import zlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import orjson
+
+from gateway.ledger.entries import Record, record_from_json
+
+log = logging.getLogger("tiergate.ledger")
+SUFFIX = ".jsonl"
+
+
+def encode_line(record: Record) -> bytes:
+    payload = orjson.dumps(record.to_json())
+    return b"%08x %s\n" % (zlib.crc32(payload), payload)
+
+
+def decode_line(line: bytes) -> Record | None:
+    """The record on one journal line, or None if the line is torn or corrupt."""
+    if len(line) < 10 or line[8:9] != b" ":
+        return None
+    payload = line[9:].rstrip(b"\n")
+    try:
+        if int(line[:8], 16) != zlib.crc32(payload):
+            return None
+        return record_from_json(orjson.loads(payload))
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+@dataclass(frozen=True)
+class SegmentContents:
+    seq: int
+    path: Path
+    records: list[Record]
+    skipped_lines: int
+
+
+def read_segment(path: Path) -> SegmentContents:
+    records: list[Record] = []
+    skipped = 0
+    with path.open("rb") as f:
+        for line in f:
+            rec = decode_line(line)
+            if rec is None:
+                skipped += 1
+            else:
+                records.append(rec)
+    return SegmentContents(int(path.stem), path, records, skipped)
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class Journal:
+    """Appends batches to the current segment; not thread-safe (one writer thread owns it)."""
+
+    def __init__(self, directory: str | Path, *, max_segment_bytes: int = 16 * 1024 * 1024,
+                 max_segment_age_s: float = 10.0, clock: Callable[[], float] = time.monotonic) -> None:
+        self.directory = Path(directory)
+        self.max_segment_bytes = max_segment_bytes
+        self.max_segment_age_s = max_segment_age_s
+        self._clock = clock
+        self._fd: int | None = None
+        self._seq = 0
+        self._size = 0
+        self._opened_at = 0.0
+
+    def existing_segments(self) -> list[Path]:
+        """Segment files on disk, oldest first (call before the first append)."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        paths = sorted(p for p in self.directory.glob("*" + SUFFIX) if p.stem.isdigit())
+        if paths:
+            self._seq = max(self._seq, int(paths[-1].stem))
+        return paths
+
+    def path_for(self, seq: int) -> Path:
+        return self.directory / f"{seq:012d}{SUFFIX}"
+
+    @property
+    def current_seq(self) -> int | None:
+        return self._seq if self._fd is not None else None
+
+    @property
+    def current_has_data(self) -> bool:
+        return self._fd is not None and self._size > 0
+
+    def _open_next(self) -> None:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self._seq += 1
+        self._fd = os.open(self.path_for(self._seq), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o600)
+        self._size = 0
+        self._opened_at = self._clock()
+        _fsync_dir(self.directory)
+
+    def should_rotate(self) -> bool:
+        return self.current_has_data and (self._size >= self.max_segment_bytes
+                                          or self._clock() - self._opened_at >= self.max_segment_age_s)
+
+    def seal(self) -> int | None:
+        """Close the current segment (no more appends to it); returns its seq."""
+        if self._fd is None:
+            return None
+        fd, self._fd = self._fd, None
+        os.close(fd)
+        return self._seq
+
+    def append(self, records: Sequence[Record]) -> int:
+        """Write ``records`` durably (one write, one fdatasync); returns the segment seq.
+
+        After an error the caller must ``seal()`` so a retry goes to a fresh segment and never
+        lands after a half-written line."""
+        data = b"".join(encode_line(r) for r in records)
+        if self._fd is None:
+            self._open_next()
+        assert self._fd is not None
+        view = memoryview(data)
+        while view:
+            n = os.write(self._fd, view)
+            view = view[n:]
+        os.fdatasync(self._fd)
+        self._size += len(data)
+        return self._seq
+
+    def delete(self, seq: int) -> None:
+        self.path_for(seq).unlink(missing_ok=True)

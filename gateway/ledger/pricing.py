@@ -1,0 +1,67 @@
+"""What an upstream call cost, and what the same tokens would have cost on the high tier.
+
+Price source, in order: the tier's ``price`` override, the model's configured ``price``, and
+for ``litellm`` models without a configured price litellm's bundled price map
+(``litellm.model_cost``; set LITELLM_LOCAL_MODEL_COST_MAP=True so it is never fetched). The
+baseline is the same token counts at the high tier's price. litellm is imported lazily, only
+when a litellm model has no configured price. Imports only settings and providers.base.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from functools import lru_cache
+
+from gateway.providers.base import Usage
+from gateway.settings import ModelSettings, Price, Settings
+
+log = logging.getLogger("tiergate.ledger")
+BASELINE_TIER = "high"
+
+
+@lru_cache(maxsize=512)
+def litellm_price(model: str) -> Price | None:
+    """Per-1M-token price from litellm's bundled map, or None if litellm does not know the model."""
+    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+    import litellm
+
+    info = litellm.model_cost.get(model) or litellm.model_cost.get(model.split("/", 1)[-1])
+    if not info or info.get("input_cost_per_token") is None:
+        return None
+    cached = info.get("cache_read_input_token_cost")
+    return Price(input=float(info["input_cost_per_token"]) * 1e6,
+                 cached_input=None if cached is None else float(cached) * 1e6,
+                 output=float(info.get("output_cost_per_token") or 0.0) * 1e6)
+
+
+def model_price(model: ModelSettings) -> Price:
+    if "price" in model.model_fields_set or model.provider != "litellm":
+        return model.price
+    price = litellm_price(model.model)
+    if price is None:
+        log.warning("no price for litellm model %r (configure models.<name>.price); costing it at 0",
+                    model.model)
+        return Price()
+    return price
+
+
+def price_for(settings: Settings, tier: str, model_name: str) -> Price:
+    """The price of ``model_name`` when it serves ``tier`` (tier override first)."""
+    tier_settings = settings.tiers[tier]  # type: ignore[index]
+    if tier_settings.price is not None:
+        return tier_settings.price
+    try:
+        model = settings.models[model_name]
+    except KeyError:
+        raise KeyError(f"model {model_name!r} is not configured under models:") from None
+    return model_price(model)
+
+
+def cost_for(settings: Settings, tier: str, model_name: str, usage: Usage) -> tuple[float, float]:
+    """(cost_usd, baseline_cost_usd) of one upstream call."""
+    args = (usage.prompt_tokens, usage.cached_tokens, usage.completion_tokens)
+    cost = price_for(settings, tier, model_name).cost_usd(*args)
+    high = settings.tiers[BASELINE_TIER]  # type: ignore[index]
+    baseline = price_for(settings, BASELINE_TIER, high.model).cost_usd(*args)
+    return cost, baseline

@@ -1,0 +1,137 @@
+"""Idempotent database writes for one ledger batch, in one transaction.
+
+Ledger entries: ``INSERT ... ON CONFLICT (id) DO NOTHING RETURNING id`` (SQLite ≥ 3.35 and
+PostgreSQL), and ``daily_spend`` is incremented only for the rows that statement actually
+inserted — replaying a journal segment twice never double-counts. Requests: upsert by id,
+where an ``in_progress`` record never overwrites a final one. Exceptions propagate (the
+caller retries the batch durably); nothing here swallows an error. Imports only
+gateway.db.models and ledger.entries.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, date
+from decimal import Decimal
+from typing import Any
+
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.orm import Session, sessionmaker
+
+from gateway.db.models import DailySpend, LedgerEntryRow, Request
+from gateway.ledger.entries import IN_PROGRESS, LedgerEntry, Record, RequestRecord
+
+NANO = Decimal("0.000000001")
+_SUM_COLUMNS = ("requests", "prompt_tokens", "cached_tokens", "completion_tokens", "reasoning_tokens",
+                "cost_usd", "baseline_cost_usd")
+
+
+def money(value: float | Decimal) -> Decimal:
+    return Decimal(str(value)).quantize(NANO)
+
+
+@dataclass(frozen=True)
+class BatchResult:
+    entries_inserted: int
+    entries_duplicate: int
+    requests_upserted: int
+
+
+def _insert_for(session: Session) -> Any:
+    name = session.get_bind().dialect.name
+    if name == "sqlite":
+        return sqlite.insert
+    if name == "postgresql":
+        return postgresql.insert
+    raise RuntimeError(f"ledger writes support sqlite and postgresql, not {name}")
+
+
+def _entry_row(e: LedgerEntry) -> dict[str, Any]:
+    u = e.usage
+    return {"id": e.id, "request_id": e.request_id, "tenant_id": e.tenant_id, "key_id": e.key_id,
+            "stage": e.stage, "tier": e.tier, "model": e.model, "prompt_tokens": u.prompt_tokens,
+            "cached_tokens": u.cached_tokens, "completion_tokens": u.completion_tokens,
+            "reasoning_tokens": u.reasoning_tokens, "cost_usd": money(e.cost_usd),
+            "baseline_cost_usd": money(e.baseline_cost_usd), "status": e.status, "created_at": e.created_at}
+
+
+def _request_row(r: RequestRecord) -> dict[str, Any]:
+    row = r.to_json()
+    del row["t"]
+    row["created_at"] = r.created_at
+    row["cost_usd"] = money(r.cost_usd)
+    row["baseline_cost_usd"] = money(r.baseline_cost_usd)
+    return row
+
+
+def _utc_day(e: LedgerEntry) -> date:
+    dt = e.created_at
+    return (dt.astimezone(UTC) if dt.tzinfo else dt).date()
+
+
+def daily_rows(entries: Sequence[LedgerEntry]) -> list[dict[str, Any]]:
+    """Aggregate entries into one increment per (tenant, UTC day, model, tier)."""
+    agg: dict[tuple[str, date, str, str], dict[str, Any]] = {}
+    for e in entries:
+        key = (e.tenant_id, _utc_day(e), e.model, e.tier)
+        row = agg.get(key)
+        if row is None:
+            row = agg[key] = {"tenant_id": key[0], "day": key[1], "model": key[2], "tier": key[3],
+                              "requests": 0, "prompt_tokens": 0, "cached_tokens": 0, "completion_tokens": 0,
+                              "reasoning_tokens": 0, "cost_usd": Decimal(0), "baseline_cost_usd": Decimal(0)}
+        row["requests"] += 1
+        row["prompt_tokens"] += e.usage.prompt_tokens
+        row["cached_tokens"] += e.usage.cached_tokens
+        row["completion_tokens"] += e.usage.completion_tokens
+        row["reasoning_tokens"] += e.usage.reasoning_tokens
+        row["cost_usd"] += money(e.cost_usd)
+        row["baseline_cost_usd"] += money(e.baseline_cost_usd)
+    return list(agg.values())
+
+
+def _fold_requests(records: Sequence[RequestRecord]) -> list[RequestRecord]:
+    """Last record per id wins, except that in_progress never replaces a final status."""
+    latest: dict[str, RequestRecord] = {}
+    for r in records:
+        prev = latest.get(r.id)
+        if prev is None or r.status != IN_PROGRESS or prev.status == IN_PROGRESS:
+            latest[r.id] = r
+    return list(latest.values())
+
+
+def write_batch(session_factory: sessionmaker[Session], records: Sequence[Record]) -> BatchResult:
+    """Write one batch in one transaction; raises on any database error (nothing is half-written)."""
+    entries: dict[str, LedgerEntry] = {}
+    requests: list[RequestRecord] = []
+    for r in records:
+        if isinstance(r, LedgerEntry):
+            entries.setdefault(r.id, r)
+        else:
+            requests.append(r)
+    with session_factory() as session, session.begin():
+        insert = _insert_for(session)
+        conn = session.connection()
+        inserted: set[str] = set()
+        if entries:
+            table = LedgerEntryRow.__table__
+            stmt = insert(table).on_conflict_do_nothing(index_elements=["id"]).returning(table.c.id)
+            inserted = set(conn.execute(stmt, [_entry_row(e) for e in entries.values()]).scalars())
+            new_rows = daily_rows([e for i, e in entries.items() if i in inserted])
+            if new_rows:
+                ds = DailySpend.__table__
+                up = insert(ds)
+                up = up.on_conflict_do_update(
+                    index_elements=["tenant_id", "day", "model", "tier"],
+                    set_={c: ds.c[c] + up.excluded[c] for c in _SUM_COLUMNS})
+                conn.execute(up, new_rows)
+        folded = _fold_requests(requests)
+        if folded:
+            rt = Request.__table__
+            rq = insert(rt)
+            rq = rq.on_conflict_do_update(
+                index_elements=["id"],
+                set_={c.name: rq.excluded[c.name] for c in rt.columns if c.name not in ("id", "created_at")},
+                where=(rt.c.status == IN_PROGRESS) | (rq.excluded.status != IN_PROGRESS))
+            conn.execute(rq, [_request_row(r) for r in folded])
+    return BatchResult(len(inserted), len(entries) - len(inserted), len(folded))

@@ -1,0 +1,66 @@
+"""Alembic environment. target_metadata is the shared ``gateway.db.models.Base.metadata``
+with every model module imported (budgets etc. register their tables on the same Base).
+
+The URL comes from ``config.attributes["url"]`` (set by gateway.db.migrate) or, when run
+through plain ``alembic`` with alembic.ini, from config.yaml via load_settings().
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+
+from alembic import context
+
+from gateway.db.models import Base
+from gateway.db.session import database_url, make_engine
+
+# Model modules that add tables to Base.metadata. Modules that do not exist yet are skipped.
+MODEL_MODULES = ("gateway.db.models", "gateway.budgets.models", "gateway.jobs.models")
+
+
+def _import_model_modules() -> None:
+    for name in MODEL_MODULES:
+        parent = name.rsplit(".", 1)[0]
+        if importlib.util.find_spec(parent) is None or importlib.util.find_spec(name) is None:
+            continue
+        importlib.import_module(name)
+
+
+_import_model_modules()
+config = context.config
+target_metadata = Base.metadata
+
+
+def _url() -> str:
+    url = config.attributes.get("url")
+    if url:
+        return str(url)
+    from gateway.settings import load_settings
+
+    return database_url(load_settings()).render_as_string(hide_password=False)
+
+
+def run_migrations_offline() -> None:
+    context.configure(url=_url(), target_metadata=target_metadata, literal_binds=True,
+                      render_as_batch=True, compare_type=True)
+    with context.begin_transaction():
+        context.run_migrations()
+
+
+def run_migrations_online() -> None:
+    engine = make_engine(_url())
+    try:
+        with engine.connect() as connection:
+            context.configure(connection=connection, target_metadata=target_metadata,
+                              render_as_batch=connection.dialect.name == "sqlite", compare_type=True)
+            with context.begin_transaction():
+                context.run_migrations()
+    finally:
+        engine.dispose()
+
+
+if context.is_offline_mode():
+    run_migrations_offline()
+else:
+    run_migrations_online()
