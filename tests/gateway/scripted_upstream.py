@@ -1,0 +1,204 @@
+"""A fast scripted fake OpenAI server for tests only (aiohttp.web on a loopback port, in its own
+thread and event loop, so sync clients and async tests can both use it).
+
+Default behaviour, deterministic so tests can check token sums:
+- the reply is ``n_words`` words ``w0 w1 …`` (``max_tokens`` if given, else 8), one word per
+  stream chunk; usage: prompt_tokens = 10 + number of messages, completion_tokens = words;
+- tools present (tool_choice not "none") → one tool call to the first tool, args {"city": "Paris"};
+- ``response_format`` json_object/json_schema → content ``{"answer": 42}``;
+- streaming sends usage only when ``stream_options.include_usage`` is set.
+Scripted behaviours (``push``) apply to the next requests in order: an HTTP error with an
+optional retry-after, a timeout (hangs), a stream without usage, a slow stream (for client
+disconnects; ``disconnects`` counts streams the gateway cut).
+Every request is recorded (``requests``) with its path, headers and JSON body.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+
+@dataclass(frozen=True)
+class Behaviour:
+    status: int | None = None  # HTTP error status
+    retry_after: str | None = None
+    hang_s: float = 0.0  # sleep before answering (timeouts)
+    omit_usage: bool = False
+    chunk_delay_s: float = 0.0
+    n_words: int | None = None
+
+
+@dataclass
+class Recorded:
+    path: str
+    headers: dict[str, str]
+    body: dict[str, Any]
+
+
+@dataclass
+class ScriptedUpstream:
+    host: str = "127.0.0.1"
+    requests: list[Recorded] = field(default_factory=list)
+    disconnects: int = 0
+    completed_streams: int = 0
+    _script: deque[Behaviour] = field(default_factory=deque)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    # ---------------------------------------------------------------- lifecycle
+    def __enter__(self) -> ScriptedUpstream:
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="scripted-upstream", daemon=True)
+        self._thread.start()
+        if not self._ready.wait(10):
+            raise RuntimeError("scripted upstream did not start")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._loop.call_soon_threadsafe(self._stop_event.set)
+        self._thread.join(10)
+
+    def _run(self) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._loop.run_until_complete(self._serve())
+
+    async def _serve(self) -> None:
+        self._stop_event = asyncio.Event()
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", self._chat)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, self.host, 0)
+        await site.start()
+        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self._ready.set()
+        await self._stop_event.wait()
+        await runner.cleanup()
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.host}:{self.port}/v1"
+
+    def push(self, *behaviours: Behaviour) -> None:
+        with self._lock:
+            self._script.extend(behaviours)
+
+    def _next(self) -> Behaviour:
+        with self._lock:
+            return self._script.popleft() if self._script else Behaviour()
+
+    # ---------------------------------------------------------------- handler
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
+        body = orjson.loads(await request.read())
+        self.requests.append(Recorded(request.path, dict(request.headers), body))
+        b = self._next()
+        if b.hang_s:
+            await asyncio.sleep(b.hang_s)
+        if b.status is not None:
+            headers = {"Retry-After": b.retry_after} if b.retry_after is not None else {}
+            err = {"error": {"message": f"scripted {b.status}", "type": "server_error", "param": None,
+                             "code": None}}
+            return web.Response(status=b.status, body=orjson.dumps(err), content_type="application/json",
+                                headers=headers)
+        n = b.n_words or int(body.get("max_tokens") or body.get("max_completion_tokens") or 8)
+        usage = {"prompt_tokens": 10 + len(body["messages"]), "completion_tokens": n,
+                 "total_tokens": 10 + len(body["messages"]) + n,
+                 "prompt_tokens_details": {"cached_tokens": 0},
+                 "completion_tokens_details": {"reasoning_tokens": 0}}
+        if body.get("stream"):
+            return await self._stream(request, body, b, n, usage)
+        message: dict[str, Any] = {"role": "assistant", "content": self._content(body, n)}
+        finish = "stop"
+        if self._tool_call(body):
+            message = {"role": "assistant", "content": None, "tool_calls": [self._tool_call(body)]}
+            finish = "tool_calls"
+        resp = {"id": "chatcmpl-upstream", "object": "chat.completion", "created": int(time.time()),
+                "model": body["model"], "choices": [{"index": 0, "message": message, "finish_reason": finish,
+                                                     "logprobs": None}]}
+        if not b.omit_usage:
+            resp["usage"] = usage
+        return web.Response(body=orjson.dumps(resp), content_type="application/json")
+
+    @staticmethod
+    def _content(body: dict[str, Any], n: int) -> str:
+        fmt = (body.get("response_format") or {}).get("type")
+        if fmt in ("json_object", "json_schema"):
+            return '{"answer": 42}'
+        return " ".join(f"w{i}" for i in range(n))
+
+    @staticmethod
+    def _tool_call(body: dict[str, Any]) -> dict[str, Any] | None:
+        if not body.get("tools") or body.get("tool_choice") == "none":
+            return None
+        name = body["tools"][0]["function"]["name"]
+        return {"id": "call_1", "type": "function", "function": {"name": name, "arguments": '{"city": "Paris"}'}}
+
+    async def _stream(self, request: web.Request, body: dict[str, Any], b: Behaviour, n: int,
+                      usage: dict[str, Any]) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        base = {"id": "chatcmpl-upstream", "object": "chat.completion.chunk", "created": int(time.time()),
+                "model": body["model"]}
+        include_usage = bool((body.get("stream_options") or {}).get("include_usage")) and not b.omit_usage
+        call = self._tool_call(body)
+
+        async def send(obj: dict[str, Any]) -> None:
+            await resp.write(b"data: " + orjson.dumps(obj) + b"\n\n")
+
+        try:
+            await send({**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
+                                             "finish_reason": None}]})
+            if call:
+                await send({**base, "choices": [{"index": 0, "delta": {"tool_calls": [{**call, "index": 0}]},
+                                                 "finish_reason": None}]})
+            else:
+                words = self._content(body, n).split(" ")
+                for i, word in enumerate(words):
+                    if b.chunk_delay_s:
+                        await asyncio.sleep(b.chunk_delay_s)
+                    await send({**base, "choices": [{"index": 0, "delta": {"content": word if i == 0 else " " + word},
+                                                     "finish_reason": None}]})
+            await send({**base, "choices": [{"index": 0, "delta": {},
+                                             "finish_reason": "tool_calls" if call else "stop"}]})
+            if include_usage:
+                await send({**base, "choices": [], "usage": usage})
+            await resp.write(b"data: [DONE]\n\n")
+            await resp.write_eof()
+            self.completed_streams += 1
+        except (ConnectionResetError, asyncio.CancelledError):
+            self.disconnects += 1
+            raise
+        return resp
+
+
+UPSTREAM_KEY_ENV = "TIERGATE_TEST_UPSTREAM_KEY"
+UPSTREAM_KEY = "sk-upstream-secret-0123456789"
+
+
+def config_for(base_url: str, *, db_url: str = "sqlite:///var/tiergate.db", journal_dir: str = "var/journal",
+               max_body_bytes: int = 1024 * 1024, context_window: int = 8192,
+               max_retries: int = 2) -> dict[str, Any]:
+    """A config.yaml dict whose every tier points at the scripted upstream (model ``up-a``, with
+    ``up-b`` on the same server as the low tier's fallback)."""
+    model = {"provider": "openai", "api_base": base_url, "api_key_env": UPSTREAM_KEY_ENV,
+             "max_retries": max_retries, "timeout_s": 5, "context_window": context_window,
+             "price": {"input": 1.0, "output": 2.0}}
+    tiers: dict[str, Any] = {t: {"model": "up-a"} for t in ("none", "minimal", "medium", "xhigh")}
+    tiers["low"] = {"model": "up-a", "fallbacks": ["up-b"]}
+    tiers["high"] = {"model": "up-high"}
+    return {
+        "server": {"max_body_bytes": max_body_bytes, "request_timeout_s": 5},
+        "database": {"url_env": "TIERGATE_TEST_UNSET_DB_URL", "default_url": db_url},
+        "ledger": {"journal_dir": journal_dir, "flush_interval_ms": 5},
+        "models": {"up-a": {**model, "model": "upstream-a"}, "up-b": {**model, "model": "upstream-b"},
+                   "up-high": {**model, "model": "upstream-high", "price": {"input": 10.0, "output": 20.0}},
+                   "up-solo": {**model, "model": "upstream-solo"}},
+        "tiers": tiers,
+    }
