@@ -116,6 +116,8 @@ class BudgetDefaults(_Strict):
     soft_effort_cap: Tier = "medium"
     reservation_lease_s: float = Field(300.0, gt=0)
     alert_webhook_env: str | None = None
+    requests_per_min: int | None = Field(None, gt=0)  # per-tenant default rate limits
+    tokens_per_min: int | None = Field(None, gt=0)
 
 
 class ClassifierSettings(_Strict):

@@ -1,0 +1,125 @@
+"""Embedded budget counters: in-process integers under one asyncio lock, plus the DB.
+
+``spent`` is loaded from the database (daily_spend / indexed ledger) the first time a
+counter is used in this process, so a restart continues from the truth; afterwards
+settlements add to it in memory (the ledger records the same amounts durably).
+Reservations are persisted (``ReservationStore``) before the upstream call; holds left
+by a previous incarnation of the process count until their lease expires.
+Single-process only: several replicas need the Redis backend. Must not import routes,
+the app, the pipeline or Redis.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+
+from gateway.budgets.counters import CounterState, ReserveOutcome, SpentLoader
+from gateway.budgets.periods import utc_now
+from gateway.budgets.reservations import CounterRef, Reservation, ReservationStore
+
+
+@dataclass
+class _Hold:
+    keys: tuple[str, ...]
+    amount: int
+    expires_at: datetime | None  # None: held by this live process (released by its guard)
+
+
+class MemoryCounters:
+    def __init__(self, store: ReservationStore | None = None, *,
+                 clock: Callable[[], datetime] = utc_now) -> None:
+        self._store = store
+        self._clock = clock
+        self._lock = asyncio.Lock()
+        self._spent: dict[str, int] = {}
+        self._held: dict[str, int] = {}
+        self._holds: dict[str, _Hold] = {}
+
+    async def start(self) -> None:
+        if self._store is None:
+            return
+        await self._store.start()
+        for row in await self._store.load_held(self._clock()):
+            async with self._lock:
+                self._add_hold(row.id, _Hold(row.counter_keys, row.amount_nanos, row.expires_at))
+
+    async def stop(self) -> None:
+        if self._store is not None:
+            await self._store.stop()
+
+    def _add_hold(self, rid: str, hold: _Hold) -> None:
+        self._holds[rid] = hold
+        for k in hold.keys:
+            self._held[k] = self._held.get(k, 0) + hold.amount
+
+    def _drop_hold(self, rid: str) -> _Hold | None:
+        hold = self._holds.pop(rid, None)
+        if hold is not None:
+            for k in hold.keys:
+                self._held[k] -= hold.amount
+        return hold
+
+    def _expire_orphans(self, now: datetime) -> list[str]:
+        expired = [rid for rid, h in self._holds.items() if h.expires_at is not None and h.expires_at <= now]
+        for rid in expired:
+            self._drop_hold(rid)
+        return expired
+
+    async def _ensure_loaded(self, refs: Sequence[CounterRef], load: SpentLoader) -> None:
+        for ref in refs:
+            if ref.key not in self._spent:
+                value = await load(ref)
+                async with self._lock:
+                    self._spent.setdefault(ref.key, value)
+
+    def _state(self, key: str) -> CounterState:
+        return CounterState(self._spent.get(key, 0), self._held.get(key, 0))
+
+    async def reserve(self, res: Reservation, load: SpentLoader) -> ReserveOutcome:
+        await self._ensure_loaded(res.counters, load)
+        async with self._lock:
+            expired = self._expire_orphans(self._clock())
+            for i, ref in enumerate(res.counters):
+                if self._state(ref.key).remaining(ref.limit_nanos) < res.amount_nanos:
+                    states = tuple(self._state(r.key) for r in res.counters)
+                    outcome = ReserveOutcome(False, states, i)
+                    break
+            else:
+                self._add_hold(res.id, _Hold(tuple(r.key for r in res.counters), res.amount_nanos, None))
+                outcome = ReserveOutcome(True, tuple(self._state(r.key) for r in res.counters))
+        if self._store is not None:
+            await self._store.expire(expired)
+            if outcome.ok:
+                try:
+                    await self._store.insert(res)
+                except BaseException:
+                    async with self._lock:
+                        self._drop_hold(res.id)
+                    raise
+        return outcome
+
+    async def settle(self, res: Reservation, actual_nanos: int) -> tuple[CounterState, ...]:
+        async with self._lock:
+            self._drop_hold(res.id)
+            for ref in res.counters:
+                if ref.key in self._spent:
+                    self._spent[ref.key] += actual_nanos
+            states = tuple(self._state(r.key) for r in res.counters)
+        if self._store is not None:
+            self._store.finish(res.id, "settled", actual_nanos)
+        return states
+
+    async def release(self, res: Reservation) -> None:
+        async with self._lock:
+            self._drop_hold(res.id)
+        if self._store is not None:
+            self._store.finish(res.id, "released", None)
+
+    async def snapshot(self, refs: Sequence[CounterRef], load: SpentLoader) -> tuple[CounterState, ...]:
+        await self._ensure_loaded(refs, load)
+        async with self._lock:
+            self._expire_orphans(self._clock())
+            return tuple(self._state(r.key) for r in refs)

@@ -1,0 +1,186 @@
+"""Budget and rate-limit policies per tenant and per API key, with a TTL cache.
+
+A tenant without a row gets ``settings.budgets`` defaults; a key without a row has no
+key-level budget (only its tenant's applies). Admin writes go through ``put_policy``
+and become visible to other replicas within the cache TTL (immediately on the replica
+that wrote, which calls ``invalidate``). Must not import routes, the app or the pipeline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
+from decimal import Decimal
+from typing import Any, Literal, Protocol, cast
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session, sessionmaker
+
+from gateway.budgets.models import BudgetPolicyRow
+from gateway.budgets.periods import PERIOD_NAMES, PeriodName
+from gateway.budgets.reservations import from_nanos, to_nanos
+from gateway.settings import BudgetDefaults
+
+Scope = Literal["tenant", "key"]
+
+
+class PrincipalLike(Protocol):
+    """What budgets need from an authenticated caller (gateway.auth.Principal fits)."""
+
+    @property
+    def tenant_id(self) -> str: ...
+
+    @property
+    def key_id(self) -> str | None: ...
+
+
+def subject_of(scope: Scope, subject_id: str) -> str:
+    return f"{scope}:{subject_id}"
+
+
+@dataclass(frozen=True)
+class BudgetPolicy:
+    subject: str
+    scope: Scope
+    tenant_id: str
+    key_id: str | None
+    period: PeriodName = "month"
+    limit_nanos: int | None = None
+    soft_limit_nanos: int | None = None
+    alert_thresholds: tuple[float, ...] = ()
+    requests_per_min: int | None = None
+    tokens_per_min: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "subject": self.subject, "scope": self.scope, "tenant_id": self.tenant_id, "key_id": self.key_id,
+            "period": self.period,
+            "limit_usd": None if self.limit_nanos is None else from_nanos(self.limit_nanos),
+            "soft_limit_usd": None if self.soft_limit_nanos is None else from_nanos(self.soft_limit_nanos),
+            "alert_thresholds": list(self.alert_thresholds),
+            "requests_per_min": self.requests_per_min, "tokens_per_min": self.tokens_per_min,
+        }
+
+
+def _row_to_policy(row: BudgetPolicyRow, defaults: BudgetDefaults) -> BudgetPolicy:
+    limit = None if row.limit_usd is None else to_nanos(row.limit_usd)
+    soft = None if row.soft_limit_usd is None else to_nanos(row.soft_limit_usd)
+    if soft is None and limit is not None:
+        soft = int(limit * defaults.soft_limit_fraction)
+    thresholds = tuple(row.alert_thresholds) if row.alert_thresholds is not None else defaults.alert_thresholds
+    return BudgetPolicy(subject=row.id, scope=cast(Scope, row.scope), tenant_id=row.tenant_id,
+                        key_id=row.key_id, period=cast(PeriodName, row.period), limit_nanos=limit,
+                        soft_limit_nanos=soft, alert_thresholds=thresholds,
+                        requests_per_min=row.requests_per_min, tokens_per_min=row.tokens_per_min)
+
+
+def default_tenant_policy(tenant_id: str, defaults: BudgetDefaults) -> BudgetPolicy:
+    limit = None if defaults.limit_usd is None else to_nanos(defaults.limit_usd)
+    return BudgetPolicy(
+        subject=subject_of("tenant", tenant_id), scope="tenant", tenant_id=tenant_id, key_id=None,
+        period=defaults.period, limit_nanos=limit,
+        soft_limit_nanos=None if limit is None else int(limit * defaults.soft_limit_fraction),
+        alert_thresholds=defaults.alert_thresholds,
+        requests_per_min=defaults.requests_per_min,
+        tokens_per_min=defaults.tokens_per_min)
+
+
+def put_policy(session: Session, *, scope: Scope, tenant_id: str, key_id: str | None = None,
+               period: PeriodName | None = None, limit_usd: float | Decimal | None = None,
+               soft_limit_usd: float | Decimal | None = None,
+               alert_thresholds: Sequence[float] | None = None, requests_per_min: int | None = None,
+               tokens_per_min: int | None = None, clear: Sequence[str] = ()) -> BudgetPolicyRow:
+    """Create or update one policy row. Fields left None keep their value; names in
+    ``clear`` are set to NULL (e.g. ``clear=("limit_usd",)`` removes the hard limit)."""
+    if scope == "key" and not key_id:
+        raise ValueError("a key-scoped budget needs key_id")
+    if period is not None and period not in PERIOD_NAMES:
+        raise ValueError(f"period must be one of {', '.join(PERIOD_NAMES)}")
+    for name, value in (("limit_usd", limit_usd), ("soft_limit_usd", soft_limit_usd)):
+        if value is not None and Decimal(str(value)) < 0:
+            raise ValueError(f"{name} must be >= 0")
+    if alert_thresholds is not None and any(not 0 < t <= 10 for t in alert_thresholds):
+        raise ValueError("alert thresholds are fractions of the limit, e.g. 0.5 0.8 1.0")
+    sid = subject_of(scope, key_id if scope == "key" else tenant_id)  # type: ignore[arg-type]
+    row = session.get(BudgetPolicyRow, sid)
+    if row is None:
+        row = BudgetPolicyRow(id=sid, scope=scope, tenant_id=tenant_id, key_id=key_id, period=period or "month")
+        session.add(row)
+    updates: dict[str, Any] = {
+        "period": period, "limit_usd": None if limit_usd is None else Decimal(str(limit_usd)),
+        "soft_limit_usd": None if soft_limit_usd is None else Decimal(str(soft_limit_usd)),
+        "alert_thresholds": None if alert_thresholds is None else sorted(float(t) for t in alert_thresholds),
+        "requests_per_min": requests_per_min, "tokens_per_min": tokens_per_min,
+    }
+    for name, value in updates.items():
+        if value is not None:
+            setattr(row, name, value)
+    for name in clear:
+        if name not in updates or name == "period":
+            raise ValueError(f"cannot clear {name!r}")
+        setattr(row, name, None)
+    row.updated_at = datetime.now(UTC)
+    return row
+
+
+def get_policy_rows(session: Session, tenant_id: str) -> list[BudgetPolicyRow]:
+    return list(session.scalars(select(BudgetPolicyRow).where(BudgetPolicyRow.tenant_id == tenant_id)
+                                .order_by(BudgetPolicyRow.id)))
+
+
+class PolicyStore:
+    """Cached lookups of the policies that apply to a caller (tenant's, then key's)."""
+
+    def __init__(self, session_factory: sessionmaker[Session] | None, defaults: BudgetDefaults, *,
+                 ttl_s: float = 5.0, monotonic: Callable[[], float] = time.monotonic) -> None:
+        self._sf = session_factory
+        self._defaults = defaults
+        self._ttl = ttl_s
+        self._mono = monotonic
+        self._cache: dict[str, tuple[float, BudgetPolicy | None]] = {}
+        self._overrides: dict[str, BudgetPolicy] = {}
+
+    @property
+    def defaults(self) -> BudgetDefaults:
+        return self._defaults
+
+    def set_override(self, policy: BudgetPolicy) -> None:
+        """In-memory policy (tests, DB-less embedding); wins over the database."""
+        self._overrides[policy.subject] = policy
+
+    def invalidate(self, subject: str | None = None) -> None:
+        if subject is None:
+            self._cache.clear()
+        else:
+            self._cache.pop(subject, None)
+
+    async def for_principal(self, principal: PrincipalLike) -> list[BudgetPolicy]:
+        tenant = await self._get(subject_of("tenant", principal.tenant_id))
+        if tenant is None:
+            tenant = default_tenant_policy(principal.tenant_id, self._defaults)
+        policies = [tenant]
+        if principal.key_id:
+            key = await self._get(subject_of("key", principal.key_id))
+            if key is not None:
+                policies.append(replace(key, tenant_id=principal.tenant_id))
+        return policies
+
+    async def _get(self, subject: str) -> BudgetPolicy | None:
+        if subject in self._overrides:
+            return self._overrides[subject]
+        hit = self._cache.get(subject)
+        now = self._mono()
+        if hit is not None and now - hit[0] < self._ttl:
+            return hit[1]
+        policy = await asyncio.to_thread(self._load, subject) if self._sf is not None else None
+        self._cache[subject] = (now, policy)
+        return policy
+
+    def _load(self, subject: str) -> BudgetPolicy | None:
+        assert self._sf is not None
+        with self._sf() as session:
+            row = session.get(BudgetPolicyRow, subject)
+            return None if row is None else _row_to_policy(row, self._defaults)

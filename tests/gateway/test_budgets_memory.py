@@ -1,0 +1,215 @@
+"""Budgets with the embedded backend (in-process counters + SQLite): atomic reservations,
+restart from the ledger truth, orphaned reservations expiring after their lease, UTC
+period rollover, soft limits, key budgets, and the request-path guard."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from pathlib import Path
+
+import pytest
+from sqlalchemy import select
+
+from gateway.budgets import budget_guard, build_budget_runtime, put_policy, to_nanos, worst_case_cost
+from gateway.budgets.models import BudgetReservationRow
+from gateway.errors import BudgetExceeded
+from gateway.ledger import Ledger, LedgerEntry, new_entry_id
+from gateway.providers.base import Usage
+from tests.gateway.budgets_support import Caller, FakeClock, migrated_db, small_settings, sqlite_url
+
+SETTINGS = small_settings()
+W = worst_case_cost(SETTINGS, "low", "m", 10, 100)  # 10 × $1/M + 100 × $2/M
+
+
+def set_budget(sf, **kw):  # type: ignore[no-untyped-def]
+    with sf.begin() as s:
+        put_policy(s, **kw)
+
+
+def test_worst_case_cost_uses_prices_and_caps_output() -> None:
+    assert W == pytest.approx((10 * 1.0 + 100 * 2.0) / 1e6)
+    assert worst_case_cost(SETTINGS, "low", "m", 10, 10_000) == W  # capped by max_output_tokens
+    assert worst_case_cost(SETTINGS, "low", "m", 10, None) == W
+    assert worst_case_cost(SETTINGS, "low", "m", 10, 50) == pytest.approx((10 + 100) / 1e6)
+
+
+async def test_64_concurrent_requests_against_budget_for_10(tmp_path: Path) -> None:
+    sf = migrated_db(sqlite_url(tmp_path))
+    set_budget(sf, scope="tenant", tenant_id="t1", period="month", limit_usd=10.5 * W)
+    rt = build_budget_runtime(SETTINGS, sf, clock=FakeClock())
+    await rt.start()
+    caller = Caller("t1", "k1")
+    outcomes: list[str] = []
+
+    async def one() -> None:
+        try:
+            async with budget_guard(rt.budgets, rt.rate_limiter, caller, W, 110) as guard:
+                await asyncio.sleep(random.random() / 100)  # the "upstream call"
+                await guard.settle(W)
+            outcomes.append("ok")
+        except BudgetExceeded as exc:
+            assert exc.status == 429 and exc.code == "budget_exceeded"
+            outcomes.append("denied")
+
+    await asyncio.gather(*(one() for _ in range(64)))
+    assert outcomes.count("ok") == 10 and outcomes.count("denied") == 54
+    status = await rt.budgets.status(caller)
+    assert to_nanos(status.spent_usd) == 10 * to_nanos(W) and status.held_usd == 0
+    assert status.spent_usd <= 10.5 * W  # overshoot 0 (≤ one reservation)
+    for _ in range(5):  # denied stays denied
+        with pytest.raises(BudgetExceeded):
+            await rt.budgets.reserve(caller, W)
+    await rt.stop()
+    with sf() as s:
+        statuses = [r.status for r in s.scalars(select(BudgetReservationRow))]
+    assert sorted(statuses) == ["settled"] * 10
+
+
+async def test_cheaper_actuals_free_budget_but_never_overshoot(tmp_path: Path) -> None:
+    sf = migrated_db(sqlite_url(tmp_path))
+    set_budget(sf, scope="tenant", tenant_id="t1", limit_usd=10.5 * W)
+    rt = build_budget_runtime(SETTINGS, sf, clock=FakeClock())
+    await rt.start()
+    caller = Caller("t1")
+    ok = 0
+
+    async def one() -> None:
+        nonlocal ok
+        try:
+            async with budget_guard(rt.budgets, None, caller, W, 0) as guard:
+                await asyncio.sleep(random.random() / 200)
+                await guard.settle(W / 4)
+            ok += 1
+        except BudgetExceeded:
+            pass
+
+    for _ in range(4):
+        await asyncio.gather(*(one() for _ in range(16)))
+    status = await rt.budgets.status(caller)
+    assert ok > 10 and status.spent_usd <= 10.5 * W + 1e-12
+    await rt.stop()
+
+
+async def test_failure_and_cancellation_release_the_hold(tmp_path: Path) -> None:
+    sf = migrated_db(sqlite_url(tmp_path))
+    set_budget(sf, scope="tenant", tenant_id="t1", limit_usd=1.5 * W)
+    rt = build_budget_runtime(SETTINGS, sf, clock=FakeClock())
+    await rt.start()
+    caller = Caller("t1")
+    with pytest.raises(RuntimeError):
+        async with budget_guard(rt.budgets, None, caller, W, 0):
+            raise RuntimeError("upstream failed")
+    started = asyncio.Event()
+
+    async def hangs() -> None:
+        async with budget_guard(rt.budgets, None, caller, W, 0):
+            started.set()
+            await asyncio.sleep(60)
+
+    task = asyncio.create_task(hangs())
+    await started.wait()
+    assert (await rt.budgets.status(caller)).held_usd == pytest.approx(W)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    status = await rt.budgets.status(caller)
+    assert status.held_usd == 0 and status.spent_usd == 0
+    await rt.stop()
+    with sf() as s:
+        assert sorted(r.status for r in s.scalars(select(BudgetReservationRow))) == ["released", "released"]
+
+
+async def test_restart_continues_from_ledger_daily_spend(tmp_path: Path) -> None:
+    sf = migrated_db(sqlite_url(tmp_path))
+    clock = FakeClock()
+    set_budget(sf, scope="tenant", tenant_id="t1", limit_usd=5 * W)
+    ledger = Ledger(sf, tmp_path / "journal")
+    ledger.start()
+    for _ in range(3):
+        ledger.record(LedgerEntry(new_entry_id(), "req", "t1", "k1", "direct", "low", "m",
+                                  Usage(10, 100), W, W, created_at=clock()))
+    assert await ledger.aflush()
+    rt = build_budget_runtime(SETTINGS, sf, clock=clock)  # a "restarted" process
+    await rt.start()
+    status = await rt.budgets.status(Caller("t1", "k1"))
+    assert to_nanos(status.spent_usd) == 3 * to_nanos(W)
+    await rt.budgets.reserve(Caller("t1"), W)
+    with pytest.raises(BudgetExceeded):
+        await rt.budgets.reserve(Caller("t1"), 1.5 * W)
+    await rt.stop()
+    await ledger.astop()
+
+
+async def test_dead_process_holds_expire_after_lease(tmp_path: Path) -> None:
+    sf = migrated_db(sqlite_url(tmp_path))
+    clock = FakeClock()
+    set_budget(sf, scope="tenant", tenant_id="t1", limit_usd=2.5 * W)
+    settings = small_settings(reservation_lease_s=30)
+    dead = build_budget_runtime(settings, sf, clock=clock)
+    await dead.start()
+    await dead.budgets.reserve(Caller("t1"), W)
+    await dead.budgets.reserve(Caller("t1"), W)  # the process "dies" holding both
+    clock.advance(seconds=5)
+    alive = build_budget_runtime(settings, sf, clock=clock)
+    await alive.start()
+    with pytest.raises(BudgetExceeded):  # the orphaned holds still count within the lease
+        await alive.budgets.reserve(Caller("t1"), W)
+    clock.advance(seconds=26)
+    res = await alive.budgets.reserve(Caller("t1"), W)
+    assert res.remaining_usd == pytest.approx(1.5 * W)
+    await alive.stop()
+    with sf() as s:
+        assert sorted(r.status for r in s.scalars(select(BudgetReservationRow))) == ["expired", "expired", "held"]
+
+
+async def test_budget_resets_at_utc_period_boundary(tmp_path: Path) -> None:
+    sf = migrated_db(sqlite_url(tmp_path))
+    from datetime import UTC, datetime
+    clock = FakeClock(datetime(2026, 11, 30, 23, 59, 50, tzinfo=UTC))
+    set_budget(sf, scope="tenant", tenant_id="t1", period="day", limit_usd=1.5 * W)
+    rt = build_budget_runtime(SETTINGS, sf, clock=clock)
+    await rt.start()
+    res = await rt.budgets.reserve(Caller("t1"), W)
+    await rt.budgets.settle(res, W)
+    with pytest.raises(BudgetExceeded):
+        await rt.budgets.reserve(Caller("t1"), W)
+    clock.advance(seconds=10)  # 00:00:00 UTC: a new day, no cron involved
+    status = await rt.budgets.status(Caller("t1"))
+    assert status.period_key == "day:2026-12-01" and status.spent_usd == 0
+    await rt.budgets.reserve(Caller("t1"), W)
+    await rt.stop()
+
+
+async def test_key_budget_soft_limit_and_headers(tmp_path: Path) -> None:
+    sf = migrated_db(sqlite_url(tmp_path))
+    set_budget(sf, scope="tenant", tenant_id="t1", limit_usd=100 * W)
+    set_budget(sf, scope="key", tenant_id="t1", key_id="k1", period="total", limit_usd=4 * W,
+               soft_limit_usd=2 * W)
+    rt = build_budget_runtime(SETTINGS, sf, clock=FakeClock())
+    await rt.start()
+    k1, k2 = Caller("t1", "k1"), Caller("t1", "k2")
+    for _ in range(2):
+        async with budget_guard(rt.budgets, None, k1, W, 0) as guard:
+            await guard.settle(W)
+    status = await rt.budgets.status(k1)
+    assert status.soft_exceeded and status.subject == "key:k1"
+    assert guard.headers() == {"x-tiergate-budget-remaining-usd": f"{2 * W:.6f}"}
+    assert not (await rt.budgets.status(k2)).soft_exceeded  # the tenant is far from its limits
+    for _ in range(2):
+        async with budget_guard(rt.budgets, None, k1, W, 0) as guard:
+            await guard.settle(W)
+    with pytest.raises(BudgetExceeded) as err:
+        await rt.budgets.reserve(k1, W)
+    assert err.value.headers["x-tiergate-budget-remaining-usd"] == "0.000000"
+    await rt.budgets.reserve(k2, W)  # another key of the same tenant is unaffected
+    await rt.stop()
+
+
+async def test_no_limit_means_no_counters(tmp_path: Path) -> None:
+    sf = migrated_db(sqlite_url(tmp_path))
+    rt = build_budget_runtime(SETTINGS, sf, clock=FakeClock())
+    await rt.start()
+    res = await rt.budgets.reserve(Caller("t9"), 1000.0)
+    assert res.counters == () and (await rt.budgets.status(Caller("t9"))).remaining_usd is None
+    await rt.stop()
