@@ -1,0 +1,122 @@
+"""``create_app``: the FastAPI application factory. Nothing is built at import time: the
+lifespan builds the database engine, ledger, key store, provider registry and chat flow, unless
+the caller hands them in (tests pass small real ones). Errors are mapped here, once, to
+OpenAI's error shape — never a stack trace or a secret in a response.
+
+Other engineers add their router with one ``app.include_router(...)`` line in ``_routers``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
+from typing import Any
+
+import orjson
+from fastapi import FastAPI, Request, Response
+from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from gateway.chat_flow import ChatFlow
+from gateway.deps import GatewayState, KeyStoreLike
+from gateway.errors import GatewayError, InvalidRequest, NotFound
+from gateway.execution import DirectExecutor, Executor
+from gateway.providers.base import ChatProvider
+from gateway.providers.openai_compat import SessionFactory
+from gateway.providers.registry import ProviderRegistry
+from gateway.resolve import DecideAuto
+from gateway.settings import Settings
+
+log = logging.getLogger("tiergate.app")
+
+
+def _error_response(err: GatewayError) -> Response:
+    return Response(orjson.dumps(err.body()), status_code=err.status, media_type="application/json",
+                    headers=err.headers or None)
+
+
+async def _gateway_error(_: Request, err: Exception) -> Response:
+    assert isinstance(err, GatewayError)
+    return _error_response(err)
+
+
+async def _validation_error(_: Request, err: Exception) -> Response:
+    assert isinstance(err, RequestValidationError)
+    first = (err.errors() or [{}])[0]
+    param = ".".join(str(p) for p in first.get("loc", ()) if p != "body") or None
+    return _error_response(InvalidRequest(f"invalid value for '{param}'", param=param))
+
+
+async def _http_error(_: Request, err: Exception) -> Response:
+    assert isinstance(err, StarletteHTTPException)
+    if err.status_code == 404:
+        return _error_response(NotFound("not found"))
+    gerr = GatewayError(str(err.detail) if err.status_code < 500 else "server error")
+    gerr.status, gerr.type = err.status_code, "invalid_request_error" if err.status_code < 500 else "server_error"
+    return _error_response(gerr)
+
+
+async def _unexpected_error(_: Request, err: Exception) -> Response:
+    # Log the type and where, never the message (it may quote a prompt) or locals.
+    log.error("unhandled %s in request", type(err).__name__)
+    return _error_response(GatewayError("The server had an error while processing your request."))
+
+
+def _routers(app: FastAPI) -> None:
+    from gateway.routes import chat, health, models
+
+    app.include_router(health.router)
+    app.include_router(models.router)
+    app.include_router(chat.router)
+
+
+def create_app(settings: Settings, *, session_factory: Any = None, ledger: Any = None,
+               registry: ProviderRegistry | None = None, key_store: KeyStoreLike | None = None,
+               executor: Executor | None = None, decide_auto: DecideAuto | None = None,
+               http_session_factory: SessionFactory | None = None,
+               local_provider: ChatProvider | None = None) -> FastAPI:
+    """Build the app. Collaborators not passed in are built (and closed) by the lifespan."""
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        async with AsyncExitStack() as stack:
+            sf = session_factory
+            if sf is None:
+                from gateway.db.session import engine_from_settings, make_session_factory
+
+                engine = engine_from_settings(settings)
+                stack.callback(engine.dispose)
+                sf = make_session_factory(engine)
+            led = ledger
+            if led is None:
+                from gateway.ledger import Ledger
+
+                led = Ledger(sf, settings.resolve_path(settings.ledger.journal_dir),
+                             flush_interval_ms=settings.ledger.flush_interval_ms,
+                             batch_size=settings.ledger.batch_size)
+                led.start()
+                stack.push_async_callback(led.astop)
+            reg = registry
+            if reg is None:
+                reg = ProviderRegistry(settings, http_session_factory=http_session_factory,
+                                       local_provider=local_provider)
+                stack.push_async_callback(reg.aclose)
+            keys = key_store
+            if keys is None:
+                from gateway.auth import KeyStore
+
+                keys = KeyStore(sf)
+            execu = executor or DirectExecutor(settings, reg, led)
+            flow = ChatFlow(settings, execu, led, decide_auto=decide_auto)
+            app.state.tiergate = GatewayState(settings=settings, flow=flow, keys=keys, ledger=led,
+                                              registry=reg, session_factory=sf)
+            yield
+
+    app = FastAPI(title="tiergate", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app.add_exception_handler(GatewayError, _gateway_error)
+    app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(StarletteHTTPException, _http_error)
+    app.add_exception_handler(Exception, _unexpected_error)
+    _routers(app)
+    return app

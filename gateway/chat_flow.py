@@ -1,0 +1,179 @@
+"""One chat-completions request from validated body to answer, independent of the web framework.
+
+``ChatFlow.prepare`` validates the body, resolves ``model`` to a tier/model chain (with the
+``auto`` hook), checks the context window and builds the upstream body. ``complete`` and
+``stream`` run it through the ``Executor`` and shape the answer the way OpenAI does: ``id`` is
+the gateway's request id, ``model`` echoes what the client asked for, usage is always counted
+(asked upstream even when the client did not ask, and stripped from what the client sees).
+Each request gets one ``RequestRecord``, written durably before the answer's last bytes leave.
+
+Imports schemas, resolve, execution, ledger entries, providers and settings; no FastAPI.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any, Protocol
+
+import orjson
+
+from gateway.errors import GatewayError, InvalidRequest
+from gateway.execution import Executor, ResolvedRequest
+from gateway.ledger.entries import RequestRecord
+from gateway.providers.base import CallOptions
+from gateway.providers.metering import count_prompt_tokens
+from gateway.resolve import DecideAuto, resolve_model
+from gateway.schemas import ChatCompletionRequest, parse_chat_request, upstream_body
+from gateway.settings import Settings
+
+STATUS_CLIENT_CLOSED = 499  # nginx's convention for "client went away"
+PER_MESSAGE_OVERHEAD_TOKENS = 8
+
+
+class PrincipalLike(Protocol):
+    @property
+    def tenant_id(self) -> str: ...
+    @property
+    def key_id(self) -> str: ...
+
+
+class RequestLedger(Protocol):
+    def record_request(self, rec: RequestRecord) -> None: ...
+    async def wait_durable(self) -> None: ...
+
+
+def new_request_id() -> str:
+    return "chatcmpl-" + uuid.uuid4().hex
+
+
+def _chars(messages: list[dict[str, Any]]) -> int:
+    return sum(len(m["content"]) if isinstance(m.get("content"), str) else len(orjson.dumps(m))
+               for m in messages)
+
+
+def check_context_window(settings: Settings, model_name: str, messages: list[dict[str, Any]]) -> None:
+    """400 ``context_length_exceeded`` (as OpenAI does) when the prompt cannot fit the model.
+
+    Cheap first: a token is at least one character, so a prompt with fewer characters than the
+    window always fits; only longer prompts are counted with the tokenizer."""
+    model = settings.models[model_name]
+    if _chars(messages) + PER_MESSAGE_OVERHEAD_TOKENS * len(messages) <= model.context_window:
+        return
+    tokens = count_prompt_tokens(model, messages)
+    if tokens > model.context_window:
+        raise InvalidRequest(f"This model's maximum context length is {model.context_window} tokens. "
+                             f"However, your messages resulted in {tokens} tokens.",
+                             param="messages", code="context_length_exceeded")
+
+
+class ChatFlow:
+    def __init__(self, settings: Settings, executor: Executor, ledger: RequestLedger, *,
+                 decide_auto: DecideAuto | None = None, default_tier: str = "low") -> None:
+        self.settings, self.executor, self.ledger = settings, executor, ledger
+        self.decide_auto = decide_auto
+        self.default_tier = default_tier
+
+    def prepare(self, principal: PrincipalLike, data: Any) -> tuple[ResolvedRequest, ChatCompletionRequest]:
+        req = parse_chat_request(data)
+        messages: list[dict[str, Any]] = data["messages"]
+        resolution = resolve_model(self.settings, req.model, messages, reasoning_effort=req.reasoning_effort,
+                                   decide_auto=self.decide_auto, default_tier=self.default_tier)
+        check_context_window(self.settings, resolution.models[0], messages)
+        tier = self.settings.tiers.get(resolution.tier)  # type: ignore[call-overload]
+        options = CallOptions(experts_per_token=tier.engine.experts_per_token if tier else None,
+                              timeout_s=self.settings.server.request_timeout_s)
+        rr = ResolvedRequest(request_id=new_request_id(), tenant_id=principal.tenant_id,
+                             key_id=principal.key_id, resolution=resolution, body=upstream_body(data),
+                             options=options)
+        return rr, req
+
+    async def finish(self, rr: ResolvedRequest, status: str, http_status: int,
+                     error_code: str | None = None) -> None:
+        t, r = rr.tally, rr.resolution
+        self.ledger.record_request(RequestRecord(
+            id=rr.request_id, tenant_id=rr.tenant_id, key_id=rr.key_id, requested_model=r.requested_model,
+            status=status, tier=r.tier, effort_source=r.effort_source, classifier_score=r.classifier_score,
+            classifier_version=r.classifier_version, pipeline=False, http_status=http_status,
+            error_code=error_code, latency_ms=round((time.perf_counter() - rr.started) * 1000, 3),
+            prompt_tokens=t.usage.prompt_tokens, completion_tokens=t.usage.completion_tokens,
+            cost_usd=t.cost_usd, baseline_cost_usd=t.baseline_cost_usd))
+        await self.ledger.wait_durable()  # this record and every call row before it: fsync'd
+
+    async def complete(self, rr: ResolvedRequest) -> dict[str, Any]:
+        try:
+            response = await self.executor.complete(rr)
+        except GatewayError as err:
+            await self.finish(rr, "error", err.status, err.code)
+            raise
+        except Exception:
+            await self.finish(rr, "error", 500, "internal_error")
+            raise
+        response["id"] = rr.request_id
+        response["model"] = rr.resolution.requested_model
+        if not response.get("usage"):
+            response["usage"] = rr.tally.usage.to_openai()
+        await self.finish(rr, "ok", 200)
+        return response
+
+    async def open_stream(self, rr: ResolvedRequest, include_usage: bool) -> ChatStream:
+        """Open the upstream stream; errors before the first chunk raise (JSON error response)."""
+        try:
+            chunks = await self.executor.stream(rr)
+        except GatewayError as err:
+            await self.finish(rr, "error", err.status, err.code)
+            raise
+        except Exception:
+            await self.finish(rr, "error", 500, "internal_error")
+            raise
+        return ChatStream(self, rr, chunks, include_usage)
+
+
+def _sse(obj: dict[str, Any]) -> bytes:
+    return b"data: " + orjson.dumps(obj) + b"\n\n"
+
+
+class ChatStream:
+    """The SSE bytes of one streamed answer. ``close()`` must run however the response ends:
+    when the client went away it cancels the upstream, bills what was generated and records
+    the request as cancelled."""
+
+    def __init__(self, flow: ChatFlow, rr: ResolvedRequest, chunks: AsyncIterator[dict[str, Any]],
+                 include_usage: bool) -> None:
+        self.flow, self.rr, self.chunks, self.include_usage = flow, rr, chunks, include_usage
+        self.finished = False
+        self._created = int(time.time())
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        rr, model = self.rr, self.rr.resolution.requested_model
+        try:
+            async for chunk in self.chunks:
+                if chunk.get("usage") and not chunk.get("choices"):
+                    continue  # the upstream's usage chunk: replaced by ours below
+                if self.include_usage:
+                    chunk["usage"] = None
+                else:
+                    chunk.pop("usage", None)
+                chunk["id"], chunk["model"] = rr.request_id, model
+                self._created = chunk.get("created") or self._created
+                yield _sse(chunk)
+        except GatewayError as err:  # mid-stream upstream failure: OpenAI sends an error event
+            self.finished = True
+            await self.flow.finish(rr, "error", err.status, err.code)
+            yield _sse(err.body())
+            return
+        if self.include_usage:
+            yield _sse({"id": rr.request_id, "object": "chat.completion.chunk", "created": self._created,
+                        "model": model, "choices": [], "usage": rr.tally.usage.to_openai()})
+        self.finished = True
+        await self.flow.finish(rr, "ok", 200)
+        yield b"data: [DONE]\n\n"
+
+    async def close(self) -> None:
+        aclose = getattr(self.chunks, "aclose", None)
+        if aclose is not None:
+            await aclose()  # no-op when the stream already ended; else cancels + bills
+        if not self.finished:
+            self.finished = True
+            await self.flow.finish(self.rr, "cancelled", STATUS_CLIENT_CLOSED, "client_closed_request")

@@ -1,0 +1,110 @@
+"""Executing a resolved chat request: the hook between the route and the models.
+
+``Executor`` is the one seam the route calls. ``DirectExecutor`` (the default) makes one
+routed call over the resolution's model chain — retries and fallbacks included — and writes
+one ``LedgerEntry`` (stage ``direct``) per upstream attempt, failed and cancelled ones too.
+The four-layer pipeline plugs in by passing another ``Executor`` to ``create_app`` (or by
+wrapping this one and delegating low tiers to it).
+
+Imports providers, ledger entries, settings and errors; knows nothing of FastAPI.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from gateway.ledger.entries import LedgerEntry, new_entry_id
+from gateway.ledger.pricing import cost_for, model_price
+from gateway.providers.base import CallOptions, Usage
+from gateway.providers.registry import ProviderRegistry
+from gateway.providers.router import Attempt, call_models, stream_models
+from gateway.resolve import Resolution
+from gateway.settings import Settings
+
+BASELINE_TIER = "high"
+
+
+class LedgerSink(Protocol):
+    def record(self, entry: LedgerEntry) -> None: ...
+
+
+@dataclass
+class CallTally:
+    """What one request has spent so far (summed over its upstream attempts)."""
+
+    usage: Usage = field(default_factory=Usage)
+    cost_usd: float = 0.0
+    baseline_cost_usd: float = 0.0
+    calls: int = 0
+    model: str | None = None
+
+
+@dataclass(frozen=True)
+class ResolvedRequest:
+    """A validated, authenticated, resolved request, ready to execute."""
+
+    request_id: str
+    tenant_id: str
+    key_id: str | None
+    resolution: Resolution
+    body: dict[str, Any]  # what goes upstream (client fields minus gateway-only ones)
+    options: CallOptions
+    tally: CallTally = field(default_factory=CallTally)
+    started: float = field(default_factory=time.perf_counter)
+
+
+class Executor(Protocol):
+    async def complete(self, req: ResolvedRequest) -> dict[str, Any]:
+        """A chat.completion dict; every upstream call already handed to the ledger."""
+        ...
+
+    async def stream(self, req: ResolvedRequest) -> AsyncIterator[dict[str, Any]]:
+        """An opened chunk stream: errors before the first chunk raise here. Closing it cancels
+        the upstream call and bills what was generated."""
+        ...
+
+
+def cost_of(settings: Settings, tier: str, model_name: str, usage: Usage) -> tuple[float, float]:
+    """(cost, baseline) of one call (``gateway.ledger.cost_for``); a model called directly that
+    no tier uses is priced at its own price."""
+    if tier in settings.tiers:
+        return cost_for(settings, tier, model_name, usage)
+    cost = model_price(settings.models[model_name]).cost_usd(
+        usage.prompt_tokens, usage.cached_tokens, usage.completion_tokens)
+    _, baseline = cost_for(settings, BASELINE_TIER, settings.tiers["high"].model, usage)
+    return cost, baseline
+
+
+class DirectExecutor:
+    """One routed call per request; one ledger row per upstream attempt."""
+
+    def __init__(self, settings: Settings, registry: ProviderRegistry, ledger: LedgerSink) -> None:
+        self.settings, self.registry, self.ledger = settings, registry, ledger
+
+    def _on_attempt(self, req: ResolvedRequest) -> Callable[[Attempt], None]:
+        def record(attempt: Attempt) -> None:
+            tier = req.resolution.tier
+            cost, baseline = cost_of(self.settings, tier, attempt.model_name, attempt.usage)
+            self.ledger.record(LedgerEntry(
+                id=new_entry_id(), request_id=req.request_id, tenant_id=req.tenant_id, key_id=req.key_id,
+                stage="direct", tier=tier, model=attempt.model_name, usage=attempt.usage, cost_usd=cost,
+                baseline_cost_usd=baseline, status=attempt.status))
+            t = req.tally
+            t.usage, t.cost_usd, t.baseline_cost_usd = t.usage + attempt.usage, t.cost_usd + cost, \
+                t.baseline_cost_usd + baseline
+            t.calls += 1
+            t.model = attempt.model_name
+        return record
+
+    async def complete(self, req: ResolvedRequest) -> dict[str, Any]:
+        response, _ = await call_models(self.registry, req.resolution.models, req.body, req.options,
+                                        on_attempt=self._on_attempt(req))
+        return response
+
+    async def stream(self, req: ResolvedRequest) -> AsyncIterator[dict[str, Any]]:
+        chunks, _ = await stream_models(self.registry, req.resolution.models, req.body, req.options,
+                                        on_attempt=self._on_attempt(req))
+        return chunks

@@ -1,0 +1,1 @@
+"""HTTP routes, one module per API area; create_app includes their routers."""

@@ -1,0 +1,58 @@
+"""``POST /v1/chat/completions``: thin HTTP shell around ``ChatFlow`` (auth, raw body with a
+size limit, orjson, SSE). Policy lives in chat_flow / resolve / execution.
+"""
+
+from __future__ import annotations
+
+import anyio
+import orjson
+from fastapi import APIRouter, Depends, Request, Response
+from starlette.responses import StreamingResponse
+from starlette.types import Receive, Scope, Send
+
+from gateway.chat_flow import ChatStream, PrincipalLike
+from gateway.deps import GatewayState, gateway_state, principal, read_body
+from gateway.errors import InvalidRequest
+
+router = APIRouter()
+
+
+class SSEResponse(StreamingResponse):
+    """Streams a ``ChatStream`` and always closes it — even when the client disconnects and
+    Starlette cancels the send loop — shielded so the upstream is cancelled and the
+    generated tokens billed."""
+
+    def __init__(self, stream: ChatStream, headers: dict[str, str]) -> None:
+        super().__init__(stream.__aiter__(), media_type="text/event-stream", headers=headers)
+        self._chat_stream = stream
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            with anyio.CancelScope(shield=True):
+                body = self.body_iterator
+                aclose = getattr(body, "aclose", None)
+                if aclose is not None:
+                    await aclose()
+                await self._chat_stream.close()
+
+
+def _json(content: object, headers: dict[str, str] | None = None) -> Response:
+    return Response(orjson.dumps(content), media_type="application/json", headers=headers)
+
+
+@router.post("/v1/chat/completions")
+async def chat_completions(request: Request, state: GatewayState = Depends(gateway_state),
+                           who: PrincipalLike = Depends(principal)) -> Response:
+    raw = await read_body(request, state.settings.server.max_body_bytes)
+    try:
+        data = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        raise InvalidRequest("request body is not valid JSON") from None
+    rr, req = state.flow.prepare(who, data)
+    headers = {"x-request-id": rr.request_id, "x-tiergate-tier": rr.resolution.tier}
+    if req.stream:
+        stream = await state.flow.open_stream(rr, req.include_usage)
+        return SSEResponse(stream, {**headers, "cache-control": "no-cache", "x-accel-buffering": "no"})
+    return _json(await state.flow.complete(rr), headers)

@@ -1,0 +1,34 @@
+"""``GET /v1/models`` and ``GET /v1/models/{id}``: auto, one name per tier, every configured model."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+from fastapi import APIRouter, Depends, Response
+
+from gateway.chat_flow import PrincipalLike
+from gateway.deps import GatewayState, gateway_state, principal
+from gateway.errors import ModelNotFound
+from gateway.resolve import public_model_names
+
+router = APIRouter()
+
+
+def _card(name: str) -> dict[str, Any]:
+    return {"id": name, "object": "model", "created": 0, "owned_by": "tiergate"}
+
+
+@router.get("/v1/models")
+async def list_models(state: GatewayState = Depends(gateway_state),
+                      _: PrincipalLike = Depends(principal)) -> Response:
+    body = {"object": "list", "data": [_card(n) for n in public_model_names(state.settings)]}
+    return Response(orjson.dumps(body), media_type="application/json")
+
+
+@router.get("/v1/models/{model_id:path}")
+async def get_model(model_id: str, state: GatewayState = Depends(gateway_state),
+                    _: PrincipalLike = Depends(principal)) -> Response:
+    if model_id not in public_model_names(state.settings):
+        raise ModelNotFound(f"The model '{model_id[:100]}' does not exist", param="model")
+    return Response(orjson.dumps(_card(model_id)), media_type="application/json")

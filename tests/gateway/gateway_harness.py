@@ -1,0 +1,80 @@
+"""A real, small gateway for app tests: SQLite in a temp dir, the real journaled ``Ledger`` and
+``KeyStore``, one tenant with one key, create_app's lifespan run around an httpx ASGI client,
+every tier pointed at a ``ScriptedUpstream``."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import sqlalchemy as sa
+from fastapi import FastAPI
+from sqlalchemy.orm import Session, sessionmaker
+
+from gateway.app import create_app
+from gateway.auth import KeyStore, generate_key, hash_key
+from gateway.db.models import Base, LedgerEntryRow, Request
+from gateway.db.queries import add_api_key, create_tenant
+from gateway.db.session import make_engine, make_session_factory
+from gateway.ledger import Ledger
+from gateway.settings import Settings, settings_from_dict
+from tests.gateway.scripted_upstream import ScriptedUpstream, config_for
+
+
+def make_database(tmp_path: Path) -> tuple[str, sessionmaker[Session], str, str]:
+    """(db url, session factory, tenant id, raw key) on a fresh SQLite file."""
+    url = f"sqlite:///{tmp_path / 'tiergate.db'}"
+    engine = make_engine(url)
+    Base.metadata.create_all(engine)
+    sf = make_session_factory(engine)
+    raw = generate_key()
+    with sf() as s, s.begin():
+        tenant = create_tenant(s, "acme")
+        add_api_key(s, tenant.id, raw, hash_key(raw), name="test")
+        tenant_id = tenant.id
+    return url, sf, tenant_id, raw
+
+
+@dataclass
+class Gateway:
+    app: FastAPI
+    client: httpx.AsyncClient
+    settings: Settings
+    upstream: ScriptedUpstream
+    ledger: Ledger
+    session_factory: sessionmaker[Session]
+    tenant_id: str
+    key: str
+
+    @property
+    def auth(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.key}"}
+
+    def ledger_rows(self) -> list[LedgerEntryRow]:
+        assert self.ledger.flush(10)
+        with self.session_factory() as s:
+            return list(s.scalars(sa.select(LedgerEntryRow).order_by(LedgerEntryRow.created_at)))
+
+    def request_rows(self) -> list[Request]:
+        assert self.ledger.flush(10)
+        with self.session_factory() as s:
+            return list(s.scalars(sa.select(Request)))
+
+
+@asynccontextmanager
+async def gateway(tmp_path: Path, upstream: ScriptedUpstream, **config: Any) -> AsyncIterator[Gateway]:
+    url, sf, tenant_id, raw = make_database(tmp_path)
+    settings = settings_from_dict(config_for(upstream.base_url, db_url=url, **config), base_dir=tmp_path)
+    ledger = Ledger(sf, tmp_path / "journal", flush_interval_ms=5)
+    ledger.start()
+    app = create_app(settings, session_factory=sf, ledger=ledger, key_store=KeyStore(sf))
+    try:
+        async with app.router.lifespan_context(app), httpx.AsyncClient(
+                transport=httpx.ASGITransport(app=app), base_url="http://tiergate") as client:
+            yield Gateway(app, client, settings, upstream, ledger, sf, tenant_id, raw)
+    finally:
+        ledger.stop()

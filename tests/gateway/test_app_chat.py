@@ -1,0 +1,158 @@
+"""POST /v1/chat/completions through the real app (SQLite, real ledger and key store) against
+the scripted upstream: wire shape, model echo, resolution, SSE, usage handling, ledger rows."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from tests.gateway.gateway_harness import gateway
+from tests.gateway.scripted_upstream import UPSTREAM_KEY, UPSTREAM_KEY_ENV, Behaviour, ScriptedUpstream
+
+MSGS = [{"role": "user", "content": "say hi"}]
+
+
+@pytest.fixture
+def upstream(monkeypatch: pytest.MonkeyPatch) -> Iterator[ScriptedUpstream]:
+    monkeypatch.setenv(UPSTREAM_KEY_ENV, UPSTREAM_KEY)
+    with ScriptedUpstream() as up:
+        yield up
+
+
+def sse_events(raw: bytes) -> list[Any]:
+    events = []
+    for block in raw.split(b"\n\n"):
+        if block.startswith(b"data: "):
+            payload = block[6:]
+            events.append("[DONE]" if payload == b"[DONE]" else orjson.loads(payload))
+    return events
+
+
+async def test_non_streaming_shape_model_echo_and_ledger(tmp_path: Path, upstream: ScriptedUpstream) -> None:
+    async with gateway(tmp_path, upstream) as gw:
+        r = await gw.client.post("/v1/chat/completions", headers=gw.auth,
+                                 json={"model": "tier-medium", "messages": MSGS, "max_tokens": 3})
+        assert r.status_code == 200, r.text
+        body = r.json()
+        assert body["id"].startswith("chatcmpl-") and body["id"] == r.headers["x-request-id"]
+        assert body["model"] == "tier-medium"
+        assert body["object"] == "chat.completion"
+        assert body["choices"][0]["message"] == {"role": "assistant", "content": "w0 w1 w2"}
+        assert body["usage"]["prompt_tokens"] == 11 and body["usage"]["completion_tokens"] == 3
+        (row,) = gw.ledger_rows()
+        assert (row.request_id, row.tenant_id, row.stage, row.tier, row.model, row.status) == (
+            body["id"], gw.tenant_id, "direct", "medium", "up-a", "ok")
+        assert (row.prompt_tokens, row.completion_tokens) == (11, 3)
+        assert float(row.cost_usd) == pytest.approx((11 * 1.0 + 3 * 2.0) / 1e6)
+        assert float(row.baseline_cost_usd) == pytest.approx((11 * 10.0 + 3 * 20.0) / 1e6)
+        (req,) = gw.request_rows()
+        assert (req.id, req.status, req.http_status, req.tier, req.effort_source) == (
+            body["id"], "ok", 200, "medium", "client")
+
+
+@pytest.mark.parametrize(("model", "tier", "upstream_model"), [
+    ("low", "low", "upstream-a"), ("tier-high", "high", "upstream-high"),
+    ("up-solo", "direct", "upstream-solo"), ("up-high", "high", "upstream-high"),
+    ("auto", "low", "upstream-a"),
+])
+async def test_model_resolution(tmp_path: Path, upstream: ScriptedUpstream, model: str, tier: str,
+                                upstream_model: str) -> None:
+    async with gateway(tmp_path, upstream) as gw:
+        r = await gw.client.post("/v1/chat/completions", headers=gw.auth, json={"model": model, "messages": MSGS})
+        assert r.status_code == 200, r.text
+        assert r.json()["model"] == model
+        assert r.headers["x-tiergate-tier"] == tier
+        assert upstream.requests[-1].body["model"] == upstream_model
+        (row,) = gw.ledger_rows()
+        assert row.tier == tier
+
+
+async def test_auto_with_reasoning_effort_uses_that_tier(tmp_path: Path, upstream: ScriptedUpstream) -> None:
+    async with gateway(tmp_path, upstream) as gw:
+        r = await gw.client.post("/v1/chat/completions", headers=gw.auth,
+                                 json={"model": "auto", "messages": MSGS, "reasoning_effort": "high"})
+        assert r.headers["x-tiergate-tier"] == "high"
+        (req,) = gw.request_rows()
+        assert req.effort_source == "client"
+
+
+async def test_stream_strips_usage_the_client_did_not_ask_for(tmp_path: Path, upstream: ScriptedUpstream) -> None:
+    async with gateway(tmp_path, upstream) as gw:
+        r = await gw.client.post("/v1/chat/completions", headers=gw.auth,
+                                 json={"model": "low", "messages": MSGS, "stream": True, "max_tokens": 4})
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+        events = sse_events(r.content)
+        assert events[-1] == "[DONE]"
+        chunks = events[:-1]
+        assert all("usage" not in c for c in chunks)
+        assert {c["id"] for c in chunks} == {r.headers["x-request-id"]}
+        assert {c["model"] for c in chunks} == {"low"}
+        assert "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks) == "w0 w1 w2 w3"
+        assert upstream.requests[-1].body["stream_options"] == {"include_usage": True}
+        (row,) = gw.ledger_rows()
+        assert (row.prompt_tokens, row.completion_tokens, row.status) == (11, 4, "ok")
+
+
+async def test_stream_include_usage(tmp_path: Path, upstream: ScriptedUpstream) -> None:
+    async with gateway(tmp_path, upstream) as gw:
+        r = await gw.client.post("/v1/chat/completions", headers=gw.auth, json={
+            "model": "low", "messages": MSGS, "stream": True, "max_tokens": 2,
+            "stream_options": {"include_usage": True}})
+        events = sse_events(r.content)
+        usage_chunk = events[-2]
+        assert usage_chunk["choices"] == [] and usage_chunk["usage"]["completion_tokens"] == 2
+        assert usage_chunk["usage"]["total_tokens"] == 13
+        assert all(c["usage"] is None for c in events[:-2])
+
+
+async def test_stream_without_upstream_usage_is_counted_and_billed(tmp_path: Path,
+                                                                   upstream: ScriptedUpstream) -> None:
+    upstream.push(Behaviour(omit_usage=True, n_words=6))
+    async with gateway(tmp_path, upstream) as gw:
+        r = await gw.client.post("/v1/chat/completions", headers=gw.auth, json={
+            "model": "low", "messages": MSGS, "stream": True, "stream_options": {"include_usage": True}})
+        usage = sse_events(r.content)[-2]["usage"]
+        assert usage["completion_tokens"] >= 6 and usage["prompt_tokens"] > 0
+        (row,) = gw.ledger_rows()
+        assert row.completion_tokens == usage["completion_tokens"]
+
+
+async def test_fallback_rows_one_per_upstream_call(tmp_path: Path, upstream: ScriptedUpstream) -> None:
+    upstream.push(Behaviour(status=500), Behaviour(status=500), Behaviour(status=500))
+    async with gateway(tmp_path, upstream) as gw:
+        r = await gw.client.post("/v1/chat/completions", headers=gw.auth, json={"model": "low", "messages": MSGS})
+        assert r.status_code == 200
+        rows = gw.ledger_rows()
+        assert sorted((x.model, x.status) for x in rows) == [("up-a", "error")] * 3 + [("up-b", "ok")]
+        assert sum(x.completion_tokens for x in rows) == 8
+
+
+async def test_upstream_failure_is_502_and_recorded(tmp_path: Path, upstream: ScriptedUpstream) -> None:
+    upstream.push(*[Behaviour(status=503)] * 3)
+    async with gateway(tmp_path, upstream) as gw:
+        r = await gw.client.post("/v1/chat/completions", headers=gw.auth,
+                                 json={"model": "medium", "messages": MSGS})
+        assert r.status_code == 502
+        err = r.json()["error"]
+        assert set(err) == {"message", "type", "param", "code"} and UPSTREAM_KEY not in r.text
+        rows = gw.ledger_rows()
+        assert [x.status for x in rows] == ["error"] * 3
+        (req,) = gw.request_rows()
+        assert (req.status, req.http_status) == ("error", 502)
+
+
+async def test_tools_and_json_mode_forwarded(tmp_path: Path, upstream: ScriptedUpstream) -> None:
+    tools = [{"type": "function", "function": {"name": "weather", "parameters": {"type": "object"}}}]
+    async with gateway(tmp_path, upstream) as gw:
+        r = await gw.client.post("/v1/chat/completions", headers=gw.auth, json={
+            "model": "low", "messages": MSGS, "tools": tools, "tool_choice": "auto"})
+        call = r.json()["choices"][0]["message"]["tool_calls"][0]
+        assert call["function"] == {"name": "weather", "arguments": '{"city": "Paris"}'}
+        assert upstream.requests[-1].body["tools"] == tools
+        r = await gw.client.post("/v1/chat/completions", headers=gw.auth, json={
+            "model": "low", "messages": MSGS, "response_format": {"type": "json_object"}})
+        assert orjson.loads(r.json()["choices"][0]["message"]["content"]) == {"answer": 42}
