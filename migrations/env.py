@@ -7,27 +7,13 @@ through plain ``alembic`` with alembic.ini, from config.yaml via load_settings()
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
-
 from alembic import context
 
+from gateway.db.migrate import import_model_modules
 from gateway.db.models import Base
 from gateway.db.session import database_url, make_engine
 
-# Model modules that add tables to Base.metadata. Modules that do not exist yet are skipped.
-MODEL_MODULES = ("gateway.db.models", "gateway.budgets.models", "gateway.jobs.models")
-
-
-def _import_model_modules() -> None:
-    for name in MODEL_MODULES:
-        parent = name.rsplit(".", 1)[0]
-        if importlib.util.find_spec(parent) is None or importlib.util.find_spec(name) is None:
-            continue
-        importlib.import_module(name)
-
-
-_import_model_modules()
+import_model_modules()  # every module listed in gateway.db.migrate.MODEL_MODULES
 config = context.config
 target_metadata = Base.metadata
 

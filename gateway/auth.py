@@ -1,0 +1,163 @@
+"""API-key authentication: keys are stored as SHA-256 hex digests plus a short visible
+prefix; the raw key is shown once at creation and never stored or logged.
+
+``KeyStore.authenticate(header)`` parses ``Authorization: Bearer <key>``, refuses anything
+malformed with ``AuthenticationFailed`` (the message never echoes the key), and resolves
+the hash through a bounded TTL cache, so the hot path does not query the database per
+request. A revoked key is refused at the latest ``ttl_s`` after revocation (immediately in
+the process that calls ``invalidate``). Database lookups run off the event loop with bound
+parameters; concurrent misses for the same key share one lookup. Database errors propagate
+(they are not authentication failures). Imports db and errors only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import re
+import secrets
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from sqlalchemy.orm import Session, sessionmaker
+
+from gateway.db.queries import ActiveKey, find_active_key
+from gateway.errors import AuthenticationFailed
+
+KEY_PREFIX = "tg-"
+# Keys we issue are "tg-" + 43 urlsafe chars; accept any sane token shape, refuse the rest unseen.
+_KEY_RE = re.compile(r"[A-Za-z0-9_\-\.]{8,256}")
+_BEARER_RE = re.compile(r"[Bb][Ee][Aa][Rr][Ee][Rr] +(\S+) *")
+
+
+def hash_key(raw: str) -> str:
+    return hashlib.sha256(raw.encode("utf-8")).hexdigest()
+
+
+def generate_key() -> str:
+    return KEY_PREFIX + secrets.token_urlsafe(32)
+
+
+@dataclass(frozen=True)
+class Principal:
+    tenant_id: str
+    key_id: str
+    key_prefix: str
+    allow_prompt_storage: bool
+
+
+def parse_bearer(header: str | None) -> str:
+    """The key in an Authorization header; AuthenticationFailed if absent or malformed."""
+    if not header:
+        raise AuthenticationFailed("Missing API key. Send 'Authorization: Bearer <key>'.")
+    m = _BEARER_RE.fullmatch(header) if len(header) <= 300 else None
+    if m is None or not _KEY_RE.fullmatch(m.group(1)):
+        raise AuthenticationFailed("Malformed Authorization header. Send 'Authorization: Bearer <key>'.")
+    return m.group(1)
+
+
+class _TTLCache:
+    def __init__(self, max_entries: int) -> None:
+        self.max_entries = max_entries
+        self._data: OrderedDict[str, tuple[float, Principal | None]] = OrderedDict()
+
+    def get(self, key: str, now: float) -> tuple[bool, Principal | None]:
+        hit = self._data.get(key)
+        if hit is None or hit[0] <= now:
+            return False, None
+        self._data.move_to_end(key)
+        return True, hit[1]
+
+    def put(self, key: str, value: Principal | None, expires: float) -> None:
+        self._data[key] = (expires, value)
+        self._data.move_to_end(key)
+        while len(self._data) > self.max_entries:
+            self._data.popitem(last=False)
+
+    def pop(self, key: str) -> None:
+        self._data.pop(key, None)
+
+    def clear(self) -> None:
+        self._data.clear()
+
+
+class KeyStore:
+    """Resolves API keys to principals with a bounded TTL cache in front of the database.
+
+    Valid and unknown keys are cached separately (an attacker spraying random keys cannot
+    evict valid ones); unknown keys for ``negative_ttl_s``."""
+
+    def __init__(self, session_factory: sessionmaker[Session], ttl_s: float = 30.0, *,
+                 negative_ttl_s: float = 5.0, max_entries: int = 10_000,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._session_factory = session_factory
+        self.ttl_s = ttl_s
+        self.negative_ttl_s = negative_ttl_s
+        self._clock = clock
+        self._valid = _TTLCache(max_entries)
+        self._unknown = _TTLCache(max_entries)
+        self._inflight: dict[str, asyncio.Future[Principal | None]] = {}
+        self.db_lookups = 0
+
+    async def authenticate(self, authorization_header: str | None) -> Principal:
+        raw = parse_bearer(authorization_header)
+        digest = hash_key(raw)
+        now = self._clock()
+        for cache in (self._valid, self._unknown):
+            hit, principal = cache.get(digest, now)
+            if hit:
+                return self._accept(principal)
+        return self._accept(await self._lookup(digest))
+
+    @staticmethod
+    def _accept(principal: Principal | None) -> Principal:
+        if principal is None:
+            raise AuthenticationFailed("Invalid API key.")
+        return principal
+
+    async def _lookup(self, digest: str) -> Principal | None:
+        pending = self._inflight.get(digest)
+        if pending is not None:
+            return await asyncio.shield(pending)
+        fut: asyncio.Future[Principal | None] = asyncio.get_running_loop().create_future()
+        self._inflight[digest] = fut
+        try:
+            principal = await asyncio.to_thread(self._query, digest)
+        except BaseException as exc:
+            if isinstance(exc, asyncio.CancelledError):
+                fut.cancel()
+            else:
+                fut.set_exception(exc)
+                fut.exception()  # mark retrieved: concurrent waiters (if any) re-raise it themselves
+            raise
+        finally:
+            self._inflight.pop(digest, None)
+        now = self._clock()
+        if principal is None:
+            self._unknown.put(digest, None, now + self.negative_ttl_s)
+        else:
+            self._valid.put(digest, principal, now + self.ttl_s)
+        fut.set_result(principal)
+        return principal
+
+    def _query(self, digest: str) -> Principal | None:
+        self.db_lookups += 1
+        with self._session_factory() as session:
+            key: ActiveKey | None = find_active_key(session, digest)
+        if key is None or not hmac.compare_digest(key.key_hash, digest):
+            return None
+        return Principal(tenant_id=key.tenant_id, key_id=key.key_id, key_prefix=key.key_prefix,
+                         allow_prompt_storage=key.allow_prompt_storage)
+
+    def invalidate(self, raw_key_or_hash: str) -> None:
+        """Forget a key now (e.g. right after revoking it in this process)."""
+        for digest in {raw_key_or_hash, hash_key(raw_key_or_hash)}:
+            self._valid.pop(digest)
+            self._unknown.pop(digest)
+
+    def clear(self) -> None:
+        self._valid.clear()
+        self._unknown.clear()

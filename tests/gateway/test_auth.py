@@ -1,0 +1,150 @@
+"""KeyStore: hashed keys, cached lookups, revocation within the TTL, hostile headers refused."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+
+from gateway.auth import KeyStore, Principal, generate_key, hash_key, parse_bearer
+from gateway.db import queries
+from gateway.db.models import Base
+from gateway.db.session import make_engine, make_session_factory
+from gateway.errors import AuthenticationFailed
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def setup(tmp_path: Path):  # type: ignore[no-untyped-def]
+    engine = make_engine(f"sqlite:///{tmp_path}/a.db")
+    Base.metadata.create_all(engine)
+    factory = make_session_factory(engine)
+    raw = generate_key()
+    with factory() as s, s.begin():
+        tenant = queries.create_tenant(s, "acme", allow_prompt_storage=True)
+        key = queries.add_api_key(s, tenant.id, raw, hash_key(raw))
+    yield factory, raw, tenant.id, key.id
+    engine.dispose()
+
+
+def test_hash_and_generate() -> None:
+    a, b = generate_key(), generate_key()
+    assert a != b and a.startswith("tg-") and len(a) > 40
+    assert hash_key("abc") == "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+
+
+async def test_valid_key_resolves_to_principal(setup) -> None:  # type: ignore[no-untyped-def]
+    factory, raw, tenant_id, key_id = setup
+    store = KeyStore(factory)
+    p = await store.authenticate(f"Bearer {raw}")
+    assert p == Principal(tenant_id=tenant_id, key_id=key_id, key_prefix=raw[:12], allow_prompt_storage=True)
+    assert await store.authenticate(f"bearer  {raw}") == p
+
+
+async def test_hot_path_is_cached(setup) -> None:  # type: ignore[no-untyped-def]
+    factory, raw, *_ = setup
+    store = KeyStore(factory, clock=FakeClock())
+    for _ in range(50):
+        await store.authenticate(f"Bearer {raw}")
+    assert store.db_lookups == 1
+
+
+async def test_concurrent_misses_share_one_lookup(setup) -> None:  # type: ignore[no-untyped-def]
+    factory, raw, *_ = setup
+    store = KeyStore(factory)
+    results = await asyncio.gather(*(store.authenticate(f"Bearer {raw}") for _ in range(20)))
+    assert len(set(results)) == 1 and store.db_lookups == 1
+
+
+async def test_revoked_key_refused_after_ttl(setup) -> None:  # type: ignore[no-untyped-def]
+    factory, raw, _, key_id = setup
+    clock = FakeClock()
+    store = KeyStore(factory, ttl_s=30, clock=clock)
+    await store.authenticate(f"Bearer {raw}")
+    with factory() as s, s.begin():
+        queries.revoke_api_key(s, key_id)
+    clock.now += 29
+    await store.authenticate(f"Bearer {raw}")  # still cached: accepted inside the TTL
+    clock.now += 2
+    with pytest.raises(AuthenticationFailed):
+        await store.authenticate(f"Bearer {raw}")
+
+
+async def test_invalidate_refuses_immediately(setup) -> None:  # type: ignore[no-untyped-def]
+    factory, raw, _, key_id = setup
+    store = KeyStore(factory, clock=FakeClock())
+    await store.authenticate(f"Bearer {raw}")
+    with factory() as s, s.begin():
+        queries.revoke_api_key(s, key_id)
+    store.invalidate(raw)
+    with pytest.raises(AuthenticationFailed):
+        await store.authenticate(f"Bearer {raw}")
+
+
+async def test_unknown_keys_are_negatively_cached_and_bounded(setup) -> None:  # type: ignore[no-untyped-def]
+    factory, raw, *_ = setup
+    store = KeyStore(factory, max_entries=8, clock=FakeClock())
+    await store.authenticate(f"Bearer {raw}")
+    for _ in range(3):
+        with pytest.raises(AuthenticationFailed):
+            await store.authenticate("Bearer tg-unknown-key-0")
+    assert store.db_lookups == 2
+    for i in range(100):  # a spray of random keys cannot evict the valid one
+        with pytest.raises(AuthenticationFailed):
+            await store.authenticate(f"Bearer tg-spray-{i:04d}")
+    before = store.db_lookups
+    await store.authenticate(f"Bearer {raw}")
+    assert store.db_lookups == before
+    assert len(store._unknown._data) <= 8
+
+
+HOSTILE_HEADERS = [
+    None, "", "Bearer", "Bearer ", "Basic dXNlcjpwYXNz", "Token abc", "Bearer ' OR '1'='1",
+    "Bearer x' OR 1=1 --", "Bearer '; DROP TABLE api_keys; --", "Bearer tg-a\x00b", "Bearer tg-ab\r\nX: y",
+    "Bearer " + "a" * 5000, "Bearer tg-\u00e9\u00e9\u00e9\u00e9\u00e9\u00e9", "Bearer a b", "Bearer %s%s%s%s",
+]
+
+
+@pytest.mark.parametrize("header", HOSTILE_HEADERS)
+async def test_hostile_headers_fail_cleanly(setup, header: str | None) -> None:  # type: ignore[no-untyped-def]
+    factory, *_ = setup
+    store = KeyStore(factory)
+    with pytest.raises(AuthenticationFailed) as info:
+        await store.authenticate(header)
+    assert info.value.status == 401 and info.value.body()["error"]["code"] == "invalid_api_key"
+    if header and len(header) > 12:
+        assert header[7:] not in info.value.message
+    with factory() as s:
+        assert s.scalar(sa.text("SELECT count(*) FROM api_keys")) == 1
+
+
+async def test_injection_shaped_but_well_formed_key_is_just_unknown(setup) -> None:  # type: ignore[no-untyped-def]
+    factory, *_ = setup
+    store = KeyStore(factory)
+    with pytest.raises(AuthenticationFailed, match="Invalid API key"):
+        await store.authenticate("Bearer tg-1--OR--1.1")
+    assert store.db_lookups == 1
+
+
+def test_parse_bearer_message_never_contains_the_key() -> None:
+    secret = "tg-" + "s" * 300
+    with pytest.raises(AuthenticationFailed) as info:
+        parse_bearer(f"Bearer {secret}")
+    assert "sss" not in info.value.message
+
+
+async def test_database_errors_are_not_authentication_failures(tmp_path: Path) -> None:
+    engine = make_engine(f"sqlite:///{tmp_path}/empty.db")  # no tables
+    store = KeyStore(make_session_factory(engine))
+    with pytest.raises(sa.exc.OperationalError):
+        await store.authenticate("Bearer tg-whatever-123")
+    engine.dispose()
