@@ -118,7 +118,7 @@ async def run_paths(paths: int, open_stream: OpenStream, pruner: PathPruner) -> 
 def _answer_key(text: str) -> str:
     lines = [ln for ln in text.strip().splitlines() if ln.strip()]
     last = lines[-1] if lines else ""
-    return re.sub(r"[^a-z0-9.\-]+", " ", last.lower()).strip()
+    return re.sub(r"[^a-z0-9.\-]+", " ", last.lower()).strip(" .-")
 
 
 def vote(outcomes: list[PathOutcome]) -> PathOutcome:
