@@ -10,7 +10,7 @@ from tests.gateway.scripted_models import ScriptedProvider, harness, plan_json
 
 CTX = RequestContext(request_id="chatcmpl-x", tenant_id="t1", key_id="k1")
 BODY = {"model": "auto", "reasoning_effort": "xhigh", "messages": [{"role": "user", "content": "6*7?"}]}
-WORDS = "so the product of six and seven is clearly equal to forty two".split()  # 13 words
+WORDS = ["so", "the", "product", "of", "six", "and", "seven", "is", "clearly", "equal", "to", "forty", "two"]  # 13 words
 
 
 def test_confidence_tracker_detects_a_falling_window() -> None:
