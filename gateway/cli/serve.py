@@ -1,9 +1,105 @@
-"""`tiergate serve`: run the gateway with uvicorn."""
+"""`tiergate serve`: run the gateway with uvicorn (uvloop + httptools, one worker by default).
+
+``--demo`` first migrates the database, creates a ``demo`` tenant with one key if none exists
+(printing the key once, never logging it) and prints a working curl and openai-SDK example.
+The app is built by ``app_from_env`` (a uvicorn factory) so several workers can each build
+their own. Nothing heavy is imported until the command runs.
+"""
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import typer
+
+DEMO_TENANT = "demo"
+ConfigOption = typer.Option(None, "--config", "-c", envvar="TIERGATE_CONFIG", help="Path to config.yaml.")
+
+
+def app_from_env():  # type: ignore[no-untyped-def]  # uvicorn factory: returns the FastAPI app
+    from gateway.app import create_app
+    from gateway.settings import load_settings
+
+    return create_app(load_settings(os.environ.get("TIERGATE_CONFIG")))
+
+
+def _demo_key(config: Path | None) -> str | None:
+    """Migrate, then create the demo tenant and a key on first run. Returns the new raw key, or
+    None if the demo tenant already existed (its key was printed when it was created)."""
+    from gateway.auth import generate_key, hash_key
+    from gateway.db import migrate
+    from gateway.db.queries import RecordNotFound, add_api_key, create_tenant, find_tenant
+    from gateway.db.session import database_url, make_engine, make_session_factory
+    from gateway.settings import load_settings
+
+    settings = load_settings(config)
+    url = database_url(settings)
+    migrate.upgrade(url.render_as_string(hide_password=False))
+    engine = make_engine(url)
+    try:
+        with make_session_factory(engine)() as s, s.begin():
+            try:
+                find_tenant(s, DEMO_TENANT)
+                return None
+            except RecordNotFound:
+                tenant = create_tenant(s, DEMO_TENANT)
+            raw = generate_key()
+            add_api_key(s, tenant.id, raw, hash_key(raw), name="demo")
+            return raw
+    finally:
+        engine.dispose()
+
+
+def _print_demo(host: str, port: int, key: str | None) -> None:
+    shown = key or "<your tiergate key>"
+    if key:
+        typer.echo(f"Created tenant '{DEMO_TENANT}' with API key (shown once, store it now):\n\n    {key}\n")
+    else:
+        typer.echo(f"Tenant '{DEMO_TENANT}' exists; its key was printed when it was created "
+                   f"(new one: tiergate keys create --tenant {DEMO_TENANT}).\n")
+    base = f"http://{host}:{port}/v1"
+    typer.echo(f"""Try it:
+
+curl {base}/chat/completions \\
+  -H "Authorization: Bearer {shown}" -H "Content-Type: application/json" \\
+  -d '{{"model": "auto", "messages": [{{"role": "user", "content": "Say hello"}}]}}'
+
+python - <<'EOF'
+from openai import OpenAI
+client = OpenAI(base_url="{base}", api_key="{shown}")
+r = client.chat.completions.create(model="auto", messages=[{{"role": "user", "content": "Say hello"}}])
+print(r.choices[0].message.content)
+EOF
+""")
 
 
 def register(app: typer.Typer) -> None:
     """Attach the `serve` command to the root app."""
+
+    @app.command()
+    def serve(config: Path | None = ConfigOption,
+              host: str | None = typer.Option(None, help="Bind address (default: server.host)."),
+              port: int | None = typer.Option(None, help="Port (default: server.port)."),
+              workers: int = typer.Option(1, min=1, help="uvicorn worker processes."),
+              demo: bool = typer.Option(False, "--demo", help="Create a demo tenant+key and print examples."),
+              access_log: bool = typer.Option(False, "--access-log", help="Log one line per request."),
+              ) -> None:
+        """Run the gateway."""
+        import uvicorn
+
+        from gateway.settings import ConfigError, load_settings
+
+        try:
+            settings = load_settings(config)
+        except ConfigError as err:
+            typer.echo(str(err), err=True)
+            raise typer.Exit(2) from None
+        if config is not None:
+            os.environ["TIERGATE_CONFIG"] = str(config.resolve())
+        bind_host, bind_port = host or settings.server.host, port or settings.server.port
+        if demo:
+            _print_demo(bind_host, bind_port, _demo_key(config))
+        uvicorn.run("gateway.cli.serve:app_from_env", factory=True, host=bind_host, port=bind_port,
+                    workers=workers, loop="uvloop", http="httptools", access_log=access_log,
+                    log_level=settings.server.log_level, timeout_graceful_shutdown=10)

@@ -4,14 +4,18 @@ every tier pointed at a ``ScriptedUpstream``."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+import socket
+import threading
+import time
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
 import sqlalchemy as sa
+import uvicorn
 from fastapi import FastAPI
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -76,5 +80,43 @@ async def gateway(tmp_path: Path, upstream: ScriptedUpstream, **config: Any) -> 
         async with app.router.lifespan_context(app), httpx.AsyncClient(
                 transport=httpx.ASGITransport(app=app), base_url="http://tiergate") as client:
             yield Gateway(app, client, settings, upstream, ledger, sf, tenant_id, raw)
+    finally:
+        ledger.stop()
+
+
+@contextmanager
+def served(app: FastAPI) -> Iterator[str]:
+    """Run ``app`` under a real uvicorn server in a thread on a loopback port; yields its /v1 URL."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on", loop="asyncio"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not server.started:
+        if time.monotonic() > deadline or not thread.is_alive():
+            raise RuntimeError("uvicorn did not start")
+        time.sleep(0.02)
+    try:
+        yield f"http://127.0.0.1:{port}/v1"
+    finally:
+        server.should_exit = True
+        thread.join(20)
+        sock.close()
+
+
+@contextmanager
+def served_gateway(tmp_path: Path, upstream: ScriptedUpstream, **config: Any) -> Iterator[tuple[str, Gateway]]:
+    """A real gateway (SQLite, ledger, key store) behind uvicorn; yields (base URL, handles)."""
+    url, sf, tenant_id, raw = make_database(tmp_path)
+    settings = settings_from_dict(config_for(upstream.base_url, db_url=url, **config), base_dir=tmp_path)
+    ledger = Ledger(sf, tmp_path / "journal", flush_interval_ms=5)
+    ledger.start()
+    app = create_app(settings, session_factory=sf, ledger=ledger, key_store=KeyStore(sf))
+    try:
+        with served(app) as base:
+            client = httpx.AsyncClient(base_url=base)
+            yield base, Gateway(app, client, settings, upstream, ledger, sf, tenant_id, raw)
     finally:
         ledger.stop()
