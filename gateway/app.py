@@ -107,7 +107,11 @@ def create_app(settings: Settings, *, session_factory: Any = None, ledger: Any =
                 from gateway.auth import KeyStore
 
                 keys = KeyStore(sf)
-            execu = executor or DirectExecutor(settings, reg, led)
+            execu = executor
+            if execu is None:
+                from gateway.pipeline.executor import PipelineExecutor
+
+                execu = PipelineExecutor(settings, reg, led, DirectExecutor(settings, reg, led))
             flow = ChatFlow(settings, execu, led, decide_auto=decide_auto)
             app.state.tiergate = GatewayState(settings=settings, flow=flow, keys=keys, ledger=led,
                                               registry=reg, session_factory=sf)

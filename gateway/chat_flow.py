@@ -95,7 +95,7 @@ class ChatFlow:
         self.ledger.record_request(RequestRecord(
             id=rr.request_id, tenant_id=rr.tenant_id, key_id=rr.key_id, requested_model=r.requested_model,
             status=status, tier=r.tier, effort_source=r.effort_source, classifier_score=r.classifier_score,
-            classifier_version=r.classifier_version, pipeline=False, http_status=http_status,
+            classifier_version=r.classifier_version, pipeline=t.pipeline, http_status=http_status,
             error_code=error_code, latency_ms=round((time.perf_counter() - rr.started) * 1000, 3),
             prompt_tokens=t.usage.prompt_tokens, completion_tokens=t.usage.completion_tokens,
             cost_usd=t.cost_usd, baseline_cost_usd=t.baseline_cost_usd))

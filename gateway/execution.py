@@ -40,6 +40,8 @@ class CallTally:
     baseline_cost_usd: float = 0.0
     calls: int = 0
     model: str | None = None
+    pipeline: bool = False  # set by the pipeline executor (gateway.pipeline.executor)
+    effort: str | None = None  # the effort tier actually executed, when the routing policy ran
 
 
 @dataclass(frozen=True)

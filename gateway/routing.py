@@ -192,7 +192,7 @@ def resolve_execution(settings: Settings, body: dict[str, Any], classifier_tier:
 def direct_body(body: dict[str, Any], plan: ExecutionPlan) -> dict[str, Any]:
     """The upstream body for a direct/thinking call: gateway-only fields removed, output bounded by
     the answer budget plus (for medium) the thinking budget."""
-    out = {k: v for k, v in body.items() if k not in ("tiergate", "verbosity", "max_completion_tokens")}
-    out["max_tokens"] = plan.max_answer_tokens + (plan.thinking_budget_tokens or 0)
-    out.pop("reasoning_effort", None)
+    out = {k: v for k, v in body.items() if k not in ("tiergate", "verbosity", "reasoning_effort")}
+    key = "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens"
+    out[key] = plan.max_answer_tokens + (plan.thinking_budget_tokens or 0)
     return out

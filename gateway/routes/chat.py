@@ -55,4 +55,9 @@ async def chat_completions(request: Request, state: GatewayState = Depends(gatew
     if req.stream:
         stream = await state.flow.open_stream(rr, req.include_usage)
         return SSEResponse(stream, {**headers, "cache-control": "no-cache", "x-accel-buffering": "no"})
-    return _json(await state.flow.complete(rr), headers)
+    response = await state.flow.complete(rr)
+    t = rr.tally
+    headers.setdefault("x-tiergate-effort", t.effort or rr.resolution.tier)
+    headers["x-tiergate-cost-usd"] = f"{t.cost_usd:.9f}"
+    headers["x-tiergate-saved-usd"] = f"{t.baseline_cost_usd - t.cost_usd:.9f}"
+    return _json(response, headers)
