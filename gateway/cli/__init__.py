@@ -22,6 +22,9 @@ def _register() -> None:
     app.add_typer(engine_cmd.app, name="engine")
     app.add_typer(classifier_cmd.app, name="classifier")
     app.add_typer(bench.app, name="bench")
+    from gateway.cli import ledger_bench
+
+    bench.app.command("ledger")(ledger_bench.ledger)
     serve.register(app)
 
 
