@@ -23,19 +23,22 @@ from engine.sequence import Sequence, SequenceStatus
 
 @dataclass(frozen=True)
 class ScheduledSequence:
-    """``num_new_tokens`` tokens of ``seq`` starting at ``seq.num_computed_tokens`` run this step."""
+    """Tokens ``start .. start + num_new_tokens`` of ``seq`` run this step.
+
+    ``samples`` is True when they reach the sequence's last known token, so the step
+    yields its next token (False for a chunk of a longer prefill). Fixed at scheduling
+    time: it stays valid after ``Scheduler.advance``.
+    """
 
     seq: Sequence
+    start: int
     num_new_tokens: int
+    samples: bool
 
-    @property
-    def start(self) -> int:
-        return self.seq.num_computed_tokens
-
-    @property
-    def samples(self) -> bool:
-        """True when this step computes the sequence's last known token (so it yields a token)."""
-        return self.seq.num_computed_tokens + self.num_new_tokens == self.seq.num_tokens
+    @classmethod
+    def of(cls, seq: Sequence, num_new_tokens: int) -> ScheduledSequence:
+        start = seq.num_computed_tokens
+        return cls(seq, start, num_new_tokens, start + num_new_tokens == seq.num_tokens)
 
 
 @dataclass
@@ -97,7 +100,7 @@ class Scheduler:
                 continue
             if not self._grow(seq, n, out):
                 break  # seq itself was preempted; everything after it already was
-            out.scheduled.append(ScheduledSequence(seq, n))
+            out.scheduled.append(ScheduledSequence.of(seq, n))
             budget -= n
             i += 1
         if not out.preempted:
@@ -135,7 +138,7 @@ class Scheduler:
                 seq.admitted_once = True
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
-            out.scheduled.append(ScheduledSequence(seq, n))
+            out.scheduled.append(ScheduledSequence.of(seq, n))
             budget -= n
 
     def _hashes_of(self, seq: Sequence, num_blocks: int) -> list[int]:

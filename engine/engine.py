@@ -1,0 +1,223 @@
+"""`LLMEngine`: requests in, tokens and text out, one scheduling step at a time.
+
+``add_request`` queues a prompt (token ids) with its `SamplingParams` and expert count;
+``step`` schedules a batch, runs the model once, samples, applies stop rules and returns
+one `RequestOutput` (the new tokens/text since the last output) per sequence that
+produced a token; ``abort`` cancels a request and frees its blocks; ``generate`` runs a
+list of prompts to completion. Synchronous and single-threaded: `engine.async_engine`
+drives it from a background thread.
+
+Imports torch and the engine's own modules; never anything web/db.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+from collections.abc import Sequence as Seq
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from engine.blocks import BlockAllocator
+from engine.detokenizer import IncrementalDetokenizer
+from engine.runner import ModelRunner
+from engine.sampling import SamplingParams, TokenLogprob, make_generator, sample
+from engine.scheduler import Scheduler
+from engine.sequence import Sequence
+
+DEFAULT_KV_CACHE_BYTES = 256 * 1024 * 1024
+
+
+class EngineError(Exception):
+    """A request the engine cannot serve."""
+
+
+class PromptTooLong(EngineError, ValueError):
+    """The prompt does not fit the context window."""
+
+
+class InvalidExperts(EngineError, ValueError):
+    """experts_per_token outside 1..num_experts (or set on a dense model)."""
+
+
+@dataclass
+class RequestOutput:
+    """What one request produced in one step (deltas), plus running totals."""
+
+    request_id: str
+    new_token_ids: list[int]
+    new_text: str
+    new_logprobs: list[TokenLogprob]
+    finished: bool
+    finish_reason: str | None
+    num_prompt_tokens: int
+    num_cached_tokens: int
+    num_output_tokens: int
+    text: str = ""                      # all text so far (final text when finished)
+    output_token_ids: list[int] = field(default_factory=list)  # filled in when finished
+
+
+@dataclass(frozen=True)
+class EngineLimits:
+    block_size: int
+    num_blocks: int
+    max_model_len: int
+    max_num_seqs: int
+    max_num_batched_tokens: int
+
+
+class LLMEngine:
+    def __init__(self, model: torch.nn.Module, config: Any, *, tokenizer: Any = None,
+                 eos_token_ids: Seq[int] | None = None, dtype: torch.dtype = torch.float32,
+                 block_size: int = 16, num_blocks: int | None = None,
+                 kv_cache_bytes: int = DEFAULT_KV_CACHE_BYTES, max_model_len: int | None = None,
+                 max_num_seqs: int = 32, max_num_batched_tokens: int = 512,
+                 enable_prefix_caching: bool = True) -> None:
+        self.config = config
+        self.tokenizer = tokenizer
+        self.num_experts = int(getattr(config, "num_experts", 0) or 0)
+        self.default_experts_per_token = int(getattr(config, "num_experts_per_tok", 0) or 0) or None
+        if eos_token_ids is None:
+            eos_token_ids = tuple(getattr(tokenizer, "eos_token_ids", ()) or ())
+        self.eos_token_ids = frozenset(eos_token_ids)
+        model_len = max_model_len or int(getattr(config, "max_position_embeddings", 2048))
+        if num_blocks is None:
+            per_token = 2 * config.num_hidden_layers * config.num_key_value_heads * config.head_dim * (
+                torch.finfo(dtype).bits // 8)
+            num_blocks = max(kv_cache_bytes // (per_token * block_size), -(-model_len // block_size))
+            num_blocks = min(num_blocks, -(-model_len * max_num_seqs // block_size))
+        model_len = min(model_len, num_blocks * block_size)
+        self.limits = EngineLimits(block_size, num_blocks, model_len, max_num_seqs, max_num_batched_tokens)
+        self.allocator = BlockAllocator(num_blocks, block_size, enable_prefix_caching=enable_prefix_caching)
+        self.scheduler = Scheduler(self.allocator, max_num_seqs=max_num_seqs,
+                                   max_num_batched_tokens=max_num_batched_tokens)
+        self.runner = ModelRunner(model, num_blocks=num_blocks, block_size=block_size, dtype=dtype)
+        self._decode: Callable[[list[int]], str] | None = (
+            (lambda ids: tokenizer.decode(ids)) if tokenizer is not None else None)
+        self._seqs: dict[str, Sequence] = {}
+        self._ids = itertools.count()
+        self._arrivals = itertools.count()
+
+    @classmethod
+    def from_dir(cls, model_dir: str | Path, *, dtype: torch.dtype = torch.float32,
+                 num_threads: int | None = None, **kwargs: Any) -> LLMEngine:
+        """Load a model directory (config.json, safetensors, tokenizer.json) into a ready engine."""
+        from engine.model import load_model
+        from engine.tokenizer import Tokenizer
+
+        if num_threads:
+            torch.set_num_threads(num_threads)
+        model, config = load_model(model_dir, dtype=dtype)
+        tokenizer = Tokenizer.from_dir(model_dir)
+        return cls(model, config, tokenizer=tokenizer, dtype=dtype, **kwargs)
+
+    # -- requests -----------------------------------------------------------------------------
+    def add_request(self, prompt_token_ids: Seq[int], params: SamplingParams | None = None,
+                    experts_per_token: int | None = None, request_id: str | None = None) -> str:
+        params = params or SamplingParams()
+        prompt = list(prompt_token_ids)
+        if not prompt:
+            raise EngineError("the prompt is empty")
+        if len(prompt) >= self.limits.max_model_len:
+            raise PromptTooLong(f"prompt has {len(prompt)} tokens; this model's context holds "
+                                f"{self.limits.max_model_len} (prompt plus at least one output token)")
+        k = self._resolve_experts(experts_per_token)
+        rid = request_id or f"req-{next(self._ids)}"
+        if rid in self._seqs:
+            raise EngineError(f"duplicate request id {rid!r}")
+        seq = Sequence(rid, prompt, params, arrival=next(self._arrivals), experts_per_token=k)
+        seq.sampler_state = None if params.greedy else make_generator(params.seed)
+        if self._decode is not None:
+            seq.detokenizer = IncrementalDetokenizer(self._decode, prompt, params.stop)
+        self._seqs[rid] = seq
+        self.scheduler.add(seq)
+        return rid
+
+    def _resolve_experts(self, k: int | None) -> int | None:
+        if self.num_experts == 0:
+            if k is not None:
+                raise InvalidExperts("experts_per_token is only meaningful for a mixture-of-experts model")
+            return None
+        if k is None:
+            return self.default_experts_per_token
+        if not 1 <= k <= self.num_experts:
+            raise InvalidExperts(f"experts_per_token must be between 1 and {self.num_experts}")
+        return k
+
+    def abort(self, request_id: str) -> bool:
+        """Cancel a request (waiting or running) and free its blocks; False if unknown/finished."""
+        seq = self._seqs.pop(request_id, None)
+        if seq is None:
+            return False
+        self.scheduler.finish(seq, "abort")
+        return True
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    @property
+    def num_unfinished_requests(self) -> int:
+        return len(self._seqs)
+
+    # -- one step -----------------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        out = self.scheduler.schedule()
+        if out.is_empty:
+            if not out.preempted and self.scheduler.has_unfinished():
+                raise EngineError("the KV cache is too small for the next waiting request")
+            return []
+        logits = self.runner.execute(out.scheduled)
+        self.scheduler.advance(out)
+        seqs = [s.seq for s in out.scheduled if s.samples]
+        if not seqs:
+            return []
+        suppress = [tuple(self.eos_token_ids | set(q.params.stop_token_ids))
+                    if q.num_output_tokens < q.params.min_tokens else () for q in seqs]
+        tokens, logprobs = sample(logits, [q.params for q in seqs], [q.sampler_state for q in seqs], suppress)
+        return [self._after_token(q, t, lp) for q, t, lp in zip(seqs, tokens, logprobs, strict=True)]
+
+    def _after_token(self, seq: Sequence, token: int, logprob: TokenLogprob | None) -> RequestOutput:
+        seq.append_token(token, logprob)
+        p = seq.params
+        det: IncrementalDetokenizer | None = seq.detokenizer
+        reason: str | None = None
+        stop_token = token in p.stop_token_ids or (token in self.eos_token_ids and not p.ignore_eos)
+        if stop_token or (det is not None and det.add_token(token)):
+            reason = "stop"
+        elif (p.max_tokens is not None and seq.num_output_tokens >= p.max_tokens) or \
+                seq.num_tokens >= self.limits.max_model_len:
+            reason = "length"
+        if reason is not None:
+            self.scheduler.finish(seq, reason)
+            del self._seqs[seq.request_id]
+            if det is not None:
+                det.flush()
+        finished = reason is not None
+        return RequestOutput(
+            request_id=seq.request_id, new_token_ids=[token],
+            new_text=det.take_delta(finished) if det is not None else "",
+            new_logprobs=[logprob] if logprob is not None else [],
+            finished=finished, finish_reason=reason,
+            num_prompt_tokens=seq.num_prompt_tokens, num_cached_tokens=seq.num_cached_tokens,
+            num_output_tokens=seq.num_output_tokens,
+            text=det.text if det is not None else "",
+            output_token_ids=seq.output_token_ids if finished else [],
+        )
+
+    # -- offline ------------------------------------------------------------------------------
+    def generate(self, prompts: Seq[Seq[int]], params: SamplingParams | Seq[SamplingParams] | None = None,
+                 experts_per_token: int | None = None) -> list[RequestOutput]:
+        """Run every prompt to completion (continuous batching); final outputs in prompt order."""
+        plist: list[SamplingParams] = (
+            [params or SamplingParams()] * len(prompts) if params is None or isinstance(params, SamplingParams)
+            else list(params))
+        ids = [self.add_request(p, sp, experts_per_token) for p, sp in zip(prompts, plist, strict=True)]
+        final: dict[str, RequestOutput] = {}
+        while len(final) < len(ids):
+            for o in self.step():
+                if o.finished:
+                    final[o.request_id] = o
+        return [final[i] for i in ids]

@@ -1,0 +1,178 @@
+"""LLMEngine on a tiny random Mixtral saved in HF format and loaded by our engine: batched,
+paged, chunked, preempted and prefix-cached runs give the tokens of full recomputation."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from engine.engine import EngineError, InvalidExperts, LLMEngine, PromptTooLong
+from engine.model import CausalLM, load_model
+from engine.sampling import SamplingParams
+from tests.engine.hf_tiny import build_hf_model, save_hf_model
+
+PROMPTS = [[(7 * i + 3 * j) % 150 + 5 for j in range(3 + 5 * i)] for i in range(5)]  # 3..23 tokens
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> tuple[CausalLM, object]:
+    path = save_hf_model(build_hf_model("mixtral", seed=1), tmp_path_factory.mktemp("mixtral"))
+    return load_model(Path(path))
+
+
+def make_engine(tiny: tuple[CausalLM, object], **kw: object) -> LLMEngine:
+    model, config = tiny
+    opts: dict = dict(block_size=4, num_blocks=64, max_num_seqs=8, max_num_batched_tokens=16)
+    opts.update(kw)
+    return LLMEngine(model, config, eos_token_ids=(), **opts)
+
+
+@torch.inference_mode()
+def oracle(model: CausalLM, prompt: list[int], n: int, k: int | None = None) -> tuple[list[int], list[float]]:
+    """Greedy decoding by full recomputation, no cache; also the chosen tokens' logprobs."""
+    ids = list(prompt)
+    lps = []
+    for _ in range(n):
+        logits = model(torch.tensor(ids), torch.arange(len(ids)), None, None, k)[-1]
+        tok = int(logits.argmax())
+        lps.append(float(torch.log_softmax(logits.float(), -1)[tok]))
+        ids.append(tok)
+    return ids[len(prompt):], lps
+
+
+GREEDY = SamplingParams(temperature=0, max_tokens=8)
+
+
+def test_batched_paged_chunked_generation_equals_recomputation(tiny) -> None:
+    engine = make_engine(tiny)
+    outs = engine.generate(PROMPTS, GREEDY)
+    for prompt, out in zip(PROMPTS, outs, strict=True):
+        assert out.output_token_ids == oracle(tiny[0], prompt, 8)[0]
+        assert out.finish_reason == "length" and out.num_output_tokens == 8
+    assert engine.allocator.num_free == engine.allocator.num_blocks
+
+
+def test_preemption_resumes_with_identical_greedy_and_seeded_output(tiny) -> None:
+    seeded = SamplingParams(temperature=0.9, top_p=0.95, seed=123, max_tokens=10)
+    roomy = make_engine(tiny)
+    alone = [roomy.generate([p], seeded)[0].output_token_ids for p in PROMPTS]
+    tight = make_engine(tiny, num_blocks=14, max_num_seqs=5)
+    outs = tight.generate(PROMPTS, seeded)
+    assert tight.scheduler.num_preemptions > 0
+    assert [o.output_token_ids for o in outs] == alone
+    greedy = tight.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=10))
+    assert [o.output_token_ids for o in greedy] == [oracle(tiny[0], p, 10)[0] for p in PROMPTS]
+
+
+def test_per_request_experts_per_token_in_one_batch(tiny) -> None:
+    engine = make_engine(tiny)
+    ks = [1, 2, 4, None, 3]
+    ids = [engine.add_request(p, GREEDY, experts_per_token=k) for p, k in zip(PROMPTS, ks, strict=True)]
+    final = {}
+    while engine.has_unfinished_requests():
+        for o in engine.step():
+            if o.finished:
+                final[o.request_id] = o.output_token_ids
+    for rid, p, k in zip(ids, PROMPTS, ks, strict=True):
+        assert final[rid] == oracle(tiny[0], p, 8, k)[0], f"k={k}"
+    # k=1 really changes the computation for some prompt
+    assert any(oracle(tiny[0], p, 8, 1)[0] != oracle(tiny[0], p, 8, 2)[0] for p in PROMPTS)
+    with pytest.raises(InvalidExperts):
+        engine.add_request([1, 2], GREEDY, experts_per_token=5)
+    with pytest.raises(InvalidExperts):
+        engine.add_request([1, 2], GREEDY, experts_per_token=0)
+
+
+def test_logprobs_match_the_model_distribution(tiny) -> None:
+    engine = make_engine(tiny)
+    p = SamplingParams(temperature=0, max_tokens=5, logprobs=True, top_logprobs=3)
+    rid = engine.add_request(PROMPTS[2], p)
+    got = []
+    while engine.has_unfinished_requests():
+        for o in engine.step():
+            assert o.request_id == rid
+            got.extend(o.new_logprobs)
+    tokens, lps = oracle(tiny[0], PROMPTS[2], 5)
+    assert [g.token_id for g in got] == tokens
+    assert [g.logprob for g in got] == pytest.approx(lps, abs=1e-4)
+    assert all(len(g.top) == 3 and g.top[0][0] == g.token_id for g in got)
+
+
+def test_stop_token_ids_and_max_tokens_finish_reasons(tiny) -> None:
+    engine = make_engine(tiny)
+    want = oracle(tiny[0], PROMPTS[1], 8)[0]
+    stop_at = want[3]
+    first = want.index(stop_at)
+    out = engine.generate([PROMPTS[1]], SamplingParams(temperature=0, max_tokens=8, stop_token_ids=(stop_at,)))[0]
+    assert out.finish_reason == "stop" and out.output_token_ids == want[:first + 1]
+    eos_engine = LLMEngine(tiny[0], tiny[1], eos_token_ids=(stop_at,), block_size=4, num_blocks=64)
+    out = eos_engine.generate([PROMPTS[1]], SamplingParams(temperature=0, max_tokens=8))[0]
+    assert out.finish_reason == "stop"
+    out = eos_engine.generate([PROMPTS[1]], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))[0]
+    assert out.finish_reason == "length" and out.output_token_ids == want
+
+
+def test_abort_frees_blocks_and_other_requests_continue(tiny) -> None:
+    engine = make_engine(tiny)
+    a = engine.add_request(PROMPTS[4], SamplingParams(temperature=0, max_tokens=50))
+    b = engine.add_request(PROMPTS[0], GREEDY)
+    engine.step()
+    engine.step()
+    assert engine.allocator.num_free < engine.allocator.num_blocks
+    assert engine.abort(a) and not engine.abort(a)
+    done = {}
+    while engine.has_unfinished_requests():
+        for o in engine.step():
+            assert o.request_id == b
+            if o.finished:
+                done[b] = o.output_token_ids
+    assert done[b] == oracle(tiny[0], PROMPTS[0], 8)[0]
+    assert engine.allocator.num_free == engine.allocator.num_blocks
+
+
+def test_prefix_cache_hits_are_reported_and_do_not_change_output(tiny) -> None:
+    engine = make_engine(tiny, max_num_batched_tokens=64)
+    shared = PROMPTS[4][:16]
+    first = engine.generate([[*shared, 9]], GREEDY)[0]
+    second = engine.generate([[*shared, 11]], GREEDY)[0]
+    assert first.num_cached_tokens == 0 and second.num_cached_tokens == 16
+    assert second.output_token_ids == oracle(tiny[0], [*shared, 11], 8)[0]
+
+
+def test_context_limits(tiny) -> None:
+    engine = make_engine(tiny, max_model_len=20)
+    with pytest.raises(PromptTooLong):
+        engine.add_request(list(range(1, 21)), GREEDY)
+    with pytest.raises(EngineError):
+        engine.add_request([], GREEDY)
+    out = engine.generate([list(range(1, 16))], SamplingParams(temperature=0, max_tokens=100))[0]
+    assert out.finish_reason == "length" and out.num_output_tokens == 5
+
+
+class CharTokenizer:
+    """Token i decodes to one printable character; token 5 is multi-byte split over two tokens."""
+
+    def decode(self, ids: list[int]) -> str:
+        return "".join(chr(ord("a") + i % 26) for i in ids)
+
+
+def test_text_streams_and_stop_strings_truncate(tiny) -> None:
+    model, config = tiny
+    engine = LLMEngine(model, config, tokenizer=CharTokenizer(), eos_token_ids=(), block_size=4, num_blocks=64)
+    free_run = engine.generate([PROMPTS[3]], SamplingParams(temperature=0, max_tokens=12))[0]
+    text = free_run.text
+    assert len(text) == 12
+    stop = text[5:7]
+    cut = text.index(stop)
+    rid = engine.add_request(PROMPTS[3], SamplingParams(temperature=0, max_tokens=12, stop=(stop,)))
+    streamed = ""
+    last = None
+    while engine.has_unfinished_requests():
+        for o in engine.step():
+            assert o.request_id == rid
+            streamed += o.new_text
+            last = o
+    assert last is not None and last.finish_reason == "stop"
+    assert streamed == last.text == text[:cut]
