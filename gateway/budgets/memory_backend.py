@@ -37,6 +37,7 @@ class MemoryCounters:
         self._spent: dict[str, int] = {}
         self._held: dict[str, int] = {}
         self._holds: dict[str, _Hold] = {}
+        self._loading: dict[str, asyncio.Future[int]] = {}
 
     async def start(self) -> None:
         if self._store is None:
@@ -70,10 +71,15 @@ class MemoryCounters:
 
     async def _ensure_loaded(self, refs: Sequence[CounterRef], load: SpentLoader) -> None:
         for ref in refs:
-            if ref.key not in self._spent:
-                value = await load(ref)
-                async with self._lock:
-                    self._spent.setdefault(ref.key, value)
+            if ref.key in self._spent:
+                continue
+            task = self._loading.get(ref.key)
+            if task is None:  # concurrent first uses of one counter share a single DB read
+                task = self._loading[ref.key] = asyncio.ensure_future(load(ref))
+                task.add_done_callback(lambda _t, k=ref.key: self._loading.pop(k, None))  # type: ignore[misc]
+            value = await asyncio.shield(task)
+            async with self._lock:
+                self._spent.setdefault(ref.key, value)
 
     def _state(self, key: str) -> CounterState:
         return CounterState(self._spent.get(key, 0), self._held.get(key, 0))

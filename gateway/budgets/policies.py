@@ -142,6 +142,7 @@ class PolicyStore:
         self._mono = monotonic
         self._cache: dict[str, tuple[float, BudgetPolicy | None]] = {}
         self._overrides: dict[str, BudgetPolicy] = {}
+        self._loading: dict[str, asyncio.Future[BudgetPolicy | None]] = {}
 
     @property
     def defaults(self) -> BudgetDefaults:
@@ -175,7 +176,13 @@ class PolicyStore:
         now = self._mono()
         if hit is not None and now - hit[0] < self._ttl:
             return hit[1]
-        policy = await asyncio.to_thread(self._load, subject) if self._sf is not None else None
+        if self._sf is None:
+            return None
+        task = self._loading.get(subject)
+        if task is None:  # concurrent misses for one subject share a single DB read
+            task = self._loading[subject] = asyncio.ensure_future(asyncio.to_thread(self._load, subject))
+            task.add_done_callback(lambda _t: self._loading.pop(subject, None))
+        policy = await asyncio.shield(task)
         self._cache[subject] = (now, policy)
         return policy
 

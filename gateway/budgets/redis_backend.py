@@ -207,6 +207,7 @@ class RedisCounters:
         self._log = client.register_script(_LOG)
         self._rebuild = client.register_script(_REBUILD)
         self._task: asyncio.Task[None] | None = None
+        self._loading: dict[str, asyncio.Future[int]] = {}
 
     def _k(self, ref: CounterRef | str) -> str:
         return self._prefix + (ref if isinstance(ref, str) else ref.key)
@@ -230,7 +231,7 @@ class RedisCounters:
             out = await self._reserve(keys=keys, args=args)
             if int(out[0]) != -1:
                 break
-            await self.rebuild(res.counters[int(out[1]) - 1], only_if_missing=True)
+            await self._load_once(res.counters[int(out[1]) - 1])
         else:
             raise RuntimeError("budget counter could not be loaded into Redis")
         denied = int(out[1])
@@ -256,8 +257,17 @@ class RedisCounters:
             return states
         for ref, s in zip(refs, states, strict=True):
             if s.spent_nanos < 0:
-                await self.rebuild(ref, only_if_missing=True)
+                await self._load_once(ref)
         return _pairs(await self._snapshot(keys=[self._k(r) for r in refs], args=[]))
+
+    async def _load_once(self, ref: CounterRef) -> int:
+        """Cold-load a counter; concurrent requests for the same counter share one load."""
+        task = self._loading.get(ref.key)
+        if task is None:
+            task = asyncio.ensure_future(self.rebuild(ref, only_if_missing=True))
+            self._loading[ref.key] = task
+            task.add_done_callback(lambda _t, k=ref.key: self._loading.pop(k, None))  # type: ignore[misc]
+        return await asyncio.shield(task)
 
     async def rebuild(self, ref: CounterRef, *, only_if_missing: bool = False) -> int:
         """Set ``spent`` from the database truth (see module docstring); returns it."""

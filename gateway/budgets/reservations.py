@@ -10,7 +10,6 @@ Must not import routes, the app, the pipeline or providers.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -117,16 +116,19 @@ class ReservationStore:
         self._pending: list[tuple[str, str, int | None]] = []
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._stopping = False
 
     async def start(self) -> None:
         if self._task is None:
+            self._stopping = False
             self._task = asyncio.create_task(self._writer(), name="budget-reservation-writer")
 
     async def stop(self) -> None:
+        """Write every queued outcome, then stop the writer."""
+        self._stopping = True
+        self._wake.set()
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await self._task
             self._task = None
         await asyncio.to_thread(self._write_outcomes, self._take())
 
@@ -151,16 +153,19 @@ class ReservationStore:
         return batch
 
     async def _writer(self) -> None:
-        while True:
+        while not self._stopping:
             await self._wake.wait()
             self._wake.clear()
-            await asyncio.sleep(self._interval)
+            if not self._stopping:
+                await asyncio.sleep(self._interval)
             batch = self._take()
             try:
                 await asyncio.to_thread(self._write_outcomes, batch)
             except Exception:
                 log.exception("writing %d reservation outcomes failed; retrying", len(batch))
                 self._pending[:0] = batch
+                if self._stopping:
+                    raise
                 await asyncio.sleep(1.0)
                 self._wake.set()
 
