@@ -5,3 +5,28 @@ from __future__ import annotations
 import typer
 
 app = typer.Typer(help="Benchmarks that print ratios against a baseline run in the same process.", no_args_is_help=True)
+
+
+@app.command("pipeline")
+def pipeline_bench(
+    n: int = typer.Option(1000, help="requests to replay"),
+    mix: str = typer.Option("0.7,0.2,0.1", help="easy,medium,hard shares of the workload (source difficulty)"),
+    data_dir: str = typer.Option("../shared/data", help="the shared data folder prompts are drawn from"),
+    seed: int = typer.Option(0),
+    config: str = typer.Option("config.yaml", help="config whose classifier.artifact decides effort"),
+    classifier: bool = typer.Option(True, help="use the classifier artifact when it exists"),
+) -> None:
+    """Routed cost of a mixed workload vs answering everything on the high tier (and on the low)."""
+    from pathlib import Path
+
+    from gateway.cli.bench_pipeline import run_bench
+    from gateway.settings import load_settings
+
+    shares = tuple(float(x) for x in mix.split(","))
+    if len(shares) != 3:
+        raise typer.BadParameter("mix needs three shares: easy,medium,hard")
+    artifact = None
+    if classifier:
+        settings = load_settings(config)
+        artifact = settings.resolve_path(settings.classifier.artifact)
+    typer.echo(run_bench(Path(data_dir), n, (shares[0], shares[1], shares[2]), seed, artifact))
