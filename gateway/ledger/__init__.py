@@ -1,13 +1,13 @@
 """The spend ledger: one row per upstream call, recorded losslessly off the response path.
 
 Public API: ``Ledger`` (start/stop, record, record_durable, record_request, flush, health),
-``LedgerEntry``, ``RequestRecord``, ``new_entry_id``, ``cost_for``, ``LedgerError``,
+``LedgerEntry``, ``RequestRecord``, ``new_entry_id``, ``cost_for``, ``preload_prices``, ``LedgerError``,
 ``LedgerHealth``. Must not import web frameworks, the pipeline, routes or the app.
 """
 
 from gateway.ledger.entries import IN_PROGRESS, LedgerEntry, RequestRecord, new_entry_id
-from gateway.ledger.pricing import cost_for, price_for
+from gateway.ledger.pricing import cost_for, preload_prices, price_for
 from gateway.ledger.service import Ledger, LedgerError, LedgerHealth
 
 __all__ = ["IN_PROGRESS", "Ledger", "LedgerEntry", "LedgerError", "LedgerHealth", "RequestRecord",
-           "cost_for", "new_entry_id", "price_for"]
+           "cost_for", "new_entry_id", "preload_prices", "price_for"]

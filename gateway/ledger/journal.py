@@ -4,15 +4,24 @@ Each line is ``<crc32 hex8> <json>\\n``; a batch of lines is written with one ``
 durable with one ``fdatasync`` (group commit). Segments are named ``<seq:012d>.jsonl`` and
 rotated by size or age; a new segment's directory entry is fsync'd. Reading skips a torn
 tail (a crash mid-write) and any line whose checksum fails, reporting how many it skipped.
-This module knows nothing of the database; the ledger service decides when a segment may be
-deleted (only after all its rows are committed). Imports only ledger.entries.
+
+Several processes (uvicorn workers, replicas on one host) may share one journal root: each
+writes only in its own ``w-<id>/`` sub-directory, held with an exclusive ``flock`` for the
+life of the process (the kernel releases it on kill -9). ``claim_writer_dir`` creates one and
+adopts the segments of every sub-directory whose lock is free — a writer that died — by
+renaming them into the new directory, so they are replayed exactly once and never while
+their writer is alive. This module knows nothing of the database; the ledger service decides
+when a segment may be deleted (only after all its rows are committed). Imports only
+ledger.entries.
 """
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import os
 import time
+import uuid
 import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -24,6 +33,8 @@ from gateway.ledger.entries import Record, record_from_json
 
 log = logging.getLogger("tiergate.ledger")
 SUFFIX = ".jsonl"
+LOCK_NAME = ".lock"
+WRITER_PREFIX = "w-"
 
 
 def encode_line(record: Record) -> bytes:
@@ -145,3 +156,71 @@ class Journal:
 
     def delete(self, seq: int) -> None:
         self.path_for(seq).unlink(missing_ok=True)
+
+
+def _segment_paths(directory: Path) -> list[Path]:
+    return sorted(p for p in directory.glob("*" + SUFFIX) if p.stem.isdigit())
+
+
+def _try_lock(directory: Path) -> int | None:
+    """An fd holding an exclusive flock on ``directory/.lock``, or None if a live process holds it."""
+    try:
+        fd = os.open(directory / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o600)
+    except FileNotFoundError:  # the directory was just adopted and removed by another process
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    return fd
+
+
+def release_writer_dir(directory: Path, lock_fd: int) -> None:
+    """Give up a writer directory: removed if it holds no segment, else left for adoption."""
+    try:
+        if not _segment_paths(directory):
+            (directory / LOCK_NAME).unlink(missing_ok=True)
+            directory.rmdir()
+    except OSError as exc:  # e.g. another process recreated a lock file in it: leave it
+        log.debug("ledger journal: leaving %s (%s)", directory, exc)
+    finally:
+        os.close(lock_fd)
+
+
+def claim_writer_dir(root: str | Path) -> tuple[Path, int]:
+    """Create and lock this process's writer directory under ``root``; move into it (in order)
+    the segments of dead writers and any loose segments directly under ``root``."""
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    own = root / f"{WRITER_PREFIX}{uuid.uuid4().hex[:16]}"
+    own.mkdir()
+    fd = _try_lock(own)
+    if fd is None:
+        raise OSError(f"cannot lock new journal directory {own}")
+    adopted: list[tuple[Path, int | None]] = []
+    top_fd = _try_lock(root)
+    if top_fd is not None:
+        adopted.append((root, top_fd))
+    for other in sorted(p for p in root.iterdir() if p.is_dir() and p.name.startswith(WRITER_PREFIX)):
+        if other == own:
+            continue
+        other_fd = _try_lock(other)
+        if other_fd is not None:
+            adopted.append((other, other_fd))
+    seq = 0
+    try:
+        for directory, _ in adopted:
+            for path in _segment_paths(directory):
+                seq += 1
+                os.rename(path, own / f"{seq:012d}{SUFFIX}")
+        if seq:
+            _fsync_dir(own)
+            log.info("ledger journal: adopted %d segment(s) from writers no longer running", seq)
+    finally:
+        for directory, other_fd in adopted:
+            if directory == root:
+                os.close(other_fd)  # type: ignore[arg-type]
+            else:
+                release_writer_dir(directory, other_fd)  # type: ignore[arg-type]
+    return own, fd

@@ -65,3 +65,10 @@ def cost_for(settings: Settings, tier: str, model_name: str, usage: Usage) -> tu
     high = settings.tiers[BASELINE_TIER]  # type: ignore[index]
     baseline = price_for(settings, BASELINE_TIER, high.model).cost_usd(*args)
     return cost, baseline
+
+
+def preload_prices(settings: Settings) -> dict[str, Price]:
+    """Resolve every configured model's price once (imports litellm if a litellm model has no
+    configured price). Call at startup, off the event loop (``asyncio.to_thread``), so the first
+    request never pays litellm's multi-second import."""
+    return {name: model_price(model) for name, model in settings.models.items()}

@@ -34,7 +34,7 @@ from pathlib import Path
 from sqlalchemy.orm import Session, sessionmaker
 
 from gateway.ledger.entries import LedgerEntry, Record, RequestRecord
-from gateway.ledger.journal import Journal, read_segment
+from gateway.ledger.journal import Journal, claim_writer_dir, read_segment, release_writer_dir
 from gateway.ledger.writer import write_batch
 
 log = logging.getLogger("tiergate.ledger")
@@ -77,8 +77,11 @@ class Ledger:
                  max_segment_bytes: int = 16 * 1024 * 1024, max_segment_age_s: float = 10.0,
                  retry_max_s: float = 5.0) -> None:
         self._session_factory = session_factory
-        self._journal = Journal(journal_dir, max_segment_bytes=max_segment_bytes,
+        self._journal_root = Path(journal_dir)
+        self._segment_opts = {"max_segment_bytes": max_segment_bytes, "max_segment_age_s": max_segment_age_s}
+        self._journal = Journal(self._journal_root, max_segment_bytes=max_segment_bytes,
                                 max_segment_age_s=max_segment_age_s)
+        self._dir_lock: int | None = None
         self._flush_s = flush_interval_ms / 1000
         self._batch_size = batch_size
         self._retry_max_s = retry_max_s
@@ -110,6 +113,8 @@ class Ledger:
         # Anything not committed by a previous run in this process is still on disk.
         self._db_queue.clear()
         self._segments.clear()
+        own_dir, self._dir_lock = claim_writer_dir(self._journal_root)
+        self._journal = Journal(own_dir, **self._segment_opts)  # type: ignore[arg-type]
         for path in self._journal.existing_segments():
             contents = read_segment(path)
             if contents.skipped_lines:
@@ -154,6 +159,9 @@ class Ledger:
         left = len(self._db_queue) + len(self._buffer)
         if left:
             log.error("ledger stopped with %d record(s) not committed; they stay in the journal", left)
+        if self._dir_lock is not None and not journal_thread.is_alive() and not db_thread.is_alive():
+            release_writer_dir(self._journal.directory, self._dir_lock)
+            self._dir_lock = None
         return left == 0
 
     async def astop(self, timeout_s: float = 10.0) -> bool:

@@ -99,4 +99,4 @@ def test_kill_9_loses_no_acknowledged_entry_and_duplicates_none(tmp_path: Path) 
     in_flight = set(rows) - set(acked)
     assert len(in_flight) <= 8 + 1  # each worker has at most one entry between record and print
     assert tuple(daily) == (len(rows), sum(p for p, _ in rows.values()), sum(c for _, c in rows.values()))
-    assert list(journal.glob("*.jsonl")) == []
+    assert list(journal.rglob("*.jsonl")) == []

@@ -72,3 +72,11 @@ def test_litellm_model_unknown_to_the_map_costs_zero_with_warning(caplog: pytest
     with caplog.at_level("WARNING", logger="tiergate.ledger"):
         assert cost_for(_settings(), "low", "mystery", USAGE)[0] == 0.0
     assert "no price" in caplog.text
+
+
+def test_preload_prices_resolves_every_model() -> None:
+    from gateway.ledger import preload_prices
+
+    prices = preload_prices(_settings())
+    assert set(prices) == {"cheap", "strong", "gpt4o-mini", "mystery"}
+    assert prices["strong"].output == 8.0 and prices["gpt4o-mini"].input > 0 and prices["mystery"].input == 0

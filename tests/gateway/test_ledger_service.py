@@ -4,6 +4,7 @@ commit, replay on start, DB outage kept in the journal and retried, health surfa
 from __future__ import annotations
 
 import asyncio
+import threading
 from pathlib import Path
 
 import pytest
@@ -37,7 +38,7 @@ def _count(f: sessionmaker[Session], sql: str = "SELECT count(*) FROM ledger_ent
 
 
 def _segments(d: Path) -> list[Path]:
-    return sorted(d.glob("*.jsonl"))
+    return sorted(d.rglob("*.jsonl"))
 
 
 async def test_record_durable_then_committed_and_journal_emptied(db, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
@@ -55,8 +56,6 @@ async def test_record_durable_then_committed_and_journal_emptied(db, tmp_path: P
 
 def test_record_never_waits_for_the_database(db, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     """With the DB thread stuck, record() still returns and the journal still fsyncs."""
-    import threading
-
     gate = threading.Event()
     real = db
 
@@ -205,3 +204,47 @@ async def test_journal_write_failure_fails_durable_waiters_and_retries(db, tmp_p
     assert _count(db) == 1
     assert ledger.health().ok
     assert await ledger.astop()
+
+
+def test_two_ledgers_on_one_journal_root_never_touch_each_others_segments(db, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """Like two uvicorn workers: B starting must not adopt (replay and delete) A's live segment."""
+    root = tmp_path / "j"
+    slow = threading.Event()
+
+    def stalled_factory() -> Session:
+        slow.wait(10)
+        return db()
+
+    a = Ledger(stalled_factory, root)  # type: ignore[arg-type]
+    a.start()
+    for i in range(10):
+        a.record(entry(i))
+    assert a.wait_durable_sync(5)
+    a_segments = _segments(root)
+    assert len(a_segments) == 1
+    b = Ledger(db, root)
+    b.start()
+    b.record(entry(100))
+    assert b.stop()
+    assert a_segments[0].exists()  # still A's, untouched
+    assert _count(db) == 1
+    slow.set()
+    assert a.stop()
+    assert _count(db) == 11
+    assert _segments(root) == []
+    assert [p.name for p in root.iterdir() if p.is_dir()] == []  # writer dirs removed when empty
+
+
+def test_segments_of_a_dead_writer_dir_are_adopted(db, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    dead = tmp_path / "j" / "w-deadbeef"
+    journal = Journal(dead)
+    journal.existing_segments()
+    journal.append([entry(1), entry(2)])
+    journal.seal()
+    journal.append([entry(3)])  # left open: its writer was killed
+    (dead / ".lock").touch()
+    ledger = Ledger(db, tmp_path / "j")
+    ledger.start()
+    assert ledger.stop()
+    assert _count(db) == 3
+    assert not dead.exists()
