@@ -94,7 +94,8 @@ class ChatFlow:
         t, r = rr.tally, rr.resolution
         self.ledger.record_request(RequestRecord(
             id=rr.request_id, tenant_id=rr.tenant_id, key_id=rr.key_id, requested_model=r.requested_model,
-            status=status, tier=r.tier, effort_source=r.effort_source, classifier_score=r.classifier_score,
+            status=status, tier=t.effort or r.tier, effort_source=t.effort_source or r.effort_source,
+            classifier_score=r.classifier_score,
             classifier_version=r.classifier_version, pipeline=t.pipeline, http_status=http_status,
             error_code=error_code, latency_ms=round((time.perf_counter() - rr.started) * 1000, 3),
             prompt_tokens=t.usage.prompt_tokens, completion_tokens=t.usage.completion_tokens,

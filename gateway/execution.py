@@ -42,6 +42,7 @@ class CallTally:
     model: str | None = None
     pipeline: bool = False  # set by the pipeline executor (gateway.pipeline.executor)
     effort: str | None = None  # the effort tier actually executed, when the routing policy ran
+    effort_source: str | None = None  # budget_cap when the soft budget capped the effort
 
 
 @dataclass(frozen=True)

@@ -37,7 +37,8 @@ from gateway.routing import (
 )
 from gateway.settings import TIER_NAMES, Settings
 
-SoftBudgetCheck = Callable[[str], Awaitable[bool]]  # tenant id -> past its soft budget?
+# Is this request's tenant/key past its soft budget? e.g. ``(await budgets.status(principal)).soft_exceeded``
+SoftBudgetCheck = Callable[[ResolvedRequest], Awaitable[bool]]
 
 
 class PipelineExecutor:
@@ -52,7 +53,7 @@ class PipelineExecutor:
         tier = req.resolution.tier
         if tier not in TIER_NAMES:
             return None
-        soft = bool(self.soft_budget_exceeded and await self.soft_budget_exceeded(req.tenant_id))
+        soft = bool(self.soft_budget_exceeded and await self.soft_budget_exceeded(req))
         source = cast(EffortSource, req.resolution.effort_source)
         if soft:
             effort = decide_effort(tier, None, soft_budget_exceeded=True, settings=self.settings)
@@ -62,6 +63,7 @@ class PipelineExecutor:
         body = req.body
         options = parse_tiergate_options(body)
         req.tally.effort = effort.tier
+        req.tally.effort_source = effort.source
         if req.resolution.requested_model != AUTO_MODEL and options.pipeline == "auto":
             options = dataclasses.replace(options, pipeline="off")
         return plan_execution(self.settings, effort, options, parse_verbosity(body), client_max_tokens(body))

@@ -15,7 +15,9 @@ import pytest
 
 from gateway.app import create_app
 from gateway.auth import KeyStore
+from gateway.execution import DirectExecutor
 from gateway.ledger import Ledger
+from gateway.pipeline.executor import PipelineExecutor
 from gateway.providers.registry import ProviderRegistry
 from gateway.settings import settings_from_dict
 from tests.gateway.gateway_harness import Gateway, make_database
@@ -26,7 +28,8 @@ PLAN = plan_json(("s1", "multiply", []), ("s2", "add five", ["s1"]))
 
 
 @asynccontextmanager
-async def pipeline_gateway(tmp_path: Path, provider: ScriptedProvider) -> AsyncIterator[Gateway]:
+async def pipeline_gateway(tmp_path: Path, provider: ScriptedProvider,
+                           soft_exceeded: bool | None = None) -> AsyncIterator[Gateway]:
     import httpx
 
     url, sf, tenant_id, raw = make_database(tmp_path)
@@ -35,8 +38,14 @@ async def pipeline_gateway(tmp_path: Path, provider: ScriptedProvider) -> AsyncI
     ledger = Ledger(sf, tmp_path / "journal", flush_interval_ms=5)
     ledger.start()
     registry = ProviderRegistry(settings, local_provider=provider)
-    # create_app's default executor: the pipeline executor wrapping the direct one
-    app = create_app(settings, session_factory=sf, ledger=ledger, key_store=KeyStore(sf), registry=registry)
+    executor = None  # create_app's default: the pipeline executor wrapping the direct one
+    if soft_exceeded is not None:
+        async def check(_: object) -> bool:
+            return soft_exceeded
+        executor = PipelineExecutor(settings, registry, ledger, DirectExecutor(settings, registry, ledger),
+                                    soft_budget_exceeded=check)
+    app = create_app(settings, session_factory=sf, ledger=ledger, key_store=KeyStore(sf), registry=registry,
+                     executor=executor)
     try:
         async with app.router.lifespan_context(app), httpx.AsyncClient(
                 transport=httpx.ASGITransport(app=app), base_url="http://tiergate") as client:
@@ -112,3 +121,17 @@ async def test_auto_low_effort_is_one_bounded_direct_call(tmp_path: Path) -> Non
         r = await gw.client.post("/v1/chat/completions", headers=gw.auth, json={
             "model": "auto", "reasoning_effort": "high", "messages": MSGS, "tiergate": {"pipeline": "sometimes"}})
         assert r.status_code == 400 and r.json()["error"]["param"] == "tiergate.pipeline"
+
+
+async def test_tenant_past_soft_budget_gets_capped_effort_not_an_error(tmp_path: Path) -> None:
+    provider = ScriptedProvider()
+    async with pipeline_gateway(tmp_path, provider, soft_exceeded=True) as gw:
+        r = await gw.client.post("/v1/chat/completions", headers=gw.auth,
+                                 json={"model": "auto", "reasoning_effort": "xhigh", "messages": MSGS})
+        assert r.status_code == 200
+        assert r.headers["x-tiergate-effort"] == "medium"  # settings.budgets.soft_effort_cap
+        assert [(c.role, c.model) for c in provider.calls] == [("direct", "scripted/mid")]
+        (row,) = gw.ledger_rows()
+        assert row.tier == "medium"
+        (req,) = gw.request_rows()
+        assert (req.tier, req.effort_source, req.pipeline) == ("medium", "budget_cap", False)
