@@ -1,7 +1,7 @@
 """The plan stage's data and text: a JSON-schema'd plan of steps, the prompts that ask the high
 tier for one (and repair a bad one), and a tolerant parser (JSON object or array, fenced or
-not, or a numbered/bulleted list when no JSON is present) plus validation (ids, dependencies,
-no cycles, step limit).
+not, or a numbered/bulleted list when no JSON is present, or in the repair round plain lines)
+plus validation (ids, dependencies, no cycles, step limit).
 
 Pure: no model calls (the runner calls the model through ``StageCaller``). Imports nothing
 from the gateway.
@@ -28,7 +28,8 @@ PLAN_SCHEMA: dict[str, Any] = {
         }}}},
 }
 
-PlanSource = Literal["json", "list"]
+PlanSource = Literal["json", "list", "lines"]
+MIN_LINE_STEPS = 2  # a plain-lines plan (repair round only) needs at least this many lines
 _LIST_ITEM = re.compile(r"^\s*(?:(?:step\s*)?\d+\s*[.):]|[-*•])\s+(.+?)\s*$", re.IGNORECASE)
 _FENCE = re.compile(r"```(?:json)?\s*(.*?)```", re.DOTALL)
 
@@ -94,7 +95,8 @@ def repair_messages(messages: list[dict[str, Any]], bad_reply: str, error: str,
                     max_steps: int) -> list[dict[str, Any]]:
     return [*plan_messages(messages, max_steps), {"role": "assistant", "content": bad_reply},
             {"role": "user", "content": f"That plan is invalid: {error}. Reply again with JSON only "
-                                        "matching the schema, or failing that a numbered list of steps."}]
+                                        "matching the schema, or failing that a numbered list of steps, "
+                                        "one step per line."}]
 
 
 def _json_candidates(text: str) -> list[str]:
@@ -128,19 +130,29 @@ def _from_json(data: Any, max_steps: int) -> Plan:
     return validate_plan(Plan(tuple(steps), "json"), max_steps)
 
 
-def _from_list(text: str, max_steps: int) -> Plan:
-    items = [m.group(1) for line in text.splitlines() if (m := _LIST_ITEM.match(line))]
-    items = [i for i in items if len(i) >= 3]
-    if not items:
-        raise PlanInvalid("no JSON object and no numbered list found")
+def _chain(items: list[str], max_steps: int, source: PlanSource) -> Plan:
     steps = tuple(PlanStep(id=f"s{i}", instruction=item, depends_on=(f"s{i - 1}",) if i > 1 else ())
                   for i, item in enumerate(items[:max_steps], start=1))
-    return Plan(steps, "list")
+    return Plan(steps, source)
 
 
-def parse_plan(text: str, max_steps: int) -> Plan:
+def _from_list(text: str, max_steps: int, allow_lines: bool) -> Plan:
+    items = [m.group(1) for line in text.splitlines() if (m := _LIST_ITEM.match(line))]
+    items = [i for i in items if len(i) >= 3]
+    if items:
+        return _chain(items, max_steps, "list")
+    if allow_lines:
+        lines = [ln.strip() for ln in text.splitlines() if sum(ch.isalpha() for ch in ln) >= 3]
+        if len(lines) >= MIN_LINE_STEPS:
+            return _chain(lines, max_steps, "lines")
+    raise PlanInvalid("no JSON object and no numbered list found")
+
+
+def parse_plan(text: str, max_steps: int, *, allow_lines: bool = False) -> Plan:
     """JSON first (fenced or bare, object or array); else a numbered/bulleted list (each item
-    depending on the one before). Raises ``PlanInvalid`` with a message fit for a repair prompt."""
+    depending on the one before); with ``allow_lines`` (the repair round, which asks for one step
+    per line) at least two plain lines of text. Raises ``PlanInvalid`` with a message fit for a
+    repair prompt."""
     json_error: PlanInvalid | None = None
     for candidate in _json_candidates(text):
         try:
@@ -153,7 +165,7 @@ def parse_plan(text: str, max_steps: int) -> Plan:
             json_error = err
     if json_error is not None:
         raise json_error
-    return _from_list(text, max_steps)
+    return _from_list(text, max_steps, allow_lines)
 
 
 def validate_plan(plan: Plan, max_steps: int) -> Plan:

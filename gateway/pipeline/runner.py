@@ -144,7 +144,7 @@ class Pipeline:
                                          repair_messages(messages, reply.text, str(err), max_steps), budget,
                                          round=1)
             try:
-                plan = parse_plan(repaired.text, max_steps)
+                plan = parse_plan(repaired.text, max_steps, allow_lines=True)
             except PlanInvalid:
                 return None
         result.plan_source, result.plan = plan.source, plan.to_dict()

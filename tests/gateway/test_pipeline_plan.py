@@ -28,6 +28,17 @@ def test_numbered_or_bulleted_list_becomes_a_chain() -> None:
     assert parse_plan("- one\n- two", 4).steps[1].instruction == "two"
 
 
+def test_plain_lines_are_a_plan_only_in_the_repair_round() -> None:
+    text = "work out the product\nthen add the rest\n!!"
+    with pytest.raises(PlanInvalid):
+        parse_plan(text, 4)
+    plan = parse_plan(text, 4, allow_lines=True)
+    assert plan.source == "lines" and [s.instruction for s in plan.steps] == ["work out the product",
+                                                                               "then add the rest"]
+    with pytest.raises(PlanInvalid):
+        parse_plan("one single line of prose", 4, allow_lines=True)
+
+
 @pytest.mark.parametrize(("text", "message"), [
     ("just prose", "no JSON object and no numbered list"),
     ('{"steps": []}', "non-empty"),

@@ -75,7 +75,7 @@ async def test_numbered_list_is_accepted_as_a_sequential_plan() -> None:
 
 
 async def test_unrepairable_plan_falls_back_to_a_direct_high_answer() -> None:
-    provider = ScriptedProvider(plans=["no idea", "still no idea"], direct="direct high answer")
+    provider = ScriptedProvider(plans=["no idea", "still no idea, on one line"], direct="direct high answer")
     h = harness(provider)
     result = await h.pipeline.run(CTX, BODY, high())
     assert provider.roles() == ["plan", "plan", "direct"]
