@@ -6,11 +6,11 @@ rotated by size or age; a new segment's directory entry is fsync'd. Reading skip
 tail (a crash mid-write) and any line whose checksum fails, reporting how many it skipped.
 
 Several processes (uvicorn workers, replicas on one host) may share one journal root: each
-writes only in its own ``w-<id>/`` sub-directory, held with an exclusive ``flock`` for the
-life of the process (the kernel releases it on kill -9). ``claim_writer_dir`` creates one and
-adopts the segments of every sub-directory whose lock is free — a writer that died — by
-renaming them into the new directory, so they are replayed exactly once and never while
-their writer is alive. This module knows nothing of the database; the ledger service decides
+writes only in a directory it holds with an exclusive ``flock`` for the life of the process
+(the kernel releases it on kill -9) — the root itself for the first process, a ``w-<id>/``
+sub-directory for the others. ``claim_writer_dir`` also adopts the segments of every
+sub-directory whose lock is free (a writer that died) by renaming them into its own
+directory, so they are replayed exactly once and never while their writer is alive. This module knows nothing of the database; the ledger service decides
 when a segment may be deleted (only after all its rows are committed). Imports only
 ledger.entries.
 """
@@ -189,38 +189,45 @@ def release_writer_dir(directory: Path, lock_fd: int) -> None:
 
 
 def claim_writer_dir(root: str | Path) -> tuple[Path, int]:
-    """Create and lock this process's writer directory under ``root``; move into it (in order)
-    the segments of dead writers and any loose segments directly under ``root``."""
+    """Lock this process's writer directory: ``root`` itself when no live process holds it (the
+    single-process case: segments lie directly in ``root``), else a new ``root/w-<id>/``. Then
+    move into it, in order, the segments of every dead ``w-*`` writer."""
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
-    own = root / f"{WRITER_PREFIX}{uuid.uuid4().hex[:16]}"
-    own.mkdir()
-    fd = _try_lock(own)
+    fd = _try_lock(root)
+    own = root
     if fd is None:
-        raise OSError(f"cannot lock new journal directory {own}")
-    adopted: list[tuple[Path, int | None]] = []
-    top_fd = _try_lock(root)
-    if top_fd is not None:
-        adopted.append((root, top_fd))
+        own = root / f"{WRITER_PREFIX}{uuid.uuid4().hex[:16]}"
+        own.mkdir()
+        fd = _try_lock(own)
+        if fd is None:
+            raise OSError(f"cannot lock new journal directory {own}")
+    adopted: list[tuple[Path, int]] = []
     for other in sorted(p for p in root.iterdir() if p.is_dir() and p.name.startswith(WRITER_PREFIX)):
-        if other == own:
-            continue
-        other_fd = _try_lock(other)
+        other_fd = None if other == own else _try_lock(other)
         if other_fd is not None:
             adopted.append((other, other_fd))
-    seq = 0
+    existing = _segment_paths(own)
+    seq = int(existing[-1].stem) if existing else 0
+    moved = 0
     try:
         for directory, _ in adopted:
             for path in _segment_paths(directory):
                 seq += 1
+                moved += 1
                 os.rename(path, own / f"{seq:012d}{SUFFIX}")
-        if seq:
+        if moved:
             _fsync_dir(own)
-            log.info("ledger journal: adopted %d segment(s) from writers no longer running", seq)
+            log.info("ledger journal: adopted %d segment(s) from writers no longer running", moved)
     finally:
         for directory, other_fd in adopted:
-            if directory == root:
-                os.close(other_fd)  # type: ignore[arg-type]
-            else:
-                release_writer_dir(directory, other_fd)  # type: ignore[arg-type]
+            release_writer_dir(directory, other_fd)
     return own, fd
+
+
+def release_journal_dir(root: Path, directory: Path, lock_fd: int) -> None:
+    """Release what ``claim_writer_dir`` returned (the root itself is never removed)."""
+    if directory == root:
+        os.close(lock_fd)
+    else:
+        release_writer_dir(directory, lock_fd)

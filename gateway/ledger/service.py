@@ -34,7 +34,7 @@ from pathlib import Path
 from sqlalchemy.orm import Session, sessionmaker
 
 from gateway.ledger.entries import LedgerEntry, Record, RequestRecord
-from gateway.ledger.journal import Journal, claim_writer_dir, read_segment, release_writer_dir
+from gateway.ledger.journal import Journal, claim_writer_dir, read_segment, release_journal_dir
 from gateway.ledger.writer import write_batch
 
 log = logging.getLogger("tiergate.ledger")
@@ -160,7 +160,7 @@ class Ledger:
         if left:
             log.error("ledger stopped with %d record(s) not committed; they stay in the journal", left)
         if self._dir_lock is not None and not journal_thread.is_alive() and not db_thread.is_alive():
-            release_writer_dir(self._journal.directory, self._dir_lock)
+            release_journal_dir(self._journal_root, self._journal.directory, self._dir_lock)
             self._dir_lock = None
         return left == 0
 
