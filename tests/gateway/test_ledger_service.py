@@ -248,3 +248,29 @@ def test_segments_of_a_dead_writer_dir_are_adopted(db, tmp_path: Path) -> None: 
     assert ledger.stop()
     assert _count(db) == 3
     assert not dead.exists()
+
+
+@pytest.mark.postgres
+async def test_ledger_on_postgres_replays_without_double_counting(postgres_url: str, tmp_path: Path) -> None:
+    from gateway.ledger.writer import write_batch
+
+    engine = make_engine(postgres_url)
+    Base.metadata.create_all(engine)
+    factory = make_session_factory(engine)
+    old = [entry(i) for i in range(40)]
+    journal = Journal(tmp_path / "j")
+    journal.existing_segments()
+    journal.append(old)
+    journal.seal()
+    write_batch(factory, old[:30])  # committed before the "crash", segment not yet deleted
+    ledger = Ledger(factory, tmp_path / "j", flush_interval_ms=5)
+    ledger.start()
+    await asyncio.gather(*(ledger.record_durable(entry(100 + i)) for i in range(60)))
+    assert await ledger.astop()
+    assert _count(factory) == 100
+    expected_prompt = sum(range(40)) + sum(range(100, 160))
+    assert _count(factory, "SELECT sum(prompt_tokens) FROM ledger_entries") == expected_prompt
+    assert _count(factory, "SELECT sum(prompt_tokens) FROM daily_spend") == expected_prompt
+    assert _count(factory, "SELECT sum(requests) FROM daily_spend") == 100
+    assert _count(factory, "SELECT sum(cost_usd) FROM daily_spend") == 50  # 100 x 0.5, exact Numeric
+    engine.dispose()
