@@ -8,6 +8,7 @@ Other engineers add their router with one ``app.include_router(...)`` line in ``
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
@@ -23,6 +24,7 @@ from gateway.deps import GatewayState, KeyStoreLike
 from gateway.errors import GatewayError, InvalidRequest, NotFound
 from gateway.execution import DirectExecutor, Executor
 from gateway.providers.base import ChatProvider
+from gateway.providers.metering import warm_up
 from gateway.providers.openai_compat import SessionFactory
 from gateway.providers.registry import ProviderRegistry
 from gateway.resolve import DecideAuto
@@ -107,6 +109,8 @@ def create_app(settings: Settings, *, session_factory: Any = None, ledger: Any =
                 from gateway.auth import KeyStore
 
                 keys = KeyStore(sf)
+            # Load the tokenizer used to bill streams without usage, off the loop, in the background.
+            warm = asyncio.ensure_future(asyncio.to_thread(warm_up, list(settings.models.values())))
             execu = executor
             if execu is None:
                 from gateway.pipeline.executor import PipelineExecutor
@@ -116,6 +120,7 @@ def create_app(settings: Settings, *, session_factory: Any = None, ledger: Any =
             app.state.tiergate = GatewayState(settings=settings, flow=flow, keys=keys, ledger=led,
                                               registry=reg, session_factory=sf)
             yield
+            await warm
 
     app = FastAPI(title="tiergate", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.add_exception_handler(GatewayError, _gateway_error)

@@ -1,47 +1,84 @@
 """Token metering for upstream calls: take usage from the upstream when it reports it, count it
-with the model's tokenizer when it does not (streams cut short, upstreams that omit usage).
+with a tokenizer when it does not (streams cut short, upstreams that omit usage).
 
-Counting uses ``litellm.token_counter`` (tiktoken for OpenAI-style names, a default encoding
-otherwise), imported lazily so nothing heavy loads at import time. The local engine reports
-exact counts itself, so counting is only a fallback. Imports settings and providers.base only.
+Counting uses tiktoken with the encoding files litellm bundles (found on disk without importing
+litellm, which is slow to import; nothing is ever downloaded): o200k_base for the GPT-4o/4.1/5
+and o-series families, cl100k_base for everything else — exact for OpenAI models, an estimate
+for others. The local engine reports exact counts itself, so counting is only a fallback.
+``warm_up`` loads the encodings off the event loop at start. Imports settings and
+providers.base only.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
+from functools import lru_cache
+from pathlib import Path
 from typing import Any
 
 from gateway.providers.base import Usage
 from gateway.settings import ModelSettings
 
-
-def _token_counter(model: ModelSettings, *, text: str | None = None,
-                   messages: list[dict[str, Any]] | None = None) -> int:
-    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
-    import litellm
-
-    name = model.model if model.provider != "local" else "gpt-4o"
-    if messages is not None:
-        return int(litellm.token_counter(model=name, messages=messages))
-    return int(litellm.token_counter(model=name, text=text or "", count_response_tokens=True))
+_O200K_FAMILIES = ("gpt-4o", "gpt-4.1", "gpt-5", "o1", "o3", "o4", "chatgpt-4o")
+TOKENS_PER_MESSAGE = 3  # OpenAI's chat framing: <|start|>role ... <|end|>
+REPLY_PRIMING_TOKENS = 3
 
 
-def count_prompt_tokens(model: ModelSettings, messages: list[dict[str, Any]]) -> int:
-    try:
-        return _token_counter(model, messages=messages)
-    except Exception:
-        # Unusual content shapes (images, audio): fall back to a byte-based estimate rather than
-        # billing zero. ~4 bytes per token is the usual BPE average.
-        return sum(len(str(m.get("content") or "")) for m in messages) // 4 + 3 * len(messages)
+def _bundled_tiktoken_dir() -> str | None:
+    spec = importlib.util.find_spec("litellm")
+    for root in (spec.submodule_search_locations or []) if spec else []:
+        path = Path(root) / "litellm_core_utils" / "tokenizers"
+        if path.is_dir():
+            return str(path)
+    return None
+
+
+@lru_cache(maxsize=4)
+def _encoding(name: str) -> Any:
+    if "TIKTOKEN_CACHE_DIR" not in os.environ:
+        bundled = _bundled_tiktoken_dir()
+        if bundled:
+            os.environ["TIKTOKEN_CACHE_DIR"] = bundled
+    import tiktoken
+
+    return tiktoken.get_encoding(name)
+
+
+def encoding_name(model: ModelSettings) -> str:
+    base = model.model.rsplit("/", 1)[-1].lower()
+    return "o200k_base" if base.startswith(_O200K_FAMILIES) else "cl100k_base"
+
+
+def warm_up(models: list[ModelSettings]) -> None:
+    """Load the encodings the configured models need (call off the event loop)."""
+    for name in {encoding_name(m) for m in models}:
+        _encoding(name)
 
 
 def count_text_tokens(model: ModelSettings, text: str) -> int:
     if not text:
         return 0
-    try:
-        return _token_counter(model, text=text)
-    except Exception:
-        return max(1, len(text.encode()) // 4)
+    return len(_encoding(encoding_name(model)).encode(text, disallowed_special=()))
+
+
+def _message_text(message: dict[str, Any]) -> str:
+    parts: list[str] = []
+    for key, value in message.items():
+        if isinstance(value, str):
+            parts.append(value)
+        elif key == "content" and isinstance(value, list):
+            parts.extend(str(p.get("text") or "") for p in value if isinstance(p, dict))
+        elif key == "tool_calls" and isinstance(value, list):
+            parts.append(completion_text({"tool_calls": value}))
+    return "".join(parts)
+
+
+def count_prompt_tokens(model: ModelSettings, messages: list[dict[str, Any]]) -> int:
+    """Prompt tokens as OpenAI counts them for chat: framing per message + every text field."""
+    enc = _encoding(encoding_name(model))
+    return REPLY_PRIMING_TOKENS + sum(
+        TOKENS_PER_MESSAGE + len(enc.encode(_message_text(m), disallowed_special=())) for m in messages)
 
 
 def completion_text(message_or_delta: dict[str, Any]) -> str:

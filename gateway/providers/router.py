@@ -10,6 +10,7 @@ stream. Imports settings, errors and sibling provider modules only.
 from __future__ import annotations
 
 import asyncio
+import logging
 import random
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -23,6 +24,7 @@ from gateway.providers.registry import ProviderRegistry
 from gateway.settings import Settings
 
 AttemptStatus = Literal["ok", "error", "cancelled"]
+log = logging.getLogger("tiergate.providers")
 
 
 @dataclass(frozen=True)
@@ -95,8 +97,13 @@ async def call_models(registry: ProviderRegistry, models: Sequence[str], body: d
                     raise  # the client's fault (400): no retry, no fallback
                 last = err
                 if not err.retryable or attempt == model.max_retries:
+                    log.warning("upstream model %s failed (%s, HTTP %s); trying the next fallback", name,
+                                type(err).__name__, err.upstream_status)
                     break
-                await sleep(policy.delay(attempt, err))
+                delay = policy.delay(attempt, err)
+                log.debug("upstream model %s attempt %d failed (%s, HTTP %s); retrying in %.2fs", name,
+                          attempt + 1, type(err).__name__, err.upstream_status, delay)
+                await sleep(delay)
                 continue
             except asyncio.CancelledError:
                 on_attempt(Attempt(name, Usage(), "cancelled", _ms(start)))
@@ -195,8 +202,13 @@ async def stream_models(registry: ProviderRegistry, models: Sequence[str], body:
                     raise
                 last = err
                 if not err.retryable or attempt == model.max_retries:
+                    log.warning("upstream model %s failed (%s, HTTP %s); trying the next fallback", name,
+                                type(err).__name__, err.upstream_status)
                     break
-                await sleep(policy.delay(attempt, err))
+                delay = policy.delay(attempt, err)
+                log.debug("upstream model %s attempt %d failed (%s, HTTP %s); retrying in %.2fs", name,
+                          attempt + 1, type(err).__name__, err.upstream_status, delay)
+                await sleep(delay)
                 continue
             except asyncio.CancelledError:
                 await _close(chunks)
