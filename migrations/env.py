@@ -7,6 +7,8 @@ through plain ``alembic`` with alembic.ini, from config.yaml via load_settings()
 
 from __future__ import annotations
 
+from logging.config import fileConfig
+
 from alembic import context
 
 from gateway.db.migrate import import_model_modules
@@ -15,6 +17,8 @@ from gateway.db.session import database_url, make_engine
 
 import_model_modules()  # every module listed in gateway.db.migrate.MODEL_MODULES
 config = context.config
+if config.config_file_name is not None:  # plain `alembic` with alembic.ini: use its logging setup
+    fileConfig(config.config_file_name, disable_existing_loggers=False)
 target_metadata = Base.metadata
 
 
