@@ -14,6 +14,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Literal
 
+# The plan's JSON schema (what the planner's example shows; usable as a ``response_format``).
 PLAN_SCHEMA: dict[str, Any] = {
     "type": "object",
     "required": ["steps"],
@@ -77,17 +78,16 @@ class Plan:
 
 
 PLAN_SYSTEM = (
-    "You are the planner. Break the user's request into at most {max_steps} small, self-contained "
-    "steps that a smaller model can carry out one at a time. Steps that do not need each other's "
-    "results must not depend on each other, so they can run in parallel. Reply with JSON only, "
-    "matching this schema:\n{schema}\nExample: "
-    '{{"steps": [{{"id": "s1", "instruction": "...", "expected_output": "...", "depends_on": []}}, '
-    '{{"id": "s2", "instruction": "...", "expected_output": "...", "depends_on": ["s1"]}}]}}'
+    "You are the planner. Split the user's request into at most {max_steps} short steps a smaller "
+    "model can do one at a time; steps that do not need each other's results have no dependencies. "
+    'Reply with JSON only, like {{"steps": [{{"id": "s1", "instruction": "...", "expected_output": '
+    '"...", "depends_on": []}}, {{"id": "s2", "instruction": "...", "expected_output": "...", '
+    '"depends_on": ["s1"]}}]}}'
 )
 
 
 def plan_messages(messages: list[dict[str, Any]], max_steps: int) -> list[dict[str, Any]]:
-    system = PLAN_SYSTEM.format(max_steps=max_steps, schema=json.dumps(PLAN_SCHEMA, separators=(",", ":")))
+    system = PLAN_SYSTEM.format(max_steps=max_steps)
     return [{"role": "system", "content": system}, *messages]
 
 
