@@ -21,7 +21,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from gateway.budgets.models import BudgetReservationRow
 from gateway.budgets.periods import PeriodWindow
-from gateway.settings import Settings
+from gateway.settings import Price, Settings
 
 log = logging.getLogger(__name__)
 NANOS_PER_USD = 10**9
@@ -37,20 +37,24 @@ def from_nanos(nanos: int) -> float:
 
 
 def worst_case_cost(settings: Settings, tier: str, model: str | None, prompt_tokens: int,
-                    max_tokens: int | None) -> float:
+                    max_tokens: int | None, *, price: Price | None = None) -> float:
     """Worst-case USD of one upstream call: prompt × input price + max output × output price.
 
     ``model`` is the upstream model actually called (a fallback can be dearer than the
-    tier's own price); ``max_tokens`` defaults to the tier's ``max_output_tokens`` and
-    is capped by it. Cached-input discounts are ignored: the worst case assumes none.
+    tier's own model); ``max_tokens`` is what the call may generate (the client's
+    max_tokens), defaulting to the tier's ``max_output_tokens``. ``price`` overrides the
+    configured price (e.g. litellm's price map). Cached-input discounts are ignored.
     """
-    tier_settings = settings.tiers[tier]  # type: ignore[index]
-    cap = tier_settings.max_output_tokens
-    out_tokens = cap if max_tokens is None else min(max_tokens, cap)
-    price = settings.tier_price(tier)
-    if model is not None and model != tier_settings.model and model in settings.models:
-        fallback = settings.models[model].price
-        price = fallback if fallback.input + fallback.output > price.input + price.output else price
+    tier_settings = settings.tiers.get(tier)  # type: ignore[call-overload]
+    if price is None:
+        if tier_settings is not None and (model is None or model == tier_settings.model or tier_settings.price):
+            price = settings.tier_price(tier)
+        else:
+            price = settings.models[model].price if model is not None else Price()
+    default_out = tier_settings.max_output_tokens if tier_settings is not None else 0
+    if max_tokens is None and model is not None and tier_settings is None:
+        default_out = settings.models[model].context_window
+    out_tokens = default_out if max_tokens is None else max_tokens
     return (max(prompt_tokens, 0) * price.input + max(out_tokens, 0) * price.output) / 1e6
 
 

@@ -14,7 +14,7 @@ app = typer.Typer(help="tiergate: an OpenAI-compatible gateway that spends compu
 
 def _register() -> None:
     # Imported lazily so that `tiergate --help` stays fast and nothing heavy loads at import.
-    from gateway.cli import bench, classifier_cmd, db_cmd, engine_cmd, serve, tenants
+    from gateway.cli import bench, budgets_cmd, classifier_cmd, db_cmd, engine_cmd, serve, tenants
 
     app.add_typer(db_cmd.app, name="db")
     app.add_typer(tenants.tenants_app, name="tenants")
@@ -22,6 +22,7 @@ def _register() -> None:
     app.add_typer(engine_cmd.app, name="engine")
     app.add_typer(classifier_cmd.app, name="classifier")
     app.add_typer(bench.app, name="bench")
+    app.add_typer(budgets_cmd.app, name="budgets")
     from gateway.cli import ledger_bench
 
     bench.app.command("ledger")(ledger_bench.ledger)

@@ -29,8 +29,8 @@ def set_budget(sf, **kw):  # type: ignore[no-untyped-def]
 
 def test_worst_case_cost_uses_prices_and_caps_output() -> None:
     assert abs(W - (10 * 1.0 + 100 * 2.0) / 1e6) < 1e-15
-    assert worst_case_cost(SETTINGS, "low", "m", 10, 10_000) == W  # capped by max_output_tokens
-    assert worst_case_cost(SETTINGS, "low", "m", 10, None) == W
+    assert worst_case_cost(SETTINGS, "low", "m", 10, None) == W  # the tier's max_output_tokens
+    assert worst_case_cost(SETTINGS, "low", "m", 10, 1000) == (10 + 2000) / 1e6  # what the client allows
     assert worst_case_cost(SETTINGS, "low", "m", 10, 50) == pytest.approx((10 + 100) / 1e6)
 
 

@@ -1,0 +1,107 @@
+"""``BudgetedExecutor``: budgets and rate limits around any chat ``Executor``.
+
+Wraps the executor the chat route calls (direct or pipeline): checks the caller's rate
+limits (requests/min and tokens/min), reserves the worst-case cost of the request's first
+upstream call on every budget of the tenant and key (429 ``budget_exceeded`` when it does
+not fit), and settles the hold to what the request actually cost (``tally.cost_usd``, the
+same amounts the executor wrote to the ledger) when the answer or the stream ends —
+including failures and cancellations that still cost tokens; a request that cost nothing
+releases its hold. ``x-tiergate-budget-remaining-usd`` is left in ``tally.response_headers``
+for the route.
+
+Imports the execution hook, budgets, ledger pricing and settings; no FastAPI.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+from gateway.budgets import Budgets, RateLimiter, Reservation, worst_case_cost
+from gateway.budgets.service import REMAINING_HEADER
+from gateway.execution import Executor, ResolvedRequest
+from gateway.ledger.pricing import model_price, price_for
+from gateway.providers.metering import count_prompt_tokens
+from gateway.settings import Settings
+
+
+def _max_tokens(body: dict[str, Any]) -> int | None:
+    value = body.get("max_completion_tokens", body.get("max_tokens"))
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+class BudgetedExecutor:
+    def __init__(self, settings: Settings, inner: Executor, budgets: Budgets,
+                 rate_limiter: RateLimiter | None = None) -> None:
+        self.settings, self.inner, self.budgets, self.rate_limiter = settings, inner, budgets, rate_limiter
+
+    def worst_case(self, req: ResolvedRequest) -> tuple[float, int]:
+        """(worst-case USD of one call over the model chain, tokens for the tokens/min limit)."""
+        res = req.resolution
+        messages = req.body.get("messages") or []
+        prompt = count_prompt_tokens(self.settings.models[res.models[0]], messages)
+        max_out = _max_tokens(req.body)
+        worst = 0.0
+        for name in res.models:
+            price = (price_for(self.settings, res.tier, name) if res.tier in self.settings.tiers
+                     else model_price(self.settings.models[name]))
+            worst = max(worst, worst_case_cost(self.settings, res.tier, name, prompt, max_out, price=price))
+        tier = self.settings.tiers.get(res.tier)  # type: ignore[call-overload]
+        out_tokens = max_out or (tier.max_output_tokens if tier is not None else 0)
+        return worst, prompt + out_tokens
+
+    async def _open(self, req: ResolvedRequest) -> Reservation:
+        worst, tokens = self.worst_case(req)
+        if self.rate_limiter is not None:
+            await self.rate_limiter.check(req, tokens)
+        reservation = await self.budgets.reserve(req, worst, request_id=req.request_id)
+        if reservation.remaining_usd is not None:
+            _headers(req)[REMAINING_HEADER] = f"{max(reservation.remaining_usd, 0.0):.6f}"
+        return reservation
+
+    async def _close(self, req: ResolvedRequest, reservation: Reservation) -> None:
+        """Settle to the request's actual cost (or release when it cost nothing). Shielded."""
+        cost = req.tally.cost_usd
+        if cost > 0:
+            status = await asyncio.shield(self.budgets.settle(reservation, cost))
+            _headers(req).update(status.headers())
+        else:
+            await asyncio.shield(self.budgets.release(reservation))
+
+    async def complete(self, req: ResolvedRequest) -> dict[str, Any]:
+        reservation = await self._open(req)
+        try:
+            return await self.inner.complete(req)
+        finally:
+            await self._close(req, reservation)
+
+    async def stream(self, req: ResolvedRequest) -> AsyncIterator[dict[str, Any]]:
+        reservation = await self._open(req)
+        try:
+            chunks = await self.inner.stream(req)
+        except BaseException:
+            await self._close(req, reservation)
+            raise
+        return self._guarded(req, reservation, chunks)
+
+    async def _guarded(self, req: ResolvedRequest, reservation: Reservation,
+                       chunks: AsyncIterator[dict[str, Any]]) -> AsyncIterator[dict[str, Any]]:
+        try:
+            async for chunk in chunks:
+                yield chunk
+        finally:
+            try:
+                aclose = getattr(chunks, "aclose", None)
+                if aclose is not None:
+                    await aclose()  # the inner stream bills what was generated
+            finally:
+                await self._close(req, reservation)
+
+
+def _headers(req: ResolvedRequest) -> dict[str, str]:
+    headers: dict[str, str] | None = getattr(req.tally, "response_headers", None)
+    if headers is None:
+        headers = {}
+        req.tally.response_headers = headers  # type: ignore[attr-defined]
+    return headers

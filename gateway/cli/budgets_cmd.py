@@ -1,0 +1,109 @@
+"""`tiergate budgets set|show`: budgets and rate limits per tenant and per API key.
+
+Writes the same ``budgets`` rows as the admin API; running gateways pick changes up within
+their policy cache TTL (a few seconds). ``show`` prints each policy with the spend the
+database has settled in its current UTC period (live holds of running gateways are not
+included; the admin API shows those).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import typer
+
+app = typer.Typer(help="Budgets and rate limits per tenant and API key.", no_args_is_help=True)
+ConfigOption = typer.Option(None, "--config", "-c", envvar="TIERGATE_CONFIG", help="Path to config.yaml.")
+
+
+def _resolve_tenant(session: Any, tenant: str) -> str:
+    from sqlalchemy import select
+
+    from gateway.db.models import Tenant
+
+    row = session.get(Tenant, tenant) or session.scalars(select(Tenant).where(Tenant.name == tenant)).first()
+    if row is None:
+        typer.echo(f"error: no tenant with id or name {tenant!r}", err=True)
+        raise typer.Exit(1)
+    return str(row.id)
+
+
+def _check_key(session: Any, tenant_id: str, key_id: str) -> None:
+    from gateway.db.models import ApiKey
+
+    key = session.get(ApiKey, key_id)
+    if key is None or key.tenant_id != tenant_id:
+        typer.echo(f"error: tenant has no API key with id {key_id!r}", err=True)
+        raise typer.Exit(1)
+
+
+@app.command("set")
+def set_budget(
+    tenant: str = typer.Option(..., "--tenant", "-t", help="Tenant id or name."),
+    key: str | None = typer.Option(None, "--key", "-k", help="API key id: set the key's budget instead."),
+    period: str | None = typer.Option(None, help="day | week | month | total (UTC)."),
+    limit_usd: float | None = typer.Option(None, "--limit-usd", help="Hard limit: 429 budget_exceeded beyond."),
+    soft_limit_usd: float | None = typer.Option(None, "--soft-limit-usd",
+                                                help="Soft limit: alert + effort cap (default: a fraction of the hard limit)."),
+    alerts: str | None = typer.Option(None, help="Alert thresholds as fractions, e.g. 0.5,0.8,1.0."),
+    rpm: int | None = typer.Option(None, "--rpm", help="Requests per minute."),
+    tpm: int | None = typer.Option(None, "--tpm", help="Tokens per minute."),
+    clear: list[str] = typer.Option([], help="Remove a setting: limit_usd, soft_limit_usd, alert_thresholds, "
+                                         "requests_per_min, tokens_per_min (repeatable)."),
+    config: Path | None = ConfigOption,
+) -> None:
+    """Create or update a budget / rate-limit policy."""
+    from gateway.budgets import put_policy
+    from gateway.cli.tenants import _session
+
+    thresholds = [float(x) for x in alerts.split(",")] if alerts else None
+    with _session(config) as session:
+        tenant_id = _resolve_tenant(session, tenant)
+        if key:
+            _check_key(session, tenant_id, key)
+        try:
+            row = put_policy(session, scope="key" if key else "tenant", tenant_id=tenant_id, key_id=key,
+                             period=period, limit_usd=limit_usd, soft_limit_usd=soft_limit_usd,  # type: ignore[arg-type]
+                             alert_thresholds=thresholds, requests_per_min=rpm, tokens_per_min=tpm, clear=clear)
+        except ValueError as err:
+            typer.echo(f"error: {err}", err=True)
+            raise typer.Exit(2) from None
+        typer.echo(f"budget {row.id}: period={row.period} limit_usd={row.limit_usd} "
+                   f"soft_limit_usd={row.soft_limit_usd} alerts={row.alert_thresholds} "
+                   f"rpm={row.requests_per_min} tpm={row.tokens_per_min}")
+
+
+@app.command("show")
+def show_budgets(
+    tenant: str = typer.Option(..., "--tenant", "-t", help="Tenant id or name."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+    config: Path | None = ConfigOption,
+) -> None:
+    """Show a tenant's policies (tenant and keys) with settled spend in the current period."""
+    from gateway.budgets import get_policy_rows, window_for
+    from gateway.budgets.periods import utc_now
+    from gateway.budgets.reservations import from_nanos
+    from gateway.budgets.spend import spent_nanos
+    from gateway.cli.tenants import _session
+
+    with _session(config) as session:
+        tenant_id = _resolve_tenant(session, tenant)
+        out: list[dict[str, Any]] = []
+        for row in get_policy_rows(session, tenant_id):
+            window = window_for(row.period, utc_now())  # type: ignore[arg-type]
+            subject_id = row.key_id if row.scope == "key" else row.tenant_id
+            spent = from_nanos(spent_nanos(session, row.scope, subject_id or "", window))
+            out.append({"subject": row.id, "period": window.key,
+                        "limit_usd": None if row.limit_usd is None else float(row.limit_usd),
+                        "soft_limit_usd": None if row.soft_limit_usd is None else float(row.soft_limit_usd),
+                        "spent_usd": round(spent, 9), "alert_thresholds": row.alert_thresholds,
+                        "rpm": row.requests_per_min, "tpm": row.tokens_per_min})
+    if as_json:
+        typer.echo(json.dumps(out, indent=2))
+        return
+    if not out:
+        typer.echo("no budgets set for this tenant (config defaults apply)")
+    for r in out:
+        typer.echo("  ".join(f"{k}={v}" for k, v in r.items()))

@@ -1,0 +1,142 @@
+"""Admin API for budgets and rate limits per tenant and per API key.
+
+``GET|PUT /admin/budgets/tenants/{tenant_id}`` and ``GET|PUT /admin/budgets/keys/{key_id}``:
+read a policy with its live status (spent, held, remaining, soft-limit state) or create /
+update it. Protected by the admin key: ``Authorization: Bearer <value of the environment
+variable named by server.admin_key_env>``; when that variable is unset every call is
+refused. Uses the ``BudgetRuntime`` the lifespan put in ``GatewayState.extras["budgets"]``.
+"""
+
+from __future__ import annotations
+
+import hmac
+import os
+from dataclasses import asdict
+from decimal import Decimal
+from typing import Any, Literal
+
+import anyio
+import orjson
+from fastapi import APIRouter, Depends, Request, Response
+from pydantic import BaseModel, ConfigDict, Field
+
+from gateway.budgets import BudgetRuntime, put_policy, subject_of
+from gateway.budgets.models import BudgetPolicyRow
+from gateway.budgets.policies import Scope
+from gateway.db.models import ApiKey, Tenant
+from gateway.deps import GatewayState, gateway_state
+from gateway.errors import AuthenticationFailed, InvalidRequest, NotFound, PermissionDenied
+
+router = APIRouter(prefix="/admin/budgets")
+
+
+class BudgetUpdate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    period: Literal["day", "week", "month", "total"] | None = None
+    limit_usd: Decimal | None = Field(None, ge=0)
+    soft_limit_usd: Decimal | None = Field(None, ge=0)
+    alert_thresholds: list[float] | None = None
+    requests_per_min: int | None = Field(None, gt=0)
+    tokens_per_min: int | None = Field(None, gt=0)
+    clear: list[Literal["limit_usd", "soft_limit_usd", "alert_thresholds", "requests_per_min",
+                        "tokens_per_min"]] = []
+
+
+def require_admin(request: Request) -> None:
+    state: GatewayState = request.app.state.tiergate
+    expected = os.environ.get(state.settings.server.admin_key_env)
+    if not expected:
+        raise PermissionDenied(f"admin API disabled: set {state.settings.server.admin_key_env}")
+    header = request.headers.get("authorization") or ""
+    scheme, _, token = header.partition(" ")
+    if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), expected.encode()):
+        raise AuthenticationFailed("invalid admin key")
+
+
+def _runtime(state: GatewayState) -> BudgetRuntime:
+    rt = state.extras.get("budgets")
+    if rt is None:
+        raise NotFound("budgets are not enabled on this server")
+    return rt  # type: ignore[no-any-return]
+
+
+class _Caller:
+    def __init__(self, tenant_id: str, key_id: str | None) -> None:
+        self.tenant_id, self.key_id = tenant_id, key_id
+
+
+def _tenant_of(state: GatewayState, scope: Scope, subject_id: str) -> str:
+    with state.session_factory() as session:
+        if scope == "tenant":
+            if session.get(Tenant, subject_id) is None:
+                raise NotFound(f"no tenant {subject_id!r}")
+            return subject_id
+        key = session.get(ApiKey, subject_id)
+        if key is None:
+            raise NotFound(f"no API key {subject_id!r}")
+        return key.tenant_id
+
+
+def _policy_json(state: GatewayState, scope: Scope, subject_id: str) -> dict[str, Any] | None:
+    with state.session_factory() as session:
+        row = session.get(BudgetPolicyRow, subject_of(scope, subject_id))
+        if row is None:
+            return None
+        return {"period": row.period, "limit_usd": _num(row.limit_usd), "soft_limit_usd": _num(row.soft_limit_usd),
+                "alert_thresholds": row.alert_thresholds, "requests_per_min": row.requests_per_min,
+                "tokens_per_min": row.tokens_per_min, "updated_at": row.updated_at.isoformat()}
+
+
+def _num(value: Decimal | None) -> float | None:
+    return None if value is None else float(value)
+
+
+async def _show(state: GatewayState, scope: Scope, subject_id: str) -> Response:
+    rt = _runtime(state)
+    tenant_id = await anyio.to_thread.run_sync(_tenant_of, state, scope, subject_id)
+    policy = await anyio.to_thread.run_sync(_policy_json, state, scope, subject_id)
+    status = await rt.budgets.status(_Caller(tenant_id, subject_id if scope == "key" else None))
+    body = {"subject": subject_of(scope, subject_id), "tenant_id": tenant_id, "policy": policy,
+            "status": asdict(status)}
+    return Response(orjson.dumps(body), media_type="application/json")
+
+
+async def _update(state: GatewayState, scope: Scope, subject_id: str, update: BudgetUpdate) -> Response:
+    rt = _runtime(state)
+    tenant_id = await anyio.to_thread.run_sync(_tenant_of, state, scope, subject_id)
+
+    def write() -> None:
+        with state.session_factory.begin() as session:
+            try:
+                put_policy(session, scope=scope, tenant_id=tenant_id,
+                           key_id=subject_id if scope == "key" else None, period=update.period,
+                           limit_usd=update.limit_usd, soft_limit_usd=update.soft_limit_usd,
+                           alert_thresholds=update.alert_thresholds, requests_per_min=update.requests_per_min,
+                           tokens_per_min=update.tokens_per_min, clear=update.clear)
+            except ValueError as err:
+                raise InvalidRequest(str(err)) from None
+
+    await anyio.to_thread.run_sync(write)
+    rt.budgets.policies.invalidate(subject_of(scope, subject_id))
+    return await _show(state, scope, subject_id)
+
+
+@router.get("/tenants/{tenant_id}", dependencies=[Depends(require_admin)])
+async def show_tenant(tenant_id: str, state: GatewayState = Depends(gateway_state)) -> Response:
+    return await _show(state, "tenant", tenant_id)
+
+
+@router.put("/tenants/{tenant_id}", dependencies=[Depends(require_admin)])
+async def set_tenant(tenant_id: str, update: BudgetUpdate, state: GatewayState = Depends(gateway_state)) -> Response:
+    return await _update(state, "tenant", tenant_id, update)
+
+
+@router.get("/keys/{key_id}", dependencies=[Depends(require_admin)])
+async def show_key(key_id: str, state: GatewayState = Depends(gateway_state)) -> Response:
+    return await _show(state, "key", key_id)
+
+
+@router.put("/keys/{key_id}", dependencies=[Depends(require_admin)])
+async def set_key(key_id: str, update: BudgetUpdate, state: GatewayState = Depends(gateway_state)) -> Response:
+    return await _update(state, "key", key_id, update)
