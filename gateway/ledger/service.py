@@ -78,7 +78,8 @@ class Ledger:
                  retry_max_s: float = 5.0) -> None:
         self._session_factory = session_factory
         self._journal_root = Path(journal_dir)
-        self._segment_opts = {"max_segment_bytes": max_segment_bytes, "max_segment_age_s": max_segment_age_s}
+        self._max_segment_bytes = max_segment_bytes
+        self._max_segment_age_s = max_segment_age_s
         self._journal = Journal(self._journal_root, max_segment_bytes=max_segment_bytes,
                                 max_segment_age_s=max_segment_age_s)
         self._dir_lock: int | None = None
@@ -114,7 +115,8 @@ class Ledger:
         self._db_queue.clear()
         self._segments.clear()
         own_dir, self._dir_lock = claim_writer_dir(self._journal_root)
-        self._journal = Journal(own_dir, **self._segment_opts)  # type: ignore[arg-type]
+        self._journal = Journal(own_dir, max_segment_bytes=self._max_segment_bytes,
+                                max_segment_age_s=self._max_segment_age_s)
         for path in self._journal.existing_segments():
             contents = read_segment(path)
             if contents.skipped_lines:

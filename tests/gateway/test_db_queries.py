@@ -13,7 +13,7 @@ from gateway.db import queries
 from gateway.db.models import Base
 from gateway.db.session import make_engine, make_session_factory, resolve_url
 
-HOSTILE = ["' OR '1'='1", "x'; DROP TABLE tenants; --", '"); DELETE FROM api_keys; --', "\\x00\u0000nul",
+HOSTILE = ["' OR '1'='1", "x'; DROP TABLE tenants; --", '"); DELETE FROM api_keys; --', "nul\\x00 \\0",
            "%s %(x)s ?", "ñ😀" * 20]
 
 
@@ -89,7 +89,6 @@ def test_revoke_by_ambiguous_prefix_is_refused(factory) -> None:  # type: ignore
 
 @pytest.mark.parametrize("evil", HOSTILE)
 def test_hostile_strings_are_plain_data(factory, evil: str) -> None:  # type: ignore[no-untyped-def]
-    evil = evil.replace("\u0000", "")
     with factory() as s, s.begin():
         t = queries.create_tenant(s, evil)
         queries.add_api_key(s, t.id, "tg-" + "a" * 40, hash_key(evil), name=evil)
