@@ -17,8 +17,14 @@ from collections.abc import Sequence as Seq
 
 
 def block_hash(parent_hash: int | None, token_ids: Seq[int]) -> int:
-    """Hash of one full block given the hash of the block before it (None for the first)."""
+    """Hash of one full block given the hash of the block before it (the root for the first)."""
     return hash((parent_hash, tuple(token_ids)))
+
+
+def prefix_root(salt: object = None) -> int | None:
+    """The "parent" of a sequence's first block. K/V depend on more than the tokens when the
+    computation differs (e.g. the number of experts per token), so such settings salt the chain."""
+    return None if salt is None else hash(("prefix-root", salt))
 
 
 class OutOfBlocks(RuntimeError):
@@ -49,17 +55,18 @@ class BlockAllocator:
         return -(-num_tokens // self.block_size)
 
     # -- prefix cache -------------------------------------------------------------------------
-    def lookup_prefix(self, token_ids: Seq[int]) -> list[int]:
+    def lookup_prefix(self, token_ids: Seq[int], root: int | None = None) -> list[int]:
         """Cached blocks covering a leading run of full blocks of ``token_ids``.
 
         Only blocks lying entirely within the first ``len(token_ids) - 1`` tokens are
         matched, so at least one token is always left to compute (its logits give the
-        next token). Reference counts are not touched: call ``acquire`` to take them.
+        next token). ``root`` (see `prefix_root`) separates caches whose K/V differ.
+        Reference counts are not touched: call ``acquire`` to take them.
         """
         if not self.enable_prefix_caching:
             return []
         hits: list[int] = []
-        parent: int | None = None
+        parent = root
         bs = self.block_size
         for i in range((len(token_ids) - 1) // bs):
             chunk = tuple(token_ids[i * bs:(i + 1) * bs])

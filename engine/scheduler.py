@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from engine.blocks import BlockAllocator, block_hash
+from engine.blocks import BlockAllocator, block_hash, prefix_root
 from engine.sequence import Sequence, SequenceStatus
 
 
@@ -122,7 +122,7 @@ class Scheduler:
     def _admit(self, out: SchedulerOutput, budget: int) -> None:
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
-            hits = self.allocator.lookup_prefix(seq.token_ids)
+            hits = self.allocator.lookup_prefix(seq.token_ids, prefix_root(seq.experts_per_token))
             computed = len(hits) * self.allocator.block_size
             n = min(seq.num_tokens - computed, budget)
             need = self.allocator.blocks_needed(computed + n) - len(hits)
@@ -145,7 +145,7 @@ class Scheduler:
         hashes: list[int] = []
         bs = self.allocator.block_size
         for i in range(num_blocks):
-            parent = hashes[-1] if hashes else None
+            parent = hashes[-1] if hashes else prefix_root(seq.experts_per_token)
             hashes.append(block_hash(parent, seq.token_ids[i * bs:(i + 1) * bs]))
         return hashes
 
@@ -177,6 +177,6 @@ class Scheduler:
             full = seq.num_computed_tokens // bs
             while len(seq.block_hashes) < full:
                 i = len(seq.block_hashes)
-                parent = seq.block_hashes[-1] if seq.block_hashes else None
+                parent = seq.block_hashes[-1] if seq.block_hashes else prefix_root(seq.experts_per_token)
                 seq.block_hashes.append(
                     self.allocator.register(seq.block_table[i], parent, seq.token_ids[i * bs:(i + 1) * bs]))

@@ -139,6 +139,10 @@ def test_prefix_cache_hits_are_reported_and_do_not_change_output(tiny) -> None:
     second = engine.generate([[*shared, 11]], GREEDY)[0]
     assert first.num_cached_tokens == 0 and second.num_cached_tokens == 16
     assert second.output_token_ids == oracle(tiny[0], [*shared, 11], 8)[0]
+    # K/V computed with another expert count are not reused
+    other_k = engine.generate([[*shared, 11]], GREEDY, experts_per_token=1)[0]
+    assert other_k.num_cached_tokens == 0
+    assert other_k.output_token_ids == oracle(tiny[0], [*shared, 11], 8, 1)[0]
 
 
 def test_context_limits(tiny) -> None:

@@ -1,0 +1,148 @@
+"""LocalEngineProvider on a tiny random model directory: OpenAI shapes, streaming equals the
+non-streamed answer, usage, logprobs, experts per token, errors, cancellation."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from engine import AsyncLLMEngine, LLMEngine, SamplingParams
+from gateway.errors import InvalidRequest, UpstreamError
+from gateway.providers.base import CallOptions, Usage
+from gateway.providers.local import LocalEngineProvider
+from gateway.settings import ModelSettings
+from tests.gateway.tiny_local_model import write_tiny_model
+
+MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": [{"type": "text", "text": "Hi"}]}]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_tiny_model(tmp_path_factory.mktemp("local") / "tiny-moe")
+
+
+@pytest.fixture
+async def provider(model_dir: Path):
+    p = LocalEngineProvider(base_dir=model_dir.parent)
+    yield p
+    await p.aclose()
+
+
+@pytest.fixture
+def model(model_dir: Path) -> ModelSettings:
+    return ModelSettings(provider="local", model=model_dir.name, context_window=128)
+
+
+def direct(model_dir: Path, n: int, k: int | None = None) -> tuple[list[int], str, int]:
+    engine = LLMEngine.from_dir(model_dir)
+    prompt = engine.tokenizer.encode_chat([{"role": "system", "content": "Be brief."},
+                                           {"role": "user", "content": "Hi"}])
+    out = engine.generate([prompt], SamplingParams(temperature=0, max_tokens=n), experts_per_token=k)[0]
+    return out.output_token_ids, out.text, len(prompt)
+
+
+BODY = {"model": "tiny", "messages": MESSAGES, "temperature": 0, "max_tokens": 12}
+
+
+async def test_complete_returns_an_openai_completion_matching_the_engine(provider, model, model_dir) -> None:
+    resp = await provider.complete(model, BODY)
+    _tokens, text, n_prompt = direct(model_dir, 12)
+    assert resp["object"] == "chat.completion" and resp["id"].startswith("chatcmpl-")
+    assert resp["model"] == "tiny"
+    choice = resp["choices"][0]
+    assert choice["message"] == {"role": "assistant", "content": text}
+    assert choice["finish_reason"] == "length" and choice["logprobs"] is None
+    usage = Usage.from_openai(resp["usage"])
+    assert (usage.prompt_tokens, usage.completion_tokens) == (n_prompt, 12)
+    assert resp["usage"]["total_tokens"] == n_prompt + 12
+
+
+async def test_stream_concatenates_to_the_completion_and_ends_with_usage(provider, model) -> None:
+    whole = await provider.complete(model, BODY)
+    chunks = [c async for c in provider.stream(model, BODY)]
+    assert all(c["object"] == "chat.completion.chunk" for c in chunks)
+    assert len({c["id"] for c in chunks}) == 1
+    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks if c["choices"])
+    assert text == whole["choices"][0]["message"]["content"]
+    assert chunks[-2]["choices"][0]["finish_reason"] == "length"
+    usage = chunks[-1]["usage"]
+    assert chunks[-1]["choices"] == []
+    assert (usage["prompt_tokens"], usage["completion_tokens"]) == (
+        whole["usage"]["prompt_tokens"], whole["usage"]["completion_tokens"])
+    # the second identical prompt reuses the cached prefix blocks
+    assert chunks[-1]["usage"]["prompt_tokens_details"]["cached_tokens"] >= 16
+
+
+async def test_logprobs_and_top_logprobs(provider, model) -> None:
+    resp = await provider.complete(model, {**BODY, "max_tokens": 4, "logprobs": True, "top_logprobs": 2})
+    content = resp["choices"][0]["logprobs"]["content"]
+    assert len(content) == 4
+    for entry in content:
+        assert entry["logprob"] <= 0 and len(entry["top_logprobs"]) == 2
+        assert entry["top_logprobs"][0]["logprob"] == pytest.approx(entry["logprob"])
+        assert entry["bytes"] == list(entry["token"].encode())
+
+
+async def test_experts_per_token_comes_from_call_options(provider, model, model_dir) -> None:
+    outs = {}
+    for k in (1, 2):
+        resp = await provider.complete(model, {**BODY, "max_tokens": 10}, CallOptions(experts_per_token=k))
+        outs[k] = resp["choices"][0]["message"]["content"]
+        assert outs[k] == direct(model_dir, 10, k)[1]
+    with pytest.raises(InvalidRequest):
+        await provider.complete(model, BODY, CallOptions(experts_per_token=99))
+
+
+async def test_request_errors_map_to_openai_errors(provider, model, model_dir) -> None:
+    long_text = "The quick brown fox jumps over the lazy dog. " * 40
+    with pytest.raises(InvalidRequest) as err:
+        await provider.complete(model, {**BODY, "messages": [{"role": "user", "content": long_text}]})
+    assert err.value.code == "context_length_exceeded" and err.value.status == 400
+    with pytest.raises(InvalidRequest):
+        await provider.complete(model, {**BODY, "top_p": 0})
+    with pytest.raises(InvalidRequest):
+        await provider.complete(model, {**BODY, "messages": []})
+    missing = ModelSettings(provider="local", model="no-such-model")
+    with pytest.raises(UpstreamError) as up:
+        await provider.complete(missing, BODY)
+    assert up.value.retryable is False
+
+
+async def test_stop_string_cuts_the_answer(provider, model) -> None:
+    full = (await provider.complete(model, BODY))["choices"][0]["message"]["content"]
+    stop = full[3:5]
+    resp = await provider.complete(model, {**BODY, "stop": [stop]})
+    assert resp["choices"][0]["finish_reason"] == "stop"
+    assert resp["choices"][0]["message"]["content"] == full[:full.index(stop)]
+
+
+async def test_abandoned_stream_frees_its_blocks_and_engine_is_shared(provider, model) -> None:
+    engine: AsyncLLMEngine = await provider.engine_for(model)
+    assert await provider.engine_for(model) is engine
+    stream = provider.stream(model, {**BODY, "max_tokens": 200})
+    async for chunk in stream:
+        if chunk["choices"] and chunk["choices"][0]["delta"].get("content"):
+            break
+    await stream.aclose()  # type: ignore[attr-defined]
+
+    def state(e: LLMEngine) -> tuple[int, int, int]:
+        return e.num_unfinished_requests, e.allocator.num_free, e.allocator.num_blocks
+
+    for _ in range(100):
+        pending, free, total = await engine.run_on_engine_thread(state)
+        if pending == 0 and free == total:
+            break
+        await asyncio.sleep(0.02)
+    assert (pending, free) == (0, total)
+
+
+async def test_concurrent_requests_are_batched_and_independent(provider, model) -> None:
+    bodies = [{**BODY, "max_tokens": 6 + i, "messages": [{"role": "user", "content": f"question {i}"}]}
+              for i in range(4)]
+    together = await asyncio.gather(*(provider.complete(model, b) for b in bodies))
+    alone = [await provider.complete(model, b) for b in bodies]
+    assert [r["choices"][0]["message"]["content"] for r in together] == \
+        [r["choices"][0]["message"]["content"] for r in alone]
