@@ -18,7 +18,8 @@ about one fsync. The fsync runs on the journal thread, never on the event loop.
 Failures are never swallowed: a failed journal write fails the waiting ``record_durable``
 callers with ``LedgerError`` and is retried; a failed DB write is logged with its traceback,
 kept (journal and memory) and retried with exponential backoff; ``health()`` reports it for
-/readyz. Must not import web frameworks, the pipeline or the app.
+/readyz. Known limit: during a long DB outage the pending records are also held in memory
+(a few hundred bytes each); ``health().pending_db`` shows how many. Must not import web frameworks, the pipeline or the app.
 """
 
 from __future__ import annotations
