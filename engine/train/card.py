@@ -107,11 +107,13 @@ def render_model_card(result: ModelResult, recipe: DemoRecipe, corpus: CorpusSpl
         "Re-create both bundled models (corpus, tokenizer, weights, this card) from the shared data folder:",
         "",
         "```sh",
-        "tiergate engine train --out engine/models --data-dir ../shared/data "
-        f"--moe-steps {recipe.moe.steps} --draft-steps {recipe.draft.steps}",
+        train_command(recipe),
         "```",
         "",
-        "(`--minutes M` caps each model's wall time; runs are deterministic up to thread scheduling.)",
+        "Runs are deterministic for a fixed number of steps. A wall-clock cap (`--minutes`, "
+        "`--draft-minutes`) stops training early and also advances the cosine learning-rate decay by "
+        "elapsed time, so a capped run ends annealed but depends on the machine's speed; the step count "
+        "above is what this run reached.",
         "",
         "## Tokenizer",
         "",
@@ -135,6 +137,21 @@ def render_model_card(result: ModelResult, recipe: DemoRecipe, corpus: CorpusSpl
         lines.append(f"| {source} | {n_train} | {n_val} | {origin} | {licence} |")
     lines.append("")
     return "\n".join(lines)
+
+
+def train_command(recipe: DemoRecipe) -> str:
+    """The `tiergate engine train` command line that re-creates this recipe."""
+    parts = ["tiergate engine train --out engine/models --data-dir ../shared/data",
+             f"--moe-steps {recipe.moe.steps} --draft-steps {recipe.draft.steps}"]
+    if recipe.moe.max_minutes:
+        parts.append(f"--minutes {recipe.moe.max_minutes:g}")
+    if recipe.draft.max_minutes:
+        parts.append(f"--draft-minutes {recipe.draft.max_minutes:g}")
+    if recipe.moe.threads:
+        parts.append(f"--threads {recipe.moe.threads}")
+    if recipe.seed != 1234:
+        parts.append(f"--seed {recipe.seed}")
+    return " ".join(parts)
 
 
 def write_model_card(out_dir: Path, result: ModelResult, recipe: DemoRecipe, corpus: CorpusSplit,
