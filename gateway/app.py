@@ -19,6 +19,8 @@ from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from gateway.budget_execution import BudgetedExecutor  # also registers the budgets tables on Base
+from gateway.budgets import build_budget_runtime
 from gateway.chat_flow import ChatFlow
 from gateway.deps import GatewayState, KeyStoreLike
 from gateway.errors import GatewayError, InvalidRequest, NotFound
@@ -66,9 +68,10 @@ async def _unexpected_error(_: Request, err: Exception) -> Response:
 
 
 def _routers(app: FastAPI) -> None:
-    from gateway.routes import chat, health, models
+    from gateway.routes import budgets, chat, health, models
 
     app.include_router(health.router)
+    app.include_router(budgets.router)
     app.include_router(models.router)
     app.include_router(chat.router)
 
@@ -77,7 +80,7 @@ def create_app(settings: Settings, *, session_factory: Any = None, ledger: Any =
                registry: ProviderRegistry | None = None, key_store: KeyStoreLike | None = None,
                executor: Executor | None = None, decide_auto: DecideAuto | None = None,
                http_session_factory: SessionFactory | None = None,
-               local_provider: ChatProvider | None = None) -> FastAPI:
+               local_provider: ChatProvider | None = None, budget_runtime: Any = None) -> FastAPI:
     """Build the app. Collaborators not passed in are built (and closed) by the lifespan."""
 
     @asynccontextmanager
@@ -109,16 +112,28 @@ def create_app(settings: Settings, *, session_factory: Any = None, ledger: Any =
                 from gateway.auth import KeyStore
 
                 keys = KeyStore(sf)
+            budget_rt = budget_runtime
+            if budget_rt is None:  # Redis counters when settings.redis has a URL, else in-process
+                if hasattr(led, "aflush"):
+                    await led.aflush()  # counters load spend that includes a replayed journal
+                budget_rt = build_budget_runtime(settings, sf)
+                await budget_rt.start()
+                stack.push_async_callback(budget_rt.stop)
             # Load the tokenizer used to bill streams without usage, off the loop, in the background.
             warm = asyncio.ensure_future(asyncio.to_thread(warm_up, list(settings.models.values())))
             execu = executor
             if execu is None:
                 from gateway.pipeline.executor import PipelineExecutor
 
-                execu = PipelineExecutor(settings, reg, led, DirectExecutor(settings, reg, led))
+                async def soft_budget(req: Any) -> bool:
+                    return bool((await budget_rt.budgets.status(req)).soft_exceeded)
+
+                execu = PipelineExecutor(settings, reg, led, DirectExecutor(settings, reg, led),
+                                         soft_budget_exceeded=soft_budget)
+            execu = BudgetedExecutor(settings, execu, budget_rt.budgets, budget_rt.rate_limiter)
             flow = ChatFlow(settings, execu, led, decide_auto=decide_auto)
             app.state.tiergate = GatewayState(settings=settings, flow=flow, keys=keys, ledger=led,
-                                              registry=reg, session_factory=sf)
+                                              registry=reg, session_factory=sf, extras={"budgets": budget_rt})
             yield
             await warm
 

@@ -100,8 +100,4 @@ class BudgetedExecutor:
 
 
 def _headers(req: ResolvedRequest) -> dict[str, str]:
-    headers: dict[str, str] | None = getattr(req.tally, "response_headers", None)
-    if headers is None:
-        headers = {}
-        req.tally.response_headers = headers  # type: ignore[attr-defined]
-    return headers
+    return req.tally.response_headers

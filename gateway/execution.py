@@ -43,6 +43,7 @@ class CallTally:
     pipeline: bool = False  # set by the pipeline executor (gateway.pipeline.executor)
     effort: str | None = None  # the effort tier actually executed, when the routing policy ran
     effort_source: str | None = None  # budget_cap when the soft budget capped the effort
+    response_headers: dict[str, str] = field(default_factory=dict)  # e.g. the remaining budget
 
 
 @dataclass(frozen=True)

@@ -54,10 +54,12 @@ async def chat_completions(request: Request, state: GatewayState = Depends(gatew
     headers = {"x-request-id": rr.request_id, "x-tiergate-tier": rr.resolution.tier}
     if req.stream:
         stream = await state.flow.open_stream(rr, req.include_usage)
+        headers.update(rr.tally.response_headers)
         return SSEResponse(stream, {**headers, "cache-control": "no-cache", "x-accel-buffering": "no"})
     response = await state.flow.complete(rr)
     t = rr.tally
     headers.setdefault("x-tiergate-effort", t.effort or rr.resolution.tier)
     headers["x-tiergate-cost-usd"] = f"{t.cost_usd:.9f}"
     headers["x-tiergate-saved-usd"] = f"{t.baseline_cost_usd - t.cost_usd:.9f}"
+    headers.update(t.response_headers)
     return _json(response, headers)
