@@ -120,8 +120,8 @@ def _gather_sequence(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     blocks = block_row[: -(-n_ctx // block_size)]
     n_kv, head_dim = k_cache.shape[2], k_cache.shape[3]
-    keys = k_cache[blocks].reshape(-1, n_kv, head_dim)[:n_ctx]
-    values = v_cache[blocks].reshape(-1, n_kv, head_dim)[:n_ctx]
+    keys = k_cache.index_select(0, blocks).reshape(-1, n_kv, head_dim)[:n_ctx]
+    values = v_cache.index_select(0, blocks).reshape(-1, n_kv, head_dim)[:n_ctx]
     return keys, values
 
 
@@ -156,8 +156,11 @@ def _decode(
     batch, n_q, head_dim = q.shape
     n_kv = k_cache.shape[2]
     group = n_q // n_kv
-    keys = k_cache[plan.gather_blocks].reshape(batch, -1, n_kv, head_dim).transpose(1, 2)  # [B, Hkv, L, D]
-    values = v_cache[plan.gather_blocks].reshape(batch, -1, n_kv, head_dim).transpose(1, 2)
+    flat_blocks = plan.gather_blocks.reshape(-1)  # index_select: no parallel region for small gathers
+    keys = (
+        k_cache.index_select(0, flat_blocks).view(batch, -1, n_kv, head_dim).transpose(1, 2)
+    )  # [B, Hkv, L, D]
+    values = v_cache.index_select(0, flat_blocks).view(batch, -1, n_kv, head_dim).transpose(1, 2)
     qg = q.view(batch, n_kv, group, head_dim)  # the G query heads of a KV head act as G queries
     o = F.scaled_dot_product_attention(
         qg, keys.to(q.dtype), values.to(q.dtype), attn_mask=plan.decode_mask(window), scale=scale

@@ -208,6 +208,20 @@ class CausalLM(nn.Module):
         inv_freq, _ = compute_inv_freq(cfg.rope, cfg.head_dim, cfg.max_position_embeddings)
         rotary.inv_freq = inv_freq.to(self.lm_head.weight.device)
 
+    def use_decode_layout(self) -> None:
+        """Re-lay weight matrices column-major (same shapes, names and values; storage is [in, out]).
+
+        CPU GEMV at batch 1 reads `x @ W_t` with contiguous `W_t` faster than row-major `F.linear` (it is
+        what `F.linear` on the transposed view dispatches to). Prefill GEMMs are unaffected. Parameters stay
+        tied and trainable; `.contiguous()` restores the row-major copy where a contiguous tensor is needed.
+        """
+        with torch.no_grad():
+            for p in self.parameters():
+                if p.dim() == 2 and p.stride(-1) == 1:
+                    p.data = p.data.t().contiguous().t()
+                elif p.dim() == 3 and p.stride(-1) == 1:
+                    p.data = p.data.transpose(1, 2).contiguous().transpose(1, 2)
+
     def parameter_counts(self) -> tuple[int, int]:
         """(total, active per token at the trained k) parameter counts; tied weights counted once."""
         total = sum(p.numel() for p in self.parameters())
@@ -221,9 +235,15 @@ class CausalLM(nn.Module):
 
 
 def load_model(
-    model_dir: str | Path, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"
+    model_dir: str | Path,
+    dtype: torch.dtype = torch.float32,
+    device: str | torch.device = "cpu",
+    decode_layout: bool = True,
 ) -> tuple[CausalLM, ModelConfig]:
-    """Build the model for `model_dir/config.json` and load its safetensors weights (HF names)."""
+    """Build the model for `model_dir/config.json` and load its safetensors weights (HF names).
+
+    The model comes back in eval mode; with `decode_layout` its matrices are re-laid for fast batch-1
+    decode (see `CausalLM.use_decode_layout`)."""
     from engine.weights import load_hf_weights  # weights imports model types; keep the cycle one-way
 
     config = ModelConfig.from_dir(model_dir)
@@ -234,5 +254,7 @@ def load_model(
         model.lm_head.weight = model.model.embed_tokens.weight
     model.reset_rotary()
     load_hf_weights(model, model_dir)
+    if decode_layout:
+        model.use_decode_layout()
     model.eval()
     return model, config

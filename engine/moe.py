@@ -103,7 +103,7 @@ def grouped_moe(
         if count == 0:
             continue
         rows = tokens_sorted[start : start + count]
-        y = _expert(x[rows], gate_up_proj[expert], down_proj[expert])
+        y = _expert(x.index_select(0, rows), gate_up_proj[expert], down_proj[expert])
         out.index_add_(0, rows, y * weights_sorted[start : start + count, None])
         start += count
     return out
