@@ -1,0 +1,127 @@
+"""The trained effort model at inference time: plain numpy over the hashed features.
+
+Training (classifier.train) fits scikit-learn estimators and copies their coefficients
+here, so a decision is one gather + dot product per head: no scikit-learn call overhead
+on the request path. Two heads: a multinomial tier classifier (temperature-calibrated)
+and a continuous difficulty score. The score picks the *band* of tiers through
+thresholds calibrated to the target mix; the calibrated probabilities pick the tier
+inside the band.
+
+Must not import scikit-learn, torch, the gateway or the engine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import scipy.sparse as sp
+
+from classifier.features import DENSE_NAMES, FEATURE_VERSION, N_FEATURES, extract, to_arrays, token_names
+from classifier.types import TIER_INDEX, TIERS, ClassifierError, EffortDecision, Message, SparseFeatures
+
+SCORE_SLOPE = 6.0
+
+
+@dataclass(frozen=True)
+class Contribution:
+    """One feature's pull on the score (value × weight), for `explain`."""
+
+    name: str
+    value: float
+    score_weight: float
+
+    @property
+    def contribution(self) -> float:
+        return self.value * self.score_weight
+
+
+@dataclass(frozen=True, eq=False)
+class EffortModel:
+    """Coefficients of both heads plus the decision rule; immutable once built."""
+
+    classes: tuple[str, ...]
+    tier_coef: np.ndarray  # (N_FEATURES, n_classes) float32
+    tier_intercept: np.ndarray  # (n_classes,) float32
+    temperature: float
+    score_coef: np.ndarray  # (N_FEATURES,) float32
+    score_intercept: float
+    thresholds: tuple[float, ...]  # ascending score cut points between bands
+    bands: tuple[tuple[str, ...], ...]  # tiers of each band, lowest band first
+    version: str = "unversioned"
+    feature_version: str = FEATURE_VERSION
+
+    def __post_init__(self) -> None:
+        n = len(self.classes)
+        if self.tier_coef.shape != (N_FEATURES, n) or self.tier_intercept.shape != (n,):
+            raise ClassifierError(f"tier head has shape {self.tier_coef.shape}, expected {(N_FEATURES, n)}")
+        if self.score_coef.shape != (N_FEATURES,):
+            raise ClassifierError(f"score head has shape {self.score_coef.shape}, expected {(N_FEATURES,)}")
+        if len(self.bands) != len(self.thresholds) + 1:
+            raise ClassifierError("need exactly one more band than thresholds")
+        if list(self.thresholds) != sorted(self.thresholds):
+            raise ClassifierError("thresholds must be ascending")
+        if any(t not in TIER_INDEX for t in self.classes):
+            raise ClassifierError(f"unknown tier among classes {self.classes}")
+
+    # -- single prompt (request path) ------------------------------------------------
+    def decide(self, messages: Sequence[Message]) -> EffortDecision:
+        return self.decide_features(extract(messages))
+
+    def decide_features(self, features: SparseFeatures) -> EffortDecision:
+        if features.feature_version != self.feature_version:
+            raise ClassifierError(f"features are version {features.feature_version}, model expects "
+                                  f"{self.feature_version}")
+        idx, val = to_arrays(features)
+        logits = val @ self.tier_coef[idx] + self.tier_intercept
+        score = float(squash_score(val @ self.score_coef[idx] + self.score_intercept))
+        probs = _softmax(logits[None, :] / self.temperature)[0]
+        return self._decision(score, probs)
+
+    def _decision(self, score: float, probs: np.ndarray) -> EffortDecision:
+        full = dict.fromkeys(TIERS, 0.0)
+        for cls, p in zip(self.classes, probs, strict=True):
+            full[cls] = float(p)
+        band = self.bands[int(np.searchsorted(np.asarray(self.thresholds), score, side="right"))]
+        tier = max(band, key=lambda t: (full[t], -TIER_INDEX[t]))
+        return EffortDecision(tier=tier, score=score, probabilities=full, version=self.version)
+
+    # -- batches (training, evaluation) ----------------------------------------------
+    def predict_matrix(self, X: sp.csr_matrix) -> tuple[np.ndarray, np.ndarray]:
+        """(calibrated probabilities over ``classes`` (n, k), scores (n,)) for a feature matrix."""
+        logits = np.asarray(X @ self.tier_coef) + self.tier_intercept
+        scores = squash_score(np.asarray(X @ self.score_coef).ravel() + self.score_intercept)
+        return _softmax(logits / self.temperature), scores
+
+    def decisions_matrix(self, X: sp.csr_matrix) -> list[EffortDecision]:
+        probs, scores = self.predict_matrix(X)
+        return [self._decision(float(s), p) for s, p in zip(scores, probs, strict=True)]
+
+    def explain(self, messages: Sequence[Message], top: int = 10) -> tuple[EffortDecision, list[Contribution]]:
+        """The decision plus the features that pushed the score most (either way)."""
+        features = extract(messages)
+        names = token_names(messages)
+        contribs = [Contribution(names.get(i, f"hash:{i}"), v, float(self.score_coef[i]))
+                    for i, v in zip(features.indices, features.values, strict=True)]
+        contribs.sort(key=lambda c: abs(c.contribution), reverse=True)
+        return self.decide_features(features), contribs[:top]
+
+
+def squash_score(raw: Any) -> Any:
+    """Map the regression output into (0, 1) monotonically (a logistic centred on 0.5).
+
+    Clipping would tie every prompt beyond the ends, and ties defeat threshold calibration
+    and ranking; the squash keeps the order and the [0, 1] reading (0.5 stays 0.5).
+    """
+    return 1.0 / (1.0 + np.exp(-SCORE_SLOPE * (np.asarray(raw, dtype=np.float64) - 0.5)))
+
+
+def _softmax(z: np.ndarray) -> np.ndarray:
+    z = z - z.max(axis=1, keepdims=True)
+    e = np.exp(z)
+    return e / e.sum(axis=1, keepdims=True)
+
+
+__all__ = ["DENSE_NAMES", "SCORE_SLOPE", "Contribution", "EffortModel", "squash_score"]

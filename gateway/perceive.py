@@ -1,0 +1,256 @@
+"""The perceive layer in the gateway: the classifier artifact, hot-reloaded, plus feedback storage.
+
+``Perceiver`` wraps the classifier's public API. It loads the newest artifact among its
+candidate paths (by default the one `tiergate classifier update` writes under
+``classifier.feedback_dir``, then the shipped ``classifier.artifact``), and at most every
+``reload_interval_s`` checks whether that file changed; a changed artifact is loaded on a
+background thread and swapped in atomically, so the gateway picks up a new classifier
+without a restart and no request waits on a load. A broken or tampered new artifact is
+refused (logged) and the current one stays.
+
+``record_verdict`` stores one labelled example in the ``feedback`` table: prompt text only
+where the tenant allows it, otherwise only the hashed feature vector (enough to retrain).
+
+Imports the classifier's public API, settings and db models only; no web framework.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import classifier
+from classifier import EffortDecision, EffortModel
+from gateway.settings import TIER_NAMES, Settings
+
+log = logging.getLogger("tiergate.perceive")
+
+CURRENT_ARTIFACT_NAME = "effort.skops"
+TIER_SCORES: dict[str, float] = {"none": 0.05, "minimal": 0.15, "low": 0.25, "medium": 0.5, "high": 0.75,
+                                 "xhigh": 0.95}
+
+__all__ = ["TIER_SCORES", "EffortDecision", "FeedbackRecorder", "Perceiver", "artifact_candidates",
+           "conversation_json", "feedback_examples", "record_verdict"]
+
+
+def artifact_candidates(settings: Settings) -> list[Path]:
+    """Where the gateway looks for the classifier, most preferred first."""
+    return [settings.resolve_path(settings.classifier.feedback_dir) / CURRENT_ARTIFACT_NAME,
+            settings.resolve_path(settings.classifier.artifact)]
+
+
+@dataclass(frozen=True)
+class _Loaded:
+    model: EffortModel
+    path: Path
+    stamp: tuple[int, int]  # (mtime_ns, size) of the .skops file when loaded
+
+
+def _stamp(path: Path) -> tuple[int, int] | None:
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return st.st_mtime_ns, st.st_size
+
+
+class Perceiver:
+    """``decide(messages) -> EffortDecision`` over the current artifact, reloaded when it changes."""
+
+    def __init__(self, paths: Sequence[str | Path], *, reload_interval_s: float = 5.0,
+                 clock: Callable[[], float] = time.monotonic, background: bool = True) -> None:
+        self.paths = [Path(p) for p in paths]
+        self.reload_interval_s = reload_interval_s
+        self.clock = clock
+        self.background = background
+        self._lock = threading.Lock()
+        self._loading = False
+        self._refused: tuple[Path, tuple[int, int]] | None = None
+        self._loaded = self._load(self._pick())
+        self._last_check = clock()
+
+    @classmethod
+    def from_settings(cls, settings: Settings, **kw: Any) -> Perceiver:
+        return cls(artifact_candidates(settings), reload_interval_s=settings.classifier.reload_interval_s, **kw)
+
+    def _pick(self) -> Path:
+        for p in self.paths:
+            if p.exists():
+                return p
+        raise classifier.ArtifactError("no classifier artifact at " + ", ".join(str(p) for p in self.paths)
+                                       + " (train one with `tiergate classifier train`)")
+
+    @staticmethod
+    def _load(path: Path) -> _Loaded:
+        stamp = _stamp(path)
+        loaded = classifier.load_artifact(path)
+        return _Loaded(loaded.model, path, stamp or (0, 0))
+
+    @property
+    def model(self) -> EffortModel:
+        return self._loaded.model
+
+    @property
+    def version(self) -> str:
+        return self._loaded.model.version
+
+    def decide(self, messages: Sequence[dict[str, Any]]) -> EffortDecision:
+        self.maybe_reload()
+        return self._loaded.model.decide(messages)
+
+    def _changed(self) -> Path | None:
+        """The artifact to load if it differs from the current one, else None."""
+        for p in self.paths:
+            stamp = _stamp(p)
+            if stamp is None:
+                continue
+            if (p, stamp) == (self._loaded.path, self._loaded.stamp) or self._refused == (p, stamp):
+                return None
+            return p
+        return None
+
+    def maybe_reload(self) -> None:
+        """Cheap: at most one stat per candidate every ``reload_interval_s``."""
+        now = self.clock()
+        if now - self._last_check < self.reload_interval_s:
+            return
+        self._last_check = now
+        path = self._changed()
+        if path is None:
+            return
+        if not self.background:
+            self.reload_now()
+            return
+        with self._lock:
+            if self._loading:
+                return
+            self._loading = True
+        threading.Thread(target=self._reload_in_background, name="tiergate-perceiver-reload", daemon=True).start()
+
+    def _reload_in_background(self) -> None:
+        try:
+            self.reload_now()
+        finally:
+            with self._lock:
+                self._loading = False
+
+    def reload_now(self) -> bool:
+        """Load the preferred artifact if it changed; True if a new one was swapped in."""
+        path = self._changed()
+        if path is None:
+            return False
+        stamp = _stamp(path)
+        try:
+            loaded = self._load(path)
+        except classifier.ArtifactError as err:
+            # Refused, e.g. a half-written or tampered file: keep serving the current model.
+            log.warning("classifier artifact %s refused, keeping %s: %s", path, self.version, err)
+            self._refused = (path, stamp) if stamp else None
+            return False
+        previous = self.version
+        self._loaded = loaded
+        log.info("classifier reloaded: %s -> %s (%s)", previous, loaded.model.version, path)
+        return True
+
+
+def conversation_json(messages: Sequence[dict[str, Any]]) -> str:
+    """How a conversation is stored as ``feedback.prompt_text``: OpenAI messages as JSON."""
+    return json.dumps([{"role": m.get("role"), "content": m.get("content")} for m in messages],
+                      ensure_ascii=False)
+
+
+def record_verdict(session_factory: Any, request_id: str, tenant_id: str, label_tier: str,
+                   score: float | None, prompt_text: str | None, features: dict[str, Any] | None, *,
+                   source: str = "review") -> str:
+    """Insert one labelled example into ``feedback``; returns its id.
+
+    ``prompt_text`` must already be None unless the tenant allows prompt storage.
+    """
+    from gateway.db.models import Feedback
+
+    if label_tier not in TIER_NAMES:
+        raise ValueError(f"unknown tier {label_tier!r}")
+    if score is not None and not 0.0 <= score <= 1.0:
+        raise ValueError("score must be in [0, 1]")
+    fid = "fb_" + uuid.uuid4().hex
+    with session_factory() as session, session.begin():
+        session.add(Feedback(id=fid, request_id=request_id, tenant_id=tenant_id, source=source,
+                             label_tier=label_tier, score=score, prompt_text=prompt_text, features=features))
+    return fid
+
+
+def feedback_fields(messages: Sequence[dict[str, Any]], allow_text: bool) -> tuple[str | None, dict[str, Any]]:
+    """(prompt text or None, hashed features) for a conversation, honouring the tenant's choice."""
+    features = classifier.extract(messages).to_json()
+    return (conversation_json(messages) if allow_text else None), features
+
+
+class FeedbackRecorder:
+    """The pipeline's feedback sink: stores review verdicts off the event loop.
+
+    Training feedback is not on the money path: a failed insert is logged, never raised
+    into the request that produced the verdict.
+    """
+
+    def __init__(self, session_factory: Any, settings: Settings) -> None:
+        self.session_factory = session_factory
+        self.store_text_default = settings.classifier.store_prompt_text
+
+    def __call__(self, verdict: Any) -> None:
+        allow = bool(getattr(verdict, "allow_prompt_storage", False)) or self.store_text_default
+        messages = list(getattr(verdict, "messages", ()) or ())
+        text, features = feedback_fields(messages, allow) if messages else (None, None)
+        args = (self.session_factory, verdict.request_id, verdict.tenant_id, verdict.label_tier,
+                TIER_SCORES.get(verdict.label_tier), text, features)
+        threading.Thread(target=self._write, args=args, name="tiergate-feedback", daemon=True).start()
+
+    @staticmethod
+    def _write(*args: Any) -> None:
+        try:
+            record_verdict(*args, source="review")
+        except Exception:
+            log.exception("could not store a review verdict as classifier feedback")
+
+
+def _messages_from_text(text: str) -> list[dict[str, Any]]:
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError:
+        data = None
+    if isinstance(data, list) and all(isinstance(m, dict) for m in data):
+        return data
+    return [{"role": "user", "content": text}]
+
+
+def feedback_examples(session_factory: Any, *, weight: float = 5.0) -> tuple[list[classifier.LabelledExample], int]:
+    """Every usable feedback row as a labelled example (source ``feedback``), and how many
+    rows were skipped (no text and no features, or features of another version)."""
+    import sqlalchemy as sa
+
+    from gateway.db.models import Feedback
+
+    out: list[classifier.LabelledExample] = []
+    skipped = 0
+    with session_factory() as session:
+        rows = session.execute(sa.select(Feedback).order_by(Feedback.created_at, Feedback.id)).scalars().all()
+        for row in rows:
+            score = row.score if row.score is not None else TIER_SCORES.get(row.label_tier, 0.5)
+            if row.prompt_text:
+                out.append(classifier.LabelledExample(tier=row.label_tier, score=score, source="feedback",
+                                                      messages=_messages_from_text(row.prompt_text),
+                                                      weight=weight))
+                continue
+            feats = classifier.SparseFeatures.from_json(row.features) if row.features else None
+            if feats is None or feats.feature_version != classifier.FEATURE_VERSION:
+                skipped += 1
+                continue
+            out.append(classifier.LabelledExample(tier=row.label_tier, score=score, source="feedback",
+                                                  features=feats, weight=weight))
+    return out, skipped
