@@ -146,3 +146,52 @@ async def test_concurrent_requests_are_batched_and_independent(provider, model) 
     alone = [await provider.complete(model, b) for b in bodies]
     assert [r["choices"][0]["message"]["content"] for r in together] == \
         [r["choices"][0]["message"]["content"] for r in alone]
+
+
+# -- through the whole gateway (auth, ledger, tiers) with the official openai SDK -----------------------------
+
+def test_openai_sdk_streams_local_model_through_the_gateway(model_dir: Path, tmp_path: Path) -> None:
+    import openai
+    import sqlalchemy as sa
+
+    from gateway.app import create_app
+    from gateway.auth import KeyStore
+    from gateway.db.models import LedgerEntryRow
+    from gateway.ledger import Ledger
+    from gateway.settings import settings_from_dict
+    from tests.gateway.gateway_harness import make_database, served
+
+    url, sf, _, raw = make_database(tmp_path)
+    local = {"provider": "local", "model": str(model_dir), "context_window": 256,
+             "price": {"input": 0.05, "output": 0.2}}
+    tiers = {t: {"model": "local/tiny-moe", "engine": {"experts_per_token": 2}} for t in
+             ("none", "minimal", "medium", "high", "xhigh")}
+    tiers["low"] = {"model": "local/tiny-moe", "engine": {"experts_per_token": 1}}
+    settings = settings_from_dict({
+        "database": {"url_env": "TIERGATE_TEST_UNSET_DB_URL", "default_url": url},
+        "ledger": {"journal_dir": "journal", "flush_interval_ms": 5},
+        "models": {"local/tiny-moe": local}, "tiers": tiers}, base_dir=tmp_path)
+    ledger = Ledger(sf, tmp_path / "journal", flush_interval_ms=5)
+    ledger.start()
+    provider = LocalEngineProvider(settings)
+    app = create_app(settings, session_factory=sf, ledger=ledger, key_store=KeyStore(sf), local_provider=provider)
+    msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
+    try:
+        with served(app) as base:
+            client = openai.OpenAI(base_url=base, api_key=raw, max_retries=0)
+            chunks = list(client.chat.completions.create(
+                model="local/tiny-moe", messages=msgs, temperature=0, max_tokens=8, stream=True,  # type: ignore[arg-type]
+                stream_options={"include_usage": True}))
+            text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+            assert text == direct(model_dir, 8)[1]
+            assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 8
+            low = client.chat.completions.create(model="tier-low", messages=msgs, temperature=0,  # type: ignore[arg-type]
+                                                 max_tokens=8)
+            assert low.choices[0].message.content == direct(model_dir, 8, k=1)[1]  # the tier's expert count
+        assert ledger.flush(10)
+        with sf() as s:
+            rows = list(s.scalars(sa.select(LedgerEntryRow)))
+        expected = sorted([8, len(direct(model_dir, 8, k=1)[0])])
+        assert sorted((r.model, r.completion_tokens) for r in rows) == [("local/tiny-moe", n) for n in expected]
+    finally:
+        ledger.stop()
