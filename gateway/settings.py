@@ -46,6 +46,7 @@ class DatabaseSettings(_Strict):
 
 class RedisSettings(_Strict):
     url_env: str = "TIERGATE_REDIS_URL"
+    key_prefix: str = "tiergate:"  # budget counters / rate limits live under this prefix
 
     def resolved_url(self) -> str | None:
         return os.environ.get(self.url_env) or None

@@ -49,11 +49,12 @@ class BudgetRuntime:
 
 
 def build_budget_runtime(settings: Settings, session_factory: sessionmaker[Session] | None, *,
-                         redis_client: Redis | None = None, redis_prefix: str = "tiergate:",
+                         redis_client: Redis | None = None, redis_prefix: str | None = None,
                          clock: Callable[[], datetime] = utc_now,
                          webhook_transport: httpx.AsyncBaseTransport | None = None,
                          policy_ttl_s: float = 5.0, reconcile_interval_s: float = 30.0) -> BudgetRuntime:
     cfg = settings.budgets
+    prefix = settings.redis.key_prefix if redis_prefix is None else redis_prefix
     owns = False
     if redis_client is None and settings.redis.resolved_url():
         redis_client = Redis.from_url(settings.redis.resolved_url() or "")
@@ -62,10 +63,10 @@ def build_budget_runtime(settings: Settings, session_factory: sessionmaker[Sessi
     counters: CounterBackend
     store: RateStore
     if redis_client is not None:
-        counters = RedisCounters(redis_client, session_factory, prefix=redis_prefix, clock=clock,
+        counters = RedisCounters(redis_client, session_factory, prefix=prefix, clock=clock,
                                  lease_ms=int(cfg.reservation_lease_s * 1000),
                                  reconcile_interval_s=reconcile_interval_s)
-        store = RedisRateStore(redis_client, prefix=redis_prefix)
+        store = RedisRateStore(redis_client, prefix=prefix)
     else:
         res_store = ReservationStore(session_factory) if session_factory is not None else None
         counters = MemoryCounters(res_store, clock=clock)

@@ -3,15 +3,13 @@
     async with budget_guard(budgets, limiter, principal, worst_case_usd, tokens,
                             request_id=rid) as guard:
         response = await call_upstream(...)
-        await guard.settle(actual_cost_usd)   # BEFORE ledger.record(...) for this request
-        ledger.record(...)
+        ledger.record(...)                     # the same cost
+        await guard.settle(actual_cost_usd)
     headers.update(guard.headers())
 
 Rate limits are checked first (nothing reserved when they refuse), then the worst case
 is reserved; leaving the block without ``settle`` (exception, client disconnect,
-cancellation) releases the hold. Settling before recording the ledger entry is what
-lets the Redis reconciler count each settlement exactly once. Must not import routes,
-the app or the pipeline.
+cancellation) releases the hold. Must not import routes, the app or the pipeline.
 """
 
 from __future__ import annotations

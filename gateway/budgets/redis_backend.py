@@ -7,10 +7,13 @@ as a short settlement log. Reserve purges expired leases, checks every counter a
 on all or none in one script, so replicas can never jointly overshoot.
 
 ``spent`` is (re)built from the database by ``rebuild``: spend in a consistent DB
-snapshot + logged settlements whose ledger rows were not yet flushed into that snapshot
-+ settlements logged after it. This needs callers to settle *before* recording the
-ledger entry for the same request (``budget_guard`` does). The reconciler runs
-``rebuild`` over active counters periodically (one replica at a time, by a Redis lock).
+snapshot + settlements of the last ``log_window_ms`` whose ledger rows are not in that
+snapshot yet + settlements logged after it. A settlement older than the window whose
+ledger row never arrived (its process died before the journal fsync) is dropped: the
+ledger is the truth. If a ledger row is flushed before its settlement is logged (the
+executor records, then settles), one rebuild may count it twice for a moment; the next
+rebuild, which sees both, corrects it. The reconciler runs ``rebuild`` over active
+counters periodically (one replica at a time, by a Redis lock) and expires stale leases.
 Must not import routes, the app or the pipeline.
 """
 
@@ -135,10 +138,11 @@ end
 return out
 """
 
-# KEYS[1]: counter. ARGV: now_ms only (returns the log: ids, request ids, amounts, times).
+# KEYS[1]: counter. ARGV: window_ms. Returns now, then (id, request id, amount) for each
+# settlement of the last window_ms (older ones are flushed to the ledger, or were lost with it).
 _LOG = _NOW + """
 local k = KEYS[1]
-local ids = redis.call('ZRANGEBYSCORE', k .. ':stl', '-inf', now)
+local ids = redis.call('ZRANGEBYSCORE', k .. ':stl', '(' .. (now - tonumber(ARGV[1])), now)
 local out = {now}
 for _, rid in ipairs(ids) do
   out[#out + 1] = rid
@@ -191,7 +195,7 @@ def ref_from_key(counter_key: str, limit_nanos: int = 0) -> CounterRef:
 class RedisCounters:
     def __init__(self, client: Redis, session_factory: sessionmaker[Session] | None, *,
                  prefix: str = "tiergate:", clock: Callable[[], datetime] = utc_now,
-                 lease_ms: int = 300_000, log_window_ms: int = 600_000,
+                 lease_ms: int = 300_000, log_window_ms: int = 60_000,
                  reconcile_interval_s: float = 30.0) -> None:
         self._r = client
         self._sf = session_factory
@@ -277,13 +281,13 @@ class RedisCounters:
         base = 0
         r1 = 0
         if self._sf is None:
-            r1 = int((await self._log(keys=[key], args=[]))[0])
+            r1 = int((await self._log(keys=[key], args=[self._log_window_ms]))[0])
         else:
             session = self._sf()
             try:
                 await asyncio.to_thread(_begin_snapshot, session)
                 db_spent = await asyncio.to_thread(spent_nanos, session, ref.scope, subject_id, ref.window)
-                out = await self._log(keys=[key], args=[])
+                out = await self._log(keys=[key], args=[self._log_window_ms])
                 r1 = int(out[0])
                 logged: dict[str, int] = {}
                 for i in range(1, len(out), 3):
