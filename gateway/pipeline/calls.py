@@ -45,9 +45,10 @@ class StageCaller:
     """The only way pipeline stages reach a model."""
 
     def __init__(self, settings: Settings, call_model: CallModel, accountant: Accountant,
-                 stream_model: StreamModel | None = None) -> None:
+                 stream_model: StreamModel | None = None, sampling: dict[str, Any] | None = None) -> None:
         self.settings, self.call_model, self.accountant = settings, call_model, accountant
         self.stream_model = stream_model
+        self.sampling = dict(sampling or {})  # the client's temperature/top_p/seed, for every stage
 
     def options(self, tier: str) -> CallOptions:
         knobs = self.settings.tiers[tier].engine  # type: ignore[index]
@@ -62,9 +63,8 @@ class StageCaller:
                                                 attempt.status, step_id=step_id, path=path, round=round))
         return on_attempt, calls
 
-    @staticmethod
-    def body(messages: list[dict[str, Any]], max_tokens: int, **extra: Any) -> dict[str, Any]:
-        return {"messages": messages, "max_tokens": max_tokens, **extra}
+    def body(self, messages: list[dict[str, Any]], max_tokens: int, **extra: Any) -> dict[str, Any]:
+        return {"messages": messages, "max_tokens": max_tokens, **self.sampling, **extra}
 
     async def call(self, stage: Stage, tier: str, messages: list[dict[str, Any]], max_tokens: int, *,
                    step_id: str | None = None, path: int | None = None, round: int = 0,

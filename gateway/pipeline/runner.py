@@ -46,6 +46,7 @@ from gateway.settings import Settings
 log = logging.getLogger(__name__)
 REVIEW_OVERHEAD_TOKENS = 48  # the VERDICT/FAILING/ANSWER lines around the answer
 PATH_TEMPERATURE = 0.8
+SAMPLING_FIELDS = ("temperature", "top_p", "seed")  # passed from the client to every stage call
 
 
 def _ignore(_: str) -> None:
@@ -90,7 +91,8 @@ class Pipeline:
         if not isinstance(messages, list) or not messages:
             raise InvalidRequest("messages must be a non-empty array", param="messages")
         acct = Accountant(self.settings, ctx, self.ledger_sink, self.clock, ex.max_cost_usd)
-        caller = StageCaller(self.settings, self.call_model, acct, self.stream_model)
+        sampling = {k: body[k] for k in SAMPLING_FIELDS if body.get(k) is not None}
+        caller = StageCaller(self.settings, self.call_model, acct, self.stream_model, sampling)
         state = _RunState()
         result = PipelineResult(answer="", execution=ex, calls=acct.calls)
         progress(f"[perceive] effort {ex.effort} ({ex.effort_source}); plan and review on {ex.review_tier}, "

@@ -152,6 +152,15 @@ async def test_verbosity_bounds_answer_and_effort_bounds_thinking() -> None:
     assert "Answer in a few sentences" in review_call.body["messages"][0]["content"]
 
 
+async def test_client_sampling_settings_reach_every_stage() -> None:
+    provider = ScriptedProvider(plans=[TWO_STEP])
+    h = harness(provider)
+    body = {**BODY, "temperature": 0, "top_p": 0.5, "user": "someone"}
+    await h.pipeline.run(CTX, body, high(body))
+    assert all((c.body["temperature"], c.body["top_p"]) == (0, 0.5) for c in provider.calls)
+    assert all("user" not in c.body for c in provider.calls)
+
+
 async def test_upstream_failure_after_retries_propagates_and_is_billed() -> None:
     from gateway.errors import UpstreamError
 
