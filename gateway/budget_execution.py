@@ -57,7 +57,7 @@ class BudgetedExecutor:
             await self.rate_limiter.check(req, tokens)
         reservation = await self.budgets.reserve(req, worst, request_id=req.request_id)
         if reservation.remaining_usd is not None:
-            _headers(req)[REMAINING_HEADER] = f"{max(reservation.remaining_usd, 0.0):.6f}"
+            _headers(req)[REMAINING_HEADER] = f"{max(reservation.remaining_usd, 0.0):.9f}"
         return reservation
 
     async def _close(self, req: ResolvedRequest, reservation: Reservation) -> None:

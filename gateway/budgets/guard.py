@@ -42,7 +42,7 @@ class BudgetGuard:
         if self.status is not None:
             return self.status.headers()
         left = self.reservation.remaining_usd
-        return {} if left is None else {REMAINING_HEADER: f"{max(left, 0.0):.6f}"}
+        return {} if left is None else {REMAINING_HEADER: f"{max(left, 0.0):.9f}"}
 
 
 @asynccontextmanager

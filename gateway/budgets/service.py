@@ -41,7 +41,7 @@ class BudgetStatus:
     resets_in_s: float | None = None
 
     def headers(self) -> dict[str, str]:
-        return {} if self.remaining_usd is None else {REMAINING_HEADER: f"{max(self.remaining_usd, 0.0):.6f}"}
+        return {} if self.remaining_usd is None else {REMAINING_HEADER: f"{max(self.remaining_usd, 0.0):.9f}"}
 
 
 UNLIMITED = BudgetStatus(remaining_usd=None, soft_exceeded=False, hard_limit_usd=None)
@@ -105,7 +105,7 @@ class Budgets:
                 f"{policy.scope} budget exhausted for this {policy.period} period "
                 f"(limit ${from_nanos(ref.limit_nanos):.6f}, remaining ${left:.6f}, "
                 f"this request may cost up to ${res.amount_usd:.6f})",
-                headers={REMAINING_HEADER: f"{left:.6f}"})
+                headers={REMAINING_HEADER: f"{left:.9f}"})
         return replace(res, remaining_nanos=remaining)
 
     async def settle(self, reservation: Reservation, actual_usd: float) -> BudgetStatus:

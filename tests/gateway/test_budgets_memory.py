@@ -194,14 +194,14 @@ async def test_key_budget_soft_limit_and_headers(tmp_path: Path) -> None:
             await guard.settle(W)
     status = await rt.budgets.status(k1)
     assert status.soft_exceeded and status.subject == "key:k1"
-    assert guard.headers() == {"x-tiergate-budget-remaining-usd": f"{2 * W:.6f}"}
+    assert guard.headers() == {"x-tiergate-budget-remaining-usd": f"{2 * W:.9f}"}
     assert not (await rt.budgets.status(k2)).soft_exceeded  # the tenant is far from its limits
     for _ in range(2):
         async with budget_guard(rt.budgets, None, k1, W, 0) as guard:
             await guard.settle(W)
     with pytest.raises(BudgetExceeded) as err:
         await rt.budgets.reserve(k1, W)
-    assert err.value.headers["x-tiergate-budget-remaining-usd"] == "0.000000"
+    assert err.value.headers["x-tiergate-budget-remaining-usd"] == "0.000000000"
     await rt.budgets.reserve(k2, W)  # another key of the same tenant is unaffected
     await rt.stop()
 
