@@ -32,7 +32,8 @@ class GatewayState:
     extras: dict[str, Any] = field(default_factory=dict)  # other engineers' collaborators
 
 
-def gateway_state(request: Request) -> GatewayState:
+async def gateway_state(request: Request) -> GatewayState:
+    # async on purpose: FastAPI would run a plain ``def`` dependency in its thread pool.
     return request.app.state.tiergate  # type: ignore[no-any-return]
 
 

@@ -30,3 +30,21 @@ def pipeline_bench(
         settings = load_settings(config)
         artifact = settings.resolve_path(settings.classifier.artifact)
     typer.echo(run_bench(Path(data_dir), n, (shares[0], shares[1], shares[2]), seed, artifact))
+
+
+@app.command("gateway")
+def gateway_bench(
+    concurrency: int = typer.Option(32, help="connections for the RPS phase"),
+    duration: float = typer.Option(5.0, help="seconds of the RPS phase per target"),
+    latency_requests: int = typer.Option(500, help="sequential requests for the latency phase"),
+    server_core: int = typer.Option(0, help="core the server under test is pinned to (taskset)"),
+    load_core: int = typer.Option(1, help="core for the load generator and the mock upstream"),
+    litellm_venv: str = typer.Option(".venv-litellm-proxy", help="venv with litellm[proxy] (make bench-venv)"),
+) -> None:
+    """Gateway overhead: direct-to-mock vs tiergate (auth + ledger on) vs the LiteLLM proxy."""
+    from pathlib import Path
+
+    from gateway.cli.bench_gateway import BenchArgs, run_gateway_bench
+
+    typer.echo(run_gateway_bench(BenchArgs(concurrency, duration, latency_requests, server_core, load_core,
+                                           Path(litellm_venv))))

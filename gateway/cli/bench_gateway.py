@@ -1,0 +1,245 @@
+"""`tiergate bench gateway`: gateway overhead against a mock upstream, measured in one run.
+
+Starts the mock OpenAI upstream (``bench_tools mock``), then measures with the same load
+generator (``bench_tools load``): direct-to-mock; through tiergate (``tiergate serve``: auth and
+the journaled ledger on, SQLite, one uvicorn worker); and through the LiteLLM proxy from
+``.venv-litellm-proxy`` (``make bench-venv``; one worker, same upstream; skipped with a note if
+absent). Servers under test are pinned to one core with taskset, the load generator and the
+mock to another (when the machine has two). Prints RPS at fixed concurrency, added p50/p99
+latency at concurrency 1 versus direct, and the tiergate/LiteLLM ratios.
+
+Bench-only: imported lazily by gateway.cli.bench.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+import yaml
+
+REQUEST = {"model": "low", "messages": [{"role": "user", "content": "Say hello"}], "max_tokens": 16}
+LITELLM_MODEL = "bench-model"
+LITELLM_MASTER_KEY = "sk-litellm-bench-master"
+
+
+@dataclass(frozen=True)
+class Phase:
+    rps: float
+    p50_ms: float
+    p99_ms: float
+    errors: int
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _pin(core: int | None) -> list[str]:
+    if core is None or shutil.which("taskset") is None:
+        return []
+    return ["taskset", "-c", str(core)]
+
+
+def _wait_http(url: str, proc: subprocess.Popen[bytes], timeout_s: float, log: Path) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{url} exited early:\n{log.read_text(errors='replace')[-2000:]}")
+        try:
+            if httpx.get(url, timeout=2).status_code < 500:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise RuntimeError(f"{url} not ready after {timeout_s}s:\n{log.read_text(errors='replace')[-2000:]}")
+
+
+@contextmanager
+def _process(cmd: list[str], ready_url: str, log: Path, env: dict[str, str] | None = None,
+             timeout_s: float = 120) -> Iterator[None]:
+    proc = subprocess.Popen(cmd, stdout=log.open("wb"), stderr=subprocess.STDOUT, env=env or dict(os.environ),
+                            start_new_session=True)
+    try:
+        _wait_http(ready_url, proc, timeout_s, log)
+        yield
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(20)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(5)
+
+
+def _load(url: str, body: dict[str, Any], key: str, concurrency: int, core: int | None, *,
+          duration_s: float = 0.0, requests: int = 0) -> Phase:
+    cmd = [*_pin(core), sys.executable, "-m", "gateway.cli.bench_tools", "load", "--url", url,
+           "--body", orjson.dumps(body).decode(), "--key", key, "--concurrency", str(concurrency),
+           "--duration", str(duration_s or 3600), "--requests", str(requests)]
+    out = subprocess.run(cmd, capture_output=True, check=True, timeout=900).stdout
+    r = orjson.loads(out.strip().splitlines()[-1])
+    return Phase(r["rps"], r["p50_ms"], r["p99_ms"], r["errors"])
+
+
+def _measure(name: str, url: str, body: dict[str, Any], key: str, args: BenchArgs) -> tuple[Phase, Phase]:
+    sys.stderr.write(f"  measuring {name} ...\n")
+    latency = _load(url, body, key, 1, args.load_core, requests=args.latency_requests)
+    throughput = _load(url, body, key, args.concurrency, args.load_core, duration_s=args.duration_s)
+    return latency, throughput
+
+
+@dataclass(frozen=True)
+class BenchArgs:
+    concurrency: int = 32
+    duration_s: float = 5.0
+    latency_requests: int = 500
+    server_core: int | None = 0
+    load_core: int | None = 1
+    litellm_venv: Path = Path(".venv-litellm-proxy")
+
+
+def _tiergate_config(work: Path, upstream: str) -> Path:
+    model = {"provider": "openai", "model": "mock", "api_base": upstream, "context_window": 8192,
+             "price": {"input": 0.5, "output": 1.5}}
+    cfg = {"server": {"log_level": "warning"},
+           "database": {"url_env": "TIERGATE_BENCH_DATABASE_URL", "default_url": "sqlite:///tiergate-bench.db"},
+           "ledger": {"journal_dir": "journal"},
+           "models": {"mock": model},
+           "tiers": {t: {"model": "mock"} for t in ("none", "minimal", "low", "medium", "high", "xhigh")}}
+    path = work / "config.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def _tiergate_key(config: Path) -> str:
+    from gateway.auth import generate_key, hash_key
+    from gateway.db import migrate
+    from gateway.db.queries import add_api_key, create_tenant
+    from gateway.db.session import database_url, make_engine, make_session_factory
+    from gateway.settings import load_settings
+
+    url = database_url(load_settings(config))
+    migrate.upgrade(url.render_as_string(hide_password=False))
+    engine = make_engine(url)
+    raw = generate_key()
+    with make_session_factory(engine)() as s, s.begin():
+        tenant = create_tenant(s, "bench")
+        add_api_key(s, tenant.id, raw, hash_key(raw))
+    engine.dispose()
+    return raw
+
+
+def _ledger_rows(config: Path) -> int:
+    import sqlalchemy as sa
+
+    from gateway.db.models import LedgerEntryRow
+    from gateway.db.session import database_url, make_engine
+
+    engine = make_engine(database_url(_settings(config)))
+    with engine.connect() as conn:
+        n = conn.execute(sa.select(sa.func.count()).select_from(LedgerEntryRow)).scalar_one()
+    engine.dispose()
+    return int(n)
+
+
+def _settings(config: Path) -> Any:
+    from gateway.settings import load_settings
+
+    return load_settings(config)
+
+
+def _litellm_config(work: Path, upstream: str) -> Path:
+    cfg = {"model_list": [{"model_name": LITELLM_MODEL, "litellm_params": {
+               "model": f"openai/{LITELLM_MODEL}", "api_base": upstream, "api_key": "sk-mock"}}],
+           "general_settings": {"master_key": LITELLM_MASTER_KEY},
+           "litellm_settings": {"telemetry": False, "drop_params": True}}
+    path = work / "litellm.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def run_gateway_bench(args: BenchArgs) -> str:
+    cores = os.cpu_count() or 1
+    if cores < 2:
+        args = BenchArgs(args.concurrency, args.duration_s, args.latency_requests, None, None, args.litellm_venv)
+    work = Path(tempfile.mkdtemp(prefix="tiergate-bench-"))
+    mock_port, tg_port, ll_port = _free_port(), _free_port(), _free_port()
+    upstream = f"http://127.0.0.1:{mock_port}/v1"
+    env = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True", "TIERGATE_BENCH_DATABASE_URL": ""}
+    results: dict[str, tuple[Phase, Phase]] = {}
+    notes: list[str] = []
+    mock_cmd = [*_pin(args.load_core), sys.executable, "-m", "gateway.cli.bench_tools", "mock", "--port", str(mock_port)]
+    with _process(mock_cmd, f"http://127.0.0.1:{mock_port}/v1/models", work / "mock.log", env):
+        results["direct"] = _measure("direct", f"{upstream}/chat/completions", REQUEST, "none", args)
+
+        config = _tiergate_config(work, upstream)
+        key = _tiergate_key(config)
+        tg_cmd = [*_pin(args.server_core), sys.executable, "-c", "from gateway.cli import main; main()", "serve",
+                  "--config", str(config), "--port", str(tg_port)]
+        with _process(tg_cmd, f"http://127.0.0.1:{tg_port}/readyz", work / "tiergate.log", env):
+            results["tiergate"] = _measure("tiergate", f"http://127.0.0.1:{tg_port}/v1/chat/completions",
+                                           REQUEST, key, args)
+        rows = _ledger_rows(config)
+        notes.append(f"tiergate ledger rows written during the run: {rows} (auth + journaled ledger on, SQLite)")
+
+        litellm_bin = args.litellm_venv / "bin" / "litellm"
+        if litellm_bin.exists():
+            ll_cmd = [*_pin(args.server_core), str(litellm_bin), "--config", str(_litellm_config(work, upstream)),
+                      "--host", "127.0.0.1", "--port", str(ll_port), "--num_workers", "1"]
+            ll_env = {**env, "LITELLM_LOG": "ERROR", "LITELLM_TELEMETRY": "False", "DISABLE_SCHEMA_UPDATE": "True"}
+            try:
+                with _process(ll_cmd, f"http://127.0.0.1:{ll_port}/health/liveliness", work / "litellm.log",
+                              ll_env, timeout_s=240):
+                    body = {**REQUEST, "model": LITELLM_MODEL}
+                    results["litellm"] = _measure("litellm proxy", f"http://127.0.0.1:{ll_port}/v1/chat/completions",
+                                                  body, LITELLM_MASTER_KEY, args)
+                notes.append("LiteLLM proxy ran with master-key auth and no database (its spend logs need "
+                             "PostgreSQL), i.e. with less work per request than tiergate")
+            except RuntimeError as err:
+                notes.append(f"LiteLLM proxy failed to start: {str(err)[:300]}")
+        else:
+            notes.append(f"LiteLLM proxy not installed ({litellm_bin} missing; run `make bench-venv`): "
+                         "measured direct and tiergate only")
+    shutil.rmtree(work, ignore_errors=True)
+    return _report(results, notes, args, cores)
+
+
+def _report(results: dict[str, tuple[Phase, Phase]], notes: list[str], args: BenchArgs, cores: int) -> str:
+    direct_lat = results["direct"][0]
+    lines = [f"tiergate bench gateway: concurrency {args.concurrency} for {args.duration_s:.0f}s (RPS); "
+             f"{args.latency_requests} sequential requests (latency); {cores} cores, server core "
+             f"{args.server_core}, load+mock core {args.load_core}",
+             "", f"{'target':<16}{'RPS@c':>10}{'p50 ms':>10}{'p99 ms':>10}{'+p50 ms':>10}{'+p99 ms':>10}{'errors':>8}"]
+    for name, (lat, thr) in results.items():
+        added50, added99 = lat.p50_ms - direct_lat.p50_ms, lat.p99_ms - direct_lat.p99_ms
+        lines.append(f"{name:<16}{thr.rps:>10.1f}{lat.p50_ms:>10.3f}{lat.p99_ms:>10.3f}"
+                     f"{added50 if name != 'direct' else 0:>10.3f}{added99 if name != 'direct' else 0:>10.3f}"
+                     f"{lat.errors + thr.errors:>8}")
+    lines.append("")
+    tg = results["tiergate"]
+    lines.append(f"tiergate / direct RPS: {tg[1].rps / results['direct'][1].rps:.3f}")
+    if "litellm" in results:
+        ll = results["litellm"]
+        tg_add = max(tg[0].p50_ms - direct_lat.p50_ms, 1e-3)
+        ll_add = ll[0].p50_ms - direct_lat.p50_ms
+        lines.append(f"tiergate / LiteLLM RPS: {tg[1].rps / max(ll[1].rps, 1e-9):.2f}x  (target >= 10x)")
+        lines.append(f"tiergate added p50 / LiteLLM added p50: {tg_add / max(ll_add, 1e-9):.3f}  (target <= 0.10)")
+    lines += ["", *("note: " + n for n in notes)]
+    return "\n".join(lines)
