@@ -155,7 +155,7 @@ def _family_fields(model_type: str, raw: dict[str, Any], n_layers: int) -> dict[
             qkv_bias=qkv_bias,
             o_bias=attention_bias if model_type == "llama" else False,
             mlp_bias=bool(raw.get("mlp_bias", False)),
-            **_sliding(raw, n_layers, qwen_style=model_type == "qwen2"),
+            **(_sliding(raw, n_layers, model_type) if model_type == "qwen2" else {}),
         )
     if model_type == "mixtral":
         window = raw.get("sliding_window")
@@ -189,11 +189,14 @@ def _family_fields(model_type: str, raw: dict[str, Any], n_layers: int) -> dict[
         fields.update(
             qkv_bias=bool(raw.get("qkv_bias", True)),
             shared_expert_intermediate_size=int(raw.get("shared_expert_intermediate_size") or 0),
-            **_sliding(raw, n_layers, qwen_style=True),
+            **_sliding(raw, n_layers, model_type),
         )
     elif model_type == "qwen3_moe":
         fields.update(
-            qkv_bias=attention_bias, o_bias=attention_bias, qk_norm="head", **_sliding(raw, n_layers, True)
+            qkv_bias=attention_bias,
+            o_bias=attention_bias,
+            qk_norm="head",
+            **_sliding(raw, n_layers, model_type),
         )
     else:  # olmoe
         clip = raw.get("clip_qkv")
@@ -213,15 +216,27 @@ def _num_experts(raw: dict[str, Any]) -> int:
     return int(value)
 
 
-def _sliding(raw: dict[str, Any], n_layers: int, qwen_style: bool) -> dict[str, Any]:
-    """Qwen-style configs only slide when `use_sliding_window`; `layer_types` says which layers."""
-    if qwen_style and not raw.get("use_sliding_window", False):
+def _sliding(raw: dict[str, Any], n_layers: int, model_type: str) -> dict[str, Any]:
+    """Which layers use sliding-window attention, per the family's HF config rules.
+
+    Qwen-style configs slide only when `use_sliding_window`; `layer_types` (written by transformers 5) names
+    the layers, otherwise each family's legacy default applies.
+    """
+    if not raw.get("use_sliding_window", False):
         return {}
     window = raw.get("sliding_window")
     if not window:
         return {}
     layer_types = raw.get("layer_types")
-    layers = tuple(t == "sliding_attention" for t in layer_types) if layer_types else (True,) * n_layers
+    max_window_layers = int(raw.get("max_window_layers", n_layers))
+    if layer_types:
+        layers = tuple(t == "sliding_attention" for t in layer_types)
+    elif model_type == "qwen2":
+        layers = tuple(i >= max_window_layers for i in range(n_layers))
+    elif model_type == "qwen2_moe":
+        layers = tuple(bool((i + 1) % 2) and i < max_window_layers for i in range(n_layers))
+    else:  # qwen3_moe: every layer
+        layers = (True,) * n_layers
     return dict(sliding_window=int(window), sliding_layers=layers)
 
 

@@ -79,11 +79,22 @@ def test_last_token_indices_select_rows(qwen3: CausalLM) -> None:
     _close(last, full[[4, 7]])
 
 
-def test_sliding_window_matches_hf_and_recomputation(tmp_path: Path) -> None:
-    hf = build_hf_model("mixtral", seed=12, sliding_window=5)
+@pytest.mark.parametrize(
+    ("family", "overrides", "sliding_layers"),
+    [
+        ("mixtral", {"sliding_window": 5}, (True, True)),
+        ("qwen2", {"use_sliding_window": True, "sliding_window": 5, "max_window_layers": 1}, (False, True)),
+    ],
+    ids=["mixtral", "qwen2"],
+)
+def test_sliding_window_matches_hf_and_recomputation(
+    family: str, overrides: dict[str, object], sliding_layers: tuple[bool, ...], tmp_path: Path
+) -> None:
+    hf = build_hf_model(family, seed=12, **overrides)
     hf.save_pretrained(tmp_path)
     model, config = load_model(tmp_path)
     assert config.sliding_window == 5
+    assert config.sliding_layers == sliding_layers
     prompt = torch.randint(0, config.vocab_size, (12,), generator=torch.Generator().manual_seed(1))
     seqs = PagedSequences(num_blocks=16, block_size=4)
     kv = model.allocate_kv_cache(16, 4)
@@ -93,7 +104,7 @@ def test_sliding_window_matches_hf_and_recomputation(tmp_path: Path) -> None:
         ctx, positions = seqs.step({0: 12})
         _close(model(prompt, positions, ctx, kv), expected)
         # the window must matter: without it the logits differ
-        unwindowed = build_hf_model("mixtral", seed=12)(prompt[None]).logits[0]
+        unwindowed = build_hf_model(family, seed=12)(prompt[None]).logits[0]
         assert not torch.allclose(unwindowed[-1], expected[-1], atol=1e-3)
         tokens = prompt.tolist()
         for t in [3, 7, 9]:

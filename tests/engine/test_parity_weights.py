@@ -126,3 +126,14 @@ def test_family_config_normalisation(tmp_path: Path) -> None:
     assert cfg.validate_experts_per_token(8) == 8
     with pytest.raises(ValueError, match="between 1 and 8"):
         cfg.validate_experts_per_token(0)
+
+
+def test_legacy_sliding_layer_rules(tmp_path: Path) -> None:
+    """Configs without `layer_types` follow each family's old default (as transformers' config classes do)."""
+    build_hf_model("qwen2_moe", seed=28).save_pretrained(tmp_path)
+    raw = json.loads((tmp_path / "config.json").read_text())
+    raw.pop("layer_types")
+    raw.update(use_sliding_window=True, sliding_window=7, max_window_layers=2)
+    assert ModelConfig.from_hf_dict(raw).sliding_layers == (True, False, False)
+    assert ModelConfig.from_hf_dict({**raw, "model_type": "qwen2"}).sliding_layers == (False, False, True)
+    assert ModelConfig.from_hf_dict({**raw, "use_sliding_window": False}).sliding_window is None
