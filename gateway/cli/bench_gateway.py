@@ -51,7 +51,7 @@ def _free_port() -> int:
 
 
 def _pin(core: int | None) -> list[str]:
-    if core is None or shutil.which("taskset") is None:
+    if core is None or core < 0 or shutil.which("taskset") is None:
         return []
     return ["taskset", "-c", str(core)]
 
