@@ -37,8 +37,8 @@ def gateway_bench(
     concurrency: int = typer.Option(32, help="connections for the RPS phase"),
     duration: float = typer.Option(5.0, help="seconds of the RPS phase per target"),
     latency_requests: int = typer.Option(500, help="sequential requests for the latency phase"),
-    server_core: int = typer.Option(0, help="core the server under test is pinned to (taskset)"),
-    load_core: int = typer.Option(1, help="core for the load generator and the mock upstream"),
+    server_core: int = typer.Option(0, help="core the server under test is pinned to (taskset; -1: no pinning)"),
+    load_core: int = typer.Option(1, help="core for the load generator and the mock upstream (-1: no pinning)"),
     litellm_venv: str = typer.Option(".venv-litellm-proxy", help="venv with litellm[proxy] (make bench-venv)"),
 ) -> None:
     """Gateway overhead: direct-to-mock vs tiergate (auth + ledger on) vs the LiteLLM proxy."""
