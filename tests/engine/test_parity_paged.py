@@ -138,3 +138,18 @@ def test_bfloat16_cache_and_weights_run(tmp_path: Path) -> None:
         high = model32(ids, positions)
     assert kv[0][0].dtype == torch.bfloat16
     assert (low - high).norm() / high.norm() < 0.05
+
+
+def test_batched_no_cache_path_equals_per_sequence_and_is_differentiable(qwen3: CausalLM) -> None:
+    """The training path: input_ids [B, T] with shared positions [T], experts_per_token an int."""
+    ids = torch.randint(0, qwen3.config.vocab_size, (3, 9), generator=torch.Generator().manual_seed(8))
+    positions = torch.arange(9)
+    with torch.inference_mode():
+        batched = qwen3(ids, positions, experts_per_token=1)
+        for row in range(3):
+            _close(batched[row], qwen3(ids[row], positions, experts_per_token=1))
+    logits = qwen3(ids, positions, None, None, experts_per_token=3)
+    torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids.reshape(-1)).backward()
+    grads = [p.grad for p in qwen3.parameters()]
+    qwen3.zero_grad(set_to_none=True)
+    assert all(g is not None for g in grads)  # every parameter (router, experts, q/k norms) gets a gradient
