@@ -48,3 +48,33 @@ def gateway_bench(
 
     typer.echo(run_gateway_bench(BenchArgs(concurrency, duration, latency_requests, server_core, load_core,
                                            Path(litellm_venv))))
+
+
+@app.command("engine")
+def engine_bench(
+    quick: bool = typer.Option(False, "--quick", help="a ~15M-parameter model instead of ~200M (smoke run)"),
+    threads: int | None = typer.Option(None, "--threads", help="torch threads for engine and HF (default: all)"),
+    decode_tokens: int | None = typer.Option(None, "--decode-tokens", help="tokens generated per measurement"),
+    repeats: int = typer.Option(3, "--repeats", help="best of this many runs per figure"),
+    demo: str = typer.Option("engine/models/demo-moe", "--demo", help="demo model for part (d)"),
+    data_dir: str = typer.Option("../shared/data", "--data-dir", help="held-out text for part (d)"),
+    ppl_windows: int = typer.Option(8, "--ppl-windows", help="held-out windows for the perplexity in (d)"),
+    skip_random: bool = typer.Option(False, "--skip-random", help="run part (d) only"),
+) -> None:
+    """Engine speed vs HF transformers, memory-bandwidth use, batching scale-up, k=1 vs trained k."""
+    from dataclasses import replace
+    from pathlib import Path
+
+    import torch
+
+    from engine.bench import QUICK, BenchSizes, run_expert_count_bench, run_random_moe_bench
+
+    if threads:
+        torch.set_num_threads(threads)
+    sizes = QUICK if quick else BenchSizes()
+    if decode_tokens:
+        sizes = replace(sizes, decode_tokens=decode_tokens)
+    if not skip_random:
+        run_random_moe_bench(sizes, typer.echo, repeats=repeats)
+    run_expert_count_bench(Path(demo), Path(data_dir), typer.echo, decode_tokens=sizes.decode_tokens * 2,
+                           ppl_windows=ppl_windows, repeats=repeats)

@@ -180,3 +180,14 @@ def test_text_streams_and_stop_strings_truncate(tiny) -> None:
             last = o
     assert last is not None and last.finish_reason == "stop"
     assert streamed == last.text == text[:cut]
+
+
+def test_bench_weight_bytes_count_every_parameter_when_all_experts_are_active(tiny) -> None:
+    from engine.bench import decode_weight_bytes
+
+    model, config = tiny
+    total = sum(p.numel() for p in model.parameters())
+    embedding_rows_not_read = (config.vocab_size - 1) * config.hidden_size
+    assert decode_weight_bytes(config, config.num_experts) == 4 * (total - embedding_rows_not_read)
+    per_expert = 3 * config.hidden_size * config.moe_intermediate_size * 4
+    assert decode_weight_bytes(config, 1) == decode_weight_bytes(config, 2) - per_expert * config.num_hidden_layers

@@ -1,0 +1,202 @@
+"""The engine benchmark behind `tiergate bench engine`: every figure is a ratio against a
+baseline measured in the same run.
+
+(a) batch-1 decode tokens/s of `LLMEngine` vs HF transformers ``generate`` on the same
+    weights, dtype and thread count;
+(b) achieved weight-read bandwidth (bytes of weights a decode step must read: attention,
+    router, the active experts, the LM head) as a fraction of the machine's memory
+    bandwidth measured here with a large tensor reduction;
+(c) aggregate decode tokens/s at 1, 4 and 16 concurrent streams;
+(d) on the bundled demo model: decode speed and held-out perplexity at k=1 vs the trained k.
+
+Imports torch and the engine; transformers (a dev dependency) only inside the HF baseline.
+Nothing web/db.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from engine.engine import LLMEngine
+from engine.sampling import SamplingParams
+
+Log = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class BenchSizes:
+    """A random Mixtral-style MoE; the default is ~200M parameters."""
+
+    hidden: int = 768
+    layers: int = 8
+    heads: int = 12
+    kv_heads: int = 4
+    experts: int = 8
+    top_k: int = 2
+    expert_intermediate: int = 1280
+    vocab: int = 8192
+    prompt_tokens: int = 16
+    decode_tokens: int = 32
+    streams: tuple[int, ...] = (1, 4, 16)
+
+
+QUICK = BenchSizes(hidden=256, layers=4, heads=8, kv_heads=4, experts=8, top_k=2, expert_intermediate=512,
+                   vocab=4096, decode_tokens=16)
+
+
+def build_random_moe(sizes: BenchSizes, out_dir: Path, seed: int = 0) -> Any:
+    """A random HF ``MixtralForCausalLM`` (fp32, eval) saved to ``out_dir``; returns the HF model."""
+    import transformers as tf
+
+    torch.manual_seed(seed)
+    cfg = tf.MixtralConfig(vocab_size=sizes.vocab, hidden_size=sizes.hidden, intermediate_size=sizes.expert_intermediate,
+                           num_hidden_layers=sizes.layers, num_attention_heads=sizes.heads,
+                           num_key_value_heads=sizes.kv_heads, num_local_experts=sizes.experts,
+                           num_experts_per_tok=sizes.top_k, max_position_embeddings=1024,
+                           bos_token_id=None, eos_token_id=None, pad_token_id=None)
+    model = tf.MixtralForCausalLM(cfg).eval()
+    model.generation_config.eos_token_id = None
+    model.generation_config.pad_token_id = 0
+    model.save_pretrained(out_dir)
+    return model
+
+
+def measure_memory_bandwidth(gib: float = 1.0, repeats: int = 5) -> float:
+    """Best-of-``repeats`` read bandwidth (bytes/s) of summing a ``gib`` GiB fp32 tensor."""
+    x = torch.ones(int(gib * (1 << 30)) // 4, dtype=torch.float32)
+    x.sum()  # touch every page first
+    best = float("inf")
+    for _ in range(repeats):
+        t = time.perf_counter()
+        x.sum()
+        best = min(best, time.perf_counter() - t)
+    return x.numel() * 4 / best
+
+
+def decode_weight_bytes(config: Any, k: int, dtype: torch.dtype = torch.float32) -> int:
+    """Bytes of weights one batch-1 decode step reads: attention, router, k experts per MoE layer
+    (dense MLP on dense layers), norms, one embedding row and the LM head."""
+    h, hd = config.hidden_size, config.head_dim
+    attn = h * hd * (config.num_attention_heads + 2 * config.num_key_value_heads) + config.num_attention_heads * hd * h
+    per_layer_sparse = h * config.num_experts + k * 3 * h * config.moe_intermediate_size + 3 * h * (
+        config.shared_expert_intermediate_size) + (h if config.shared_expert_intermediate_size else 0)
+    per_layer_dense = 3 * h * config.intermediate_size
+    total = 0
+    for i in range(config.num_hidden_layers):
+        mlp = per_layer_sparse if config.is_moe and config.layer_is_sparse(i) else per_layer_dense
+        total += attn + mlp + 2 * h
+    total += h + h + config.vocab_size * h
+    return total * (torch.finfo(dtype).bits // 8)
+
+
+def engine_tokens_per_s(engine: LLMEngine, prompts: list[list[int]], n: int, k: int | None = None) -> float:
+    """Aggregate generated tokens/s for ``prompts`` run concurrently to ``n`` tokens each (incl. prefill)."""
+    params = SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)
+    start = time.perf_counter()
+    outs = engine.generate(prompts, params, experts_per_token=k)
+    elapsed = time.perf_counter() - start
+    assert all(o.num_output_tokens == n for o in outs)
+    return len(prompts) * n / elapsed
+
+
+@torch.inference_mode()
+def hf_tokens_per_s(hf_model: Any, prompt: list[int], n: int) -> float:
+    ids = torch.tensor([prompt])
+    start = time.perf_counter()
+    out = hf_model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n,
+                            do_sample=False)
+    elapsed = time.perf_counter() - start
+    assert out.shape[1] == len(prompt) + n
+    return n / elapsed
+
+
+def _prompts(count: int, length: int, vocab: int, seed: int) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(1, vocab, (length,), generator=g).tolist() for _ in range(count)]
+
+
+def _verdict(value: float, target: float, higher: bool = True) -> str:
+    ok = value >= target if higher else value <= target
+    return "meets target" if ok else "BELOW target"
+
+
+def run_random_moe_bench(sizes: BenchSizes, log: Log, repeats: int = 3) -> None:
+    """Parts (a), (b), (c) on one random MoE saved in HF format and loaded by our engine."""
+    from engine.model import load_model
+
+    log(f"threads={torch.get_num_threads()} dtype=float32")
+    with tempfile.TemporaryDirectory(prefix="tiergate-bench-") as tmp:
+        hf = build_random_moe(sizes, Path(tmp))
+        model, config = load_model(tmp)
+    total, active = model.parameter_counts()
+    log(f"random MoE: {total / 1e6:.1f}M parameters, {active / 1e6:.1f}M active per token "
+        f"({sizes.experts} experts, top-{sizes.top_k}, {sizes.layers} layers, hidden {sizes.hidden})")
+    max_streams = max(sizes.streams)
+    engine = LLMEngine(model, config, eos_token_ids=(), max_model_len=sizes.prompt_tokens + sizes.decode_tokens + 8,
+                       max_num_seqs=max_streams, max_num_batched_tokens=max(512, max_streams * sizes.prompt_tokens),
+                       enable_prefix_caching=False)
+    prompt = _prompts(1, sizes.prompt_tokens, sizes.vocab, 0)[0]
+    n = sizes.decode_tokens
+    engine_tokens_per_s(engine, [prompt], 4)  # warm-up
+    hf_tokens_per_s(hf, prompt, 4)
+    ours = max(engine_tokens_per_s(engine, [prompt], n) for _ in range(repeats))
+    theirs = max(hf_tokens_per_s(hf, prompt, n) for _ in range(repeats))
+    del hf
+    log(f"(a) batch-1 decode: engine {ours:.1f} tok/s, HF transformers generate {theirs:.1f} tok/s "
+        f"-> ratio {ours / theirs:.2f}x (target >= 2x: {_verdict(ours / theirs, 2.0)})")
+
+    bandwidth = measure_memory_bandwidth()
+    step_bytes = decode_weight_bytes(config, sizes.top_k)
+    achieved = step_bytes * ours
+    log(f"(b) weights read per decode step {step_bytes / 1e6:.1f} MB x {ours:.1f} steps/s = "
+        f"{achieved / 1e9:.2f} GB/s; measured memory bandwidth (1 GiB fp32 sum) {bandwidth / 1e9:.2f} GB/s "
+        f"-> fraction {achieved / bandwidth:.2f} (target >= 0.50: {_verdict(achieved / bandwidth, 0.5)})")
+
+    rates = {}
+    for streams in sizes.streams:
+        prompts = _prompts(streams, sizes.prompt_tokens, sizes.vocab, streams)
+        rates[streams] = max(engine_tokens_per_s(engine, prompts, n) for _ in range(repeats))
+    one = rates[min(rates)]
+    parts = ", ".join(f"{s} streams {r:.1f} tok/s ({r / one:.2f}x)" for s, r in rates.items())
+    top = rates[max(rates)] / one
+    log(f"(c) aggregate decode: {parts} -> {max(rates)} vs 1 stream ratio {top:.2f}x "
+        f"(target >= 6x: {_verdict(top, 6.0)})")
+
+
+def run_expert_count_bench(demo_dir: Path, data_dir: Path, log: Log, *, decode_tokens: int = 64,
+                           ppl_windows: int | None = 8, repeats: int = 3) -> None:
+    """Part (d): k=1 vs the trained k on the bundled demo model."""
+    if not (demo_dir / "config.json").is_file():
+        log(f"(d) skipped: no demo model at {demo_dir} (train it with `tiergate engine train`)")
+        return
+    engine = LLMEngine.from_dir(demo_dir, enable_prefix_caching=False)
+    trained = engine.default_experts_per_token
+    if trained is None or trained == 1:
+        log(f"(d) skipped: the demo model's trained k is {trained}; nothing to compare")
+        return
+    prompt = engine.tokenizer.encode_chat([{"role": "user", "content": "Explain why the sky is blue."}])
+    engine_tokens_per_s(engine, [prompt], 4, 1)
+    speed = {k: max(engine_tokens_per_s(engine, [prompt], decode_tokens, k) for _ in range(repeats))
+             for k in (1, trained)}
+    from engine.train import checkpoint_perplexity
+
+    if not data_dir.is_dir():
+        log(f"(d) perplexity skipped: no data folder at {data_dir}")
+        ppl: dict[int | None, float] = {}
+    else:
+        ppl = checkpoint_perplexity(demo_dir, data_dir, [1, trained], max_windows=ppl_windows)
+    ratio = speed[1] / speed[trained]
+    line = (f"(d) demo model k=1 {speed[1]:.1f} tok/s vs k={trained} {speed[trained]:.1f} tok/s "
+            f"-> speed ratio {ratio:.2f}x (target >= 1.5x: {_verdict(ratio, 1.5)})")
+    if ppl:
+        change = ppl[1] / ppl[trained] - 1
+        line += (f"; held-out perplexity k=1 {ppl[1]:.3f} vs k={trained} {ppl[trained]:.3f} -> "
+                 f"{100 * change:+.1f}% (target <= +10%: {_verdict(change, 0.10, higher=False)})")
+    log(line)
