@@ -154,13 +154,34 @@ def client_max_tokens(body: dict[str, Any]) -> int | None:
     return value
 
 
+PIPELINE_BLOCKERS: tuple[tuple[str, str], ...] = (
+    ("tools", "tools"), ("functions", "functions"), ("response_format", "response_format"),
+    ("logprobs", "logprobs"), ("audio", "audio"))
+
+
+def pipeline_blocker(body: dict[str, Any]) -> str | None:
+    """Why a request cannot run through the pipeline (its answer is composed text), if it cannot:
+    tool calls, structured output formats, logprobs, audio, or several choices."""
+    for key, name in PIPELINE_BLOCKERS:
+        value = body.get(key)
+        if value and not (key == "response_format" and isinstance(value, dict) and value.get("type") == "text"):
+            return name
+    if (body.get("n") or 1) != 1:
+        return "n > 1"
+    return None
+
+
 def plan_execution(settings: Settings, effort: EffortChoice, options: TiergateOptions,
-                   verbosity: Verbosity | None = None, client_max: int | None = None) -> ExecutionPlan:
-    """Map an effort decision onto direct / thinking / pipeline execution."""
+                   verbosity: Verbosity | None = None, client_max: int | None = None,
+                   blocker: str | None = None) -> ExecutionPlan:
+    """Map an effort decision onto direct / thinking / pipeline execution. A request the pipeline
+    cannot serve (``blocker``) gets a single thinking call instead, or a 400 if it forced the pipeline."""
     tier = effort.tier
+    if blocker is not None and options.pipeline == "on":
+        raise InvalidRequest(f"tiergate.pipeline=on cannot be combined with {blocker}", param="tiergate.pipeline")
     if options.pipeline == "on" and effort.source != "budget_cap":
         mode: ExecutionMode = "pipeline"
-    elif options.pipeline == "off" or tier not in PIPELINE_TIERS:
+    elif options.pipeline == "off" or tier not in PIPELINE_TIERS or blocker is not None:
         mode = "thinking" if tier_rank(tier) >= tier_rank("medium") else "direct"
     else:
         mode = "pipeline"
@@ -186,7 +207,7 @@ def resolve_execution(settings: Settings, body: dict[str, Any], classifier_tier:
     effort = decide_effort(body.get("reasoning_effort"), classifier_tier,
                            soft_budget_exceeded=soft_budget_exceeded, settings=settings)
     return plan_execution(settings, effort, parse_tiergate_options(body), parse_verbosity(body),
-                          client_max_tokens(body))
+                          client_max_tokens(body), pipeline_blocker(body))
 
 
 def direct_body(body: dict[str, Any], plan: ExecutionPlan) -> dict[str, Any]:

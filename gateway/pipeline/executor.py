@@ -33,6 +33,7 @@ from gateway.routing import (
     direct_body,
     parse_tiergate_options,
     parse_verbosity,
+    pipeline_blocker,
     plan_execution,
 )
 from gateway.settings import TIER_NAMES, Settings
@@ -66,7 +67,8 @@ class PipelineExecutor:
         req.tally.effort_source = effort.source
         if req.resolution.requested_model != AUTO_MODEL and options.pipeline == "auto":
             options = dataclasses.replace(options, pipeline="off")
-        return plan_execution(self.settings, effort, options, parse_verbosity(body), client_max_tokens(body))
+        return plan_execution(self.settings, effort, options, parse_verbosity(body), client_max_tokens(body),
+                              pipeline_blocker(body))
 
     def _direct_request(self, req: ResolvedRequest, ex: ExecutionPlan | None) -> ResolvedRequest:
         if ex is None or (req.resolution.requested_model != AUTO_MODEL and ex.capped_from is None):

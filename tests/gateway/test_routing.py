@@ -87,3 +87,16 @@ def test_direct_body_strips_gateway_fields_and_adds_thinking_budget() -> None:
 
 def test_tier_above() -> None:
     assert [tier_above(t) for t in ("low", "medium", "high", "xhigh")] == ["medium", "high", "xhigh", "xhigh"]
+
+
+def test_requests_the_pipeline_cannot_compose_get_one_thinking_call() -> None:
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {}}}]
+    ex = resolve_execution(S, {"messages": MSGS, "reasoning_effort": "high", "tools": tools}, None)
+    assert (ex.mode, ex.tier) == ("thinking", "high")
+    text = resolve_execution(S, {"messages": MSGS, "reasoning_effort": "high",
+                                 "response_format": {"type": "text"}}, None)
+    assert text.mode == "pipeline"
+    for extra in ({"tools": tools}, {"response_format": {"type": "json_object"}}, {"n": 2}, {"logprobs": True}):
+        with pytest.raises(InvalidRequest) as err:
+            resolve_execution(S, {"messages": MSGS, "tiergate": {"pipeline": "on"}, **extra}, None)
+        assert err.value.param == "tiergate.pipeline"
