@@ -42,7 +42,7 @@ from classifier.types import TIER_INDEX, TIERS, ClassifierError, FeatureVersionE
 @dataclass(frozen=True)
 class TrainConfig:
     c: float = 4.0  # inverse L2 strength of the tier head
-    ridge_alpha: float = 1.0
+    ridge_alpha: float = 3.0
     max_iter: int = 100
     tol: float = 1e-3
     cv_folds: int = 5

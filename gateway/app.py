@@ -68,12 +68,13 @@ async def _unexpected_error(_: Request, err: Exception) -> Response:
 
 
 def _routers(app: FastAPI) -> None:
-    from gateway.routes import budgets, chat, health, models
+    from gateway.routes import budgets, chat, feedback, health, models
 
     app.include_router(health.router)
     app.include_router(budgets.router)
     app.include_router(models.router)
     app.include_router(chat.router)
+    app.include_router(feedback.router)
 
 
 def create_app(settings: Settings, *, session_factory: Any = None, ledger: Any = None,
@@ -134,7 +135,13 @@ def create_app(settings: Settings, *, session_factory: Any = None, ledger: Any =
                                          soft_budget_exceeded=soft_budget,
                                          feedback_sink=FeedbackRecorder(sf, settings))
             execu = BudgetedExecutor(settings, execu, budget_rt.budgets, budget_rt.rate_limiter)
-            flow = ChatFlow(settings, execu, led, decide_auto=decide_auto)
+            decide = decide_auto
+            if decide is None:  # the classifier's Perceiver (hot-reloads its artifact); None without one
+                from gateway.perceive import build_perceiver
+
+                perceiver = await asyncio.to_thread(build_perceiver, settings)
+                decide = perceiver.decide if perceiver is not None else None
+            flow = ChatFlow(settings, execu, led, decide_auto=decide)
             app.state.tiergate = GatewayState(settings=settings, flow=flow, keys=keys, ledger=led,
                                               registry=reg, session_factory=sf, extras={"budgets": budget_rt})
             yield

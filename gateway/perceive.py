@@ -36,7 +36,7 @@ CURRENT_ARTIFACT_NAME = "effort.skops"
 TIER_SCORES: dict[str, float] = {"none": 0.05, "minimal": 0.15, "low": 0.25, "medium": 0.5, "high": 0.75,
                                  "xhigh": 0.95}
 
-__all__ = ["TIER_SCORES", "EffortDecision", "FeedbackRecorder", "Perceiver", "artifact_candidates",
+__all__ = ["TIER_SCORES", "EffortDecision", "FeedbackRecorder", "Perceiver", "artifact_candidates", "build_perceiver",
            "conversation_json", "feedback_examples", "record_verdict"]
 
 
@@ -158,6 +158,16 @@ class Perceiver:
         self._loaded = loaded
         log.info("classifier reloaded: %s -> %s (%s)", previous, loaded.model.version, path)
         return True
+
+
+def build_perceiver(settings: Settings) -> Perceiver | None:
+    """The gateway's Perceiver, or None when no artifact exists yet (``auto`` then falls back
+    to the default tier). An artifact that exists but fails verification raises."""
+    if not any(p.exists() for p in artifact_candidates(settings)):
+        log.warning("no classifier artifact at %s: model 'auto' uses the default tier",
+                    ", ".join(str(p) for p in artifact_candidates(settings)))
+        return None
+    return Perceiver.from_settings(settings)
 
 
 def conversation_json(messages: Sequence[dict[str, Any]]) -> str:

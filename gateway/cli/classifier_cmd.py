@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -228,33 +230,32 @@ def bench(config: Path | None = ConfigOption, data: Path | None = DataOption, ar
                f"p99 {pct(decide, .99) / pct(base, .99):.1f}x")
 
 
-@app.command()
-def update(config: Path | None = ConfigOption, data: Path | None = DataOption,
-           weight: float = typer.Option(5.0, help="Weight of one feedback example relative to a base one."),
-           cv: bool = typer.Option(False, "--cv/--no-cv", help="Re-run grouped CV (slow) for calibration."),
-           base: bool = typer.Option(True, "--base/--no-base", help="Include the shared-data base set.")) -> None:
-    """Refit with the stored feedback (weighted with the base data); write a new versioned
-    artifact that running gateways pick up without a restart."""
-    import shutil
+@dataclass(frozen=True)
+class UpdateOutcome:
+    version: str
+    parent: str | None
+    versioned_path: Path
+    live_path: Path
+    feedback_examples: int
+    skipped: int
+    n_examples: int
 
+
+def run_update(settings: Any, session_factory: Any, base_examples: list[Any], *, weight: float = 5.0,
+               cv: bool = False) -> UpdateOutcome | None:
+    """Refit on ``base_examples`` + the feedback rows; publish the new artifact where running
+    Perceivers look first. None when there is no usable feedback."""
     import classifier
-    from gateway.db.session import engine_from_settings, make_session_factory
     from gateway.perceive import CURRENT_ARTIFACT_NAME, artifact_candidates, feedback_examples
 
-    settings = _settings(config)
-    engine = engine_from_settings(settings)
-    try:
-        fb, skipped = feedback_examples(make_session_factory(engine), weight=weight)
-    finally:
-        engine.dispose()
+    fb, skipped = feedback_examples(session_factory, weight=weight)
     if not fb:
-        typer.echo(f"no usable feedback rows ({skipped} skipped); nothing to do")
-        raise typer.Exit(1)
-    examples = (classifier.build_dataset(_data_dir(settings, data)) if base else []) + fb
+        return None
     current = next((p for p in artifact_candidates(settings) if p.exists()), None)
     parent = classifier.read_metadata(current).get("version") if current else None
     out_dir = settings.resolve_path(settings.classifier.feedback_dir)
     staged = out_dir / "versions" / "staging.skops"
+    examples = [*base_examples, *fb]
     result = _train_and_save(examples, staged, dict(settings.classifier.target_mix), 5, cv,
                              {"parent_version": parent, "feedback_examples": len(fb), "feedback_weight": weight})
     version = result.model.version
@@ -263,11 +264,35 @@ def update(config: Path | None = ConfigOption, data: Path | None = DataOption,
     os.replace(classifier.metadata_path(staged), classifier.metadata_path(final))
     live = out_dir / CURRENT_ARTIFACT_NAME
     # The metadata first, then the .skops: a gateway that reloads between the two sees a hash
-    # mismatch, keeps its current model and retries at its next check.
+    # mismatch, keeps its current model and retries when the .skops changes.
     tmp = live.with_name(live.name + ".tmp")
     shutil.copyfile(classifier.metadata_path(final), tmp)
     os.replace(tmp, classifier.metadata_path(live))
     shutil.copyfile(final, tmp)
     os.replace(tmp, live)
-    typer.echo(f"wrote {final} and {live} ({version}; parent {parent}; {len(fb)} feedback examples, "
-               f"{skipped} skipped; {result.n_examples} examples in all)")
+    return UpdateOutcome(version, parent, final, live, len(fb), skipped, result.n_examples)
+
+
+@app.command()
+def update(config: Path | None = ConfigOption, data: Path | None = DataOption,
+           weight: float = typer.Option(5.0, help="Weight of one feedback example relative to a base one."),
+           cv: bool = typer.Option(False, "--cv/--no-cv", help="Re-run grouped CV (slow) for calibration."),
+           base: bool = typer.Option(True, "--base/--no-base", help="Include the shared-data base set.")) -> None:
+    """Refit with the stored feedback (weighted with the base data); write a new versioned
+    artifact that running gateways pick up without a restart."""
+    import classifier
+    from gateway.db.session import engine_from_settings, make_session_factory
+
+    settings = _settings(config)
+    base_examples = classifier.build_dataset(_data_dir(settings, data)) if base else []
+    engine = engine_from_settings(settings)
+    try:
+        outcome = run_update(settings, make_session_factory(engine), base_examples, weight=weight, cv=cv)
+    finally:
+        engine.dispose()
+    if outcome is None:
+        typer.echo("no usable feedback rows; nothing to do")
+        raise typer.Exit(1)
+    typer.echo(f"wrote {outcome.versioned_path} and {outcome.live_path} ({outcome.version}; parent "
+               f"{outcome.parent}; {outcome.feedback_examples} feedback examples, {outcome.skipped} skipped; "
+               f"{outcome.n_examples} examples in all)")

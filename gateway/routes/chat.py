@@ -51,7 +51,11 @@ async def chat_completions(request: Request, state: GatewayState = Depends(gatew
     except orjson.JSONDecodeError:
         raise InvalidRequest("request body is not valid JSON") from None
     rr, req = state.flow.prepare(who, data)
-    headers = {"x-request-id": rr.request_id, "x-tiergate-tier": rr.resolution.tier}
+    headers = {"x-request-id": rr.request_id, "x-tiergate-tier": rr.resolution.tier,
+               "x-tiergate-effort-source": rr.resolution.effort_source}
+    if rr.resolution.classifier_score is not None:  # the classifier decided: say how and which version
+        headers["x-tiergate-effort-score"] = f"{rr.resolution.classifier_score:.4f}"
+        headers["x-tiergate-classifier-version"] = str(rr.resolution.classifier_version)
     if req.stream:
         stream = await state.flow.open_stream(rr, req.include_usage)
         headers.update(rr.tally.response_headers)

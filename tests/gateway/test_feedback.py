@@ -1,0 +1,116 @@
+"""POST /v1/feedback through the real app, and the classifier deciding ``model: auto`` inside it
+(lifespan builds the Perceiver from the artifact next to the config)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+
+from classifier import TrainConfig, save_artifact, train
+from gateway.db.models import Feedback, Tenant
+from gateway.perceive import artifact_candidates
+from tests.classifier.synthetic import prompts_of, tiny_dataset
+from tests.gateway.gateway_harness import Gateway, gateway
+from tests.gateway.scripted_upstream import UPSTREAM_KEY, UPSTREAM_KEY_ENV, ScriptedUpstream
+
+MSGS = [{"role": "user", "content": prompts_of(3, 1)[0]}]  # an olympiad-style prompt
+
+
+@pytest.fixture
+def upstream(monkeypatch: pytest.MonkeyPatch) -> Iterator[ScriptedUpstream]:
+    monkeypatch.setenv(UPSTREAM_KEY_ENV, UPSTREAM_KEY)
+    with ScriptedUpstream() as up:
+        yield up
+
+
+@pytest.fixture(scope="module")
+def artifact(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("art") / "effort.skops"
+    result = train(tiny_dataset(), TrainConfig(), cv=False, version="effort-feedback-test")
+    save_artifact(result.model, path, data_hash=result.data_hash)
+    return path
+
+
+async def _request(gw: Gateway, model: str = "low", **extra: object) -> str:
+    r = await gw.client.post("/v1/chat/completions", headers=gw.auth,
+                             json={"model": model, "messages": MSGS, **extra})
+    assert r.status_code == 200, r.text
+    return str(r.json()["id"])
+
+
+def _rows(gw: Gateway) -> list[Feedback]:
+    with gw.session_factory() as s:
+        return list(s.scalars(sa.select(Feedback).order_by(Feedback.created_at)))
+
+
+async def test_feedback_stores_label_and_features_not_text(tmp_path: Path, upstream: ScriptedUpstream) -> None:
+    async with gateway(tmp_path, upstream) as gw:
+        rid = await _request(gw, "low")
+        r = await gw.client.post("/v1/feedback", headers=gw.auth,
+                                 json={"request_id": rid, "rating": "bad", "messages": MSGS})
+        assert r.status_code == 200, r.text
+        body = r.json()
+        assert body["object"] == "feedback" and body["label_tier"] == "medium" and body["stored"] == "features"
+        (row,) = _rows(gw)
+        assert (row.request_id, row.tenant_id, row.label_tier, row.source) == (rid, gw.tenant_id, "medium", "user")
+        assert row.prompt_text is None and row.features["v"] and row.score == 0.5
+        r = await gw.client.post("/v1/feedback", headers=gw.auth, json={"request_id": rid, "rating": "good"})
+        assert r.json()["label_tier"] == "low" and r.json()["stored"] == "label"
+
+
+async def test_feedback_stores_text_when_tenant_allows(tmp_path: Path, upstream: ScriptedUpstream) -> None:
+    async with gateway(tmp_path, upstream) as gw:
+        with gw.session_factory() as s, s.begin():
+            s.execute(sa.update(Tenant).where(Tenant.id == gw.tenant_id).values(allow_prompt_storage=True))
+        gw.app.state.tiergate.keys.clear()  # drop the cached principal so the new flag is seen
+        rid = await _request(gw, "low")
+        r = await gw.client.post("/v1/feedback", headers=gw.auth,
+                                 json={"request_id": rid, "label_tier": "xhigh", "score": 0.9, "prompt": "hard one"})
+        assert r.status_code == 200, r.text
+        assert r.json()["stored"] == "text"
+        (row,) = _rows(gw)
+        assert "hard one" in row.prompt_text and row.score == 0.9 and row.label_tier == "xhigh"
+
+
+async def test_feedback_errors(tmp_path: Path, upstream: ScriptedUpstream) -> None:
+    async with gateway(tmp_path, upstream) as gw:
+        rid = await _request(gw)
+        r = await gw.client.post("/v1/feedback", headers=gw.auth, json={"request_id": "chatcmpl-nope", "rating": "bad"})
+        assert r.status_code == 404 and r.json()["error"]["param"] == "request_id"
+        r = await gw.client.post("/v1/feedback", headers=gw.auth, json={"request_id": rid})
+        assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
+        r = await gw.client.post("/v1/feedback", headers=gw.auth, json={"request_id": rid, "label_tier": "huge"})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "label_tier"
+        r = await gw.client.post("/v1/feedback", headers=gw.auth, content=b"{not json")
+        assert r.status_code == 400
+        r = await gw.client.post("/v1/feedback", json={"request_id": rid, "rating": "bad"})
+        assert r.status_code == 401
+        assert _rows(gw) == []
+
+
+async def test_auto_is_decided_by_the_classifier_and_recorded(tmp_path: Path, upstream: ScriptedUpstream,
+                                                             artifact: Path) -> None:
+    live = tmp_path / "classifier" / "artifacts" / "effort.skops"
+    live.parent.mkdir(parents=True)
+    live.write_bytes(artifact.read_bytes())
+    live.with_suffix(".json").write_bytes(artifact.with_suffix(".json").read_bytes())
+    async with gateway(tmp_path, upstream) as gw:
+        assert artifact_candidates(gw.settings)[1] == live
+        r = await gw.client.post("/v1/chat/completions", headers=gw.auth, json={"model": "auto", "messages": MSGS})
+        assert r.status_code == 200, r.text
+        assert r.headers["x-tiergate-effort-source"] == "classifier"
+        assert r.headers["x-tiergate-classifier-version"] == "effort-feedback-test"
+        score = float(r.headers["x-tiergate-effort-score"])
+        r2 = await gw.client.post("/v1/chat/completions", headers=gw.auth,
+                                  json={"model": "auto", "messages": MSGS, "reasoning_effort": "minimal"})
+        assert r2.headers["x-tiergate-tier"] == "minimal" and r2.headers["x-tiergate-effort-source"] == "client"
+        assert "x-tiergate-classifier-version" not in r2.headers
+        rows = {row.id: row for row in gw.request_rows()}
+        row = rows[r.json()["id"]]
+        assert (row.effort_source, row.classifier_version) == ("classifier", "effort-feedback-test")
+        assert row.classifier_score == pytest.approx(score, abs=1e-4)
+        assert row.tier in ("medium", "high", "xhigh")  # the olympiad prompt is not sent to the cheap tiers
+        assert rows[r2.json()["id"]].effort_source == "client"
