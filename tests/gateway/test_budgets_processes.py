@@ -1,0 +1,251 @@
+"""Budgets and rate limits across two real gateway processes (`tiergate serve`) sharing one
+PostgreSQL database and one Redis: the 64-vs-10 concurrency test, a rate limit shared by both,
+and kill -9 of one process under load (no lost or double-counted ledger row, stale
+reservations released after the lease, ledger == Redis counter == upstream usage × price)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import sqlalchemy as sa
+import yaml
+from redis.asyncio import Redis
+
+from gateway.auth import generate_key, hash_key
+from gateway.budgets import put_policy, to_nanos, window_for
+from gateway.budgets.redis_backend import RedisCounters
+from gateway.db.models import LedgerEntryRow
+from gateway.db.queries import add_api_key, create_tenant
+from tests.gateway.budgets_support import migrated_db
+from tests.gateway.scripted_upstream import (
+    UPSTREAM_KEY,
+    UPSTREAM_KEY_ENV,
+    Behaviour,
+    ScriptedUpstream,
+    config_for,
+)
+
+pytestmark = [pytest.mark.postgres, pytest.mark.redis, pytest.mark.slow]
+BODY = {"model": "low", "messages": [{"role": "user", "content": "one two three four"}], "max_tokens": 4}
+COST = Decimal(11 * 1 + 4 * 2) / Decimal(10**6)  # 11 prompt tokens at $1/M + 4 completion at $2/M
+LEASE_S = 2.0
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Cluster:
+    """Two `tiergate serve` processes, each with its own config file and journal."""
+
+    def __init__(self, tmp: Path, upstream: ScriptedUpstream, pg_url: str, redis_url: str, prefix: str) -> None:
+        self.tmp, self.redis_url = tmp, redis_url
+        self.ports = [_free_port(), _free_port()]
+        self.procs: list[subprocess.Popen[bytes] | None] = [None, None]
+        self.configs = []
+        for i in range(2):
+            cfg: dict[str, Any] = config_for(upstream.base_url, db_url=pg_url, journal_dir=f"journal{i}")
+            cfg["redis"] = {"url_env": "TIERGATE_TEST_BUDGET_REDIS_URL", "key_prefix": prefix}
+            cfg["budgets"] = {"reservation_lease_s": LEASE_S}
+            path = tmp / f"config{i}.yaml"
+            path.write_text(yaml.safe_dump(cfg))
+            self.configs.append(path)
+
+    def start(self, *which: int) -> None:
+        """Launch the given processes at once, then wait until each answers /readyz."""
+        for i in which:
+            env = {**os.environ, "TIERGATE_CONFIG": str(self.configs[i]),
+                   "TIERGATE_TEST_BUDGET_REDIS_URL": self.redis_url}
+            log = self.tmp / f"serve{i}.log"
+            self.procs[i] = subprocess.Popen(
+                [sys.executable, "-c", "from gateway.cli import main; main()", "serve",
+                 "--config", str(self.configs[i]), "--port", str(self.ports[i])],
+                env=env, stdout=log.open("ab"), stderr=subprocess.STDOUT)
+        for i in which:
+            self._wait_ready(i)
+
+    def _wait_ready(self, i: int) -> None:
+        proc, log = self.procs[i], self.tmp / f"serve{i}.log"
+        assert proc is not None
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            assert proc.poll() is None, log.read_text()[-3000:]
+            try:
+                if httpx.get(f"http://127.0.0.1:{self.ports[i]}/readyz", timeout=1).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        raise AssertionError("gateway did not become ready:\n" + log.read_text()[-3000:])
+
+    def kill(self, i: int) -> None:
+        proc = self.procs[i]
+        if proc is not None and proc.poll() is None:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(10)
+
+    def stop(self) -> None:
+        for p in self.procs:
+            if p is not None and p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+                try:
+                    p.wait(20)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+
+    def url(self, i: int) -> str:
+        return f"http://127.0.0.1:{self.ports[i]}/v1/chat/completions"
+
+
+@pytest.fixture
+def upstream(monkeypatch: pytest.MonkeyPatch) -> Iterator[ScriptedUpstream]:
+    monkeypatch.setenv(UPSTREAM_KEY_ENV, UPSTREAM_KEY)
+    with ScriptedUpstream() as up:
+        yield up
+
+
+def _tenant(sf: Any, name: str, **policy: Any) -> tuple[str, str]:
+    raw = generate_key()
+    with sf() as s, s.begin():
+        tenant = create_tenant(s, name)
+        add_api_key(s, tenant.id, raw, hash_key(raw))
+        if policy:
+            put_policy(s, scope="tenant", tenant_id=tenant.id, **policy)
+        return tenant.id, raw
+
+
+def _ledger(sf: Any, tenant_id: str) -> list[LedgerEntryRow]:
+    with sf() as s:
+        return list(s.scalars(sa.select(LedgerEntryRow).where(LedgerEntryRow.tenant_id == tenant_id)))
+
+
+def _wait_rows(sf: Any, tenant_id: str, n: int, timeout: float = 20) -> list[LedgerEntryRow]:
+    deadline = time.monotonic() + timeout
+    while True:
+        rows = _ledger(sf, tenant_id)
+        if len(rows) >= n or time.monotonic() > deadline:
+            return rows
+        time.sleep(0.05)
+
+
+async def _post(client: httpx.AsyncClient, url: str, key: str) -> tuple[int, dict[str, Any], httpx.Headers]:
+    r = await client.post(url, json=BODY, headers={"Authorization": f"Bearer {key}"})
+    return r.status_code, r.json(), r.headers
+
+
+def test_two_processes_share_budget_and_rate_limit(tmp_path: Path, upstream: ScriptedUpstream, postgres_url: str,
+                                                   redis_url: str, redis_prefix: str) -> None:
+    sf = migrated_db(postgres_url)
+    budget_tenant, budget_key = _tenant(sf, "budgeted", period="day", limit_usd=COST * Decimal("10.5"))
+    rl_tenant, rl_key = _tenant(sf, "limited", requests_per_min=10)
+    cluster = Cluster(tmp_path, upstream, postgres_url, redis_url, redis_prefix)
+    try:
+        cluster.start(0, 1)
+
+        async def scenario() -> tuple[list[Any], list[Any], list[Any]]:
+            async with httpx.AsyncClient(timeout=30, limits=httpx.Limits(max_connections=128)) as c:
+                burst = await asyncio.gather(*(_post(c, cluster.url(i % 2), budget_key) for i in range(64)))
+                after = [await _post(c, cluster.url(i % 2), budget_key) for i in range(4)]
+                limited = [await _post(c, cluster.url(i % 2), rl_key) for i in range(30)]
+                return burst, after, limited
+
+        burst, after, limited = asyncio.run(scenario())
+        codes = [r[0] for r in burst]
+        assert codes.count(200) == 10 and codes.count(429) == 54, codes
+        assert {r[1]["error"]["code"] for r in burst if r[0] == 429} == {"budget_exceeded"}
+        assert {r[0] for r in after} == {429}  # denied stays denied, on both processes
+        rows = _wait_rows(sf, budget_tenant, 10)
+        assert len(rows) == 10 and sum((r.cost_usd for r in rows), Decimal(0)) == 10 * COST
+
+        assert [r[0] for r in limited].count(200) == 10  # 10/min for the tenant, not per process
+        refused = [r for r in limited if r[0] == 429]
+        assert len(refused) == 20 and all(r[1]["error"]["code"] == "rate_limit_exceeded" for r in refused)
+        assert all(1 <= int(r[2]["retry-after"]) <= 60 for r in refused)
+        assert len(_wait_rows(sf, rl_tenant, 10)) == 10
+    finally:
+        cluster.stop()
+
+
+def test_kill9_under_load_loses_nothing_and_counts_once(tmp_path: Path, upstream: ScriptedUpstream,
+                                                        postgres_url: str, redis_url: str, redis_prefix: str) -> None:
+    sf = migrated_db(postgres_url)
+    tenant, key = _tenant(sf, "busy", period="month", limit_usd=Decimal(1))
+    upstream.push(*[Behaviour(hang_s=0.05)] * 2000)  # upstream calls take a while: some are in flight
+    cluster = Cluster(tmp_path, upstream, postgres_url, redis_url, redis_prefix)
+    results: list[tuple[int, dict[str, Any]]] = []
+    try:
+        cluster.start(0, 1)
+
+        async def load(stop_at: float, i: int) -> None:
+            async with httpx.AsyncClient(timeout=30) as c:
+                while time.monotonic() < stop_at:
+                    try:
+                        code, body, _ = await _post(c, cluster.url(i % 2), key)
+                        results.append((code, body))
+                    except httpx.HTTPError:
+                        results.append((-1, {}))
+                        await asyncio.sleep(0.05)
+
+        async def scenario() -> None:
+            end = time.monotonic() + 4.0
+            workers = [asyncio.create_task(load(end, i)) for i in range(16)]
+            await asyncio.sleep(1.5)
+            await asyncio.to_thread(cluster.kill, 0)  # kill -9 mid-load
+            await asyncio.gather(*workers)
+
+        asyncio.run(scenario())
+        cluster.start(0)  # restart: replays its journal
+    finally:
+        cluster.stop()
+
+    ok = [body for code, body in results if code == 200]
+    assert len(ok) > 20 and any(code == -1 for code, _ in results)  # real load, and the kill cut requests
+    calls = len(upstream.requests)
+    rows = _wait_rows(sf, tenant, calls, timeout=5)
+    by_request: dict[str, list[LedgerEntryRow]] = {}
+    for row in rows:
+        by_request.setdefault(row.request_id, []).append(row)
+    # No lost row: every answered request is in the ledger with exactly the usage it reported.
+    for body in ok:
+        [row] = by_request[body["id"]]
+        assert (row.prompt_tokens, row.completion_tokens) == (body["usage"]["prompt_tokens"],
+                                                              body["usage"]["completion_tokens"])
+    # No double count: at most one row per upstream call, one call per request here.
+    assert len(rows) <= calls and all(len(v) == 1 for v in by_request.values())
+    ledger_total = sum((r.cost_usd for r in rows), Decimal(0))
+    usage_total = sum((Decimal(r.prompt_tokens * 1 + r.completion_tokens * 2) / 10**6 for r in rows), Decimal(0))
+    assert ledger_total == usage_total == COST * len(rows)
+
+    async def counters() -> tuple[int, int]:
+        client = Redis.from_url(redis_url)
+        try:
+            await asyncio.sleep(LEASE_S + 0.5)  # the dead process's holds outlive it by one lease
+            rc = RedisCounters(client, sf, prefix=redis_prefix, log_window_ms=1000, reconcile_interval_s=0)
+            await rc.reconcile()
+            month = window_for("month", datetime.now(UTC))
+            spent, held = await client.hmget(f"{redis_prefix}budget:tenant:{tenant}|{month.key}", "spent", "held")
+            return int(spent), int(held)
+        finally:
+            async for k in client.scan_iter(match=redis_prefix + "*"):
+                await client.delete(k)
+            await client.aclose()
+
+    spent, held = asyncio.run(counters())
+    print(f"kill9: {len(results)} requests, {len(ok)} answered, {calls} upstream calls, {len(rows)} ledger rows")
+    assert held == 0  # stale reservations released after the lease
+    assert spent == to_nanos(ledger_total)  # counter == sum(ledger) == usage × price, to the nano-dollar
