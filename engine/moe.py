@@ -35,7 +35,8 @@ def resolve_experts_per_token(
     """Validate a per-request/per-token expert count; raises ValueError outside 1..num_experts."""
     if value is None:
         return ExpertCount(default)
-    if isinstance(value, int):
+    if not isinstance(value, torch.Tensor):
+        value = int(value)  # plain ints, numpy integers
         if not 1 <= value <= num_experts:
             raise ValueError(f"experts_per_token must be between 1 and {num_experts}, got {value}")
         return ExpertCount(value)
