@@ -78,3 +78,20 @@ def engine_bench(
         run_random_moe_bench(sizes, typer.echo, repeats=repeats)
     run_expert_count_bench(Path(demo), Path(data_dir), typer.echo, decode_tokens=sizes.decode_tokens * 2,
                            ppl_windows=ppl_windows, repeats=repeats)
+
+
+@app.command("ledger-pg")
+def ledger_pg_bench(
+    postgres_url: str = typer.Option("postgresql+psycopg://postgres@127.0.0.1:5432/test", envvar="TIERGATE_BENCH_POSTGRES_URL",
+                                     help="A PostgreSQL database to connect to; a temporary database is created beside it and dropped."),
+    requests: int = typer.Option(2000, help="chat requests per phase"),
+    concurrency: int = typer.Option(32),
+    upstream_ms: float = typer.Option(20.0, help="simulated upstream latency per call"),
+    extra_rows_per_s: float = typer.Option(2500.0, help="extra ledger rows/s recorded while serving"),
+    seed_rows: int = typer.Option(1_000_000, help="ledger rows seeded before timing the spend summary"),
+) -> None:
+    """Ledger rows/s into PostgreSQL while serving (p99 vs ledger off) and spend-summary latency."""
+    from gateway.cli.bench_ledger_pg import run
+
+    for line in run(postgres_url, requests, concurrency, upstream_ms, extra_rows_per_s, seed_rows):
+        typer.echo(line)

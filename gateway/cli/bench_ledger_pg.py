@@ -1,0 +1,267 @@
+"""`tiergate bench ledger-pg`: the ledger at scale on PostgreSQL, ratios measured in one run.
+
+Part 1, serving. The real app (create_app: auth, budgets, chat flow, direct executor) answers
+chat requests from an in-process upstream that sleeps ``--upstream-ms`` per call, in two
+phases with the same workload: *baseline* with a ledger that drops every record, then
+*ledger on* with the real journaled ``Ledger`` writing to PostgreSQL while a background
+writer adds ``--extra-rows-per-s`` more entries (standing in for other replicas and
+pipeline stages). Printed: ledger rows/s committed to PostgreSQL during the run, and the
+request p50/p99 of both phases with their ratio (target: ≥ 2,000 rows/s, p99 ratio ≤ 1.10).
+
+Part 2, reading spend. ``--seed-rows`` ledger rows are COPYed into the temp database and
+``daily_spend`` is built from them; then the spend summary (one tenant, 30 days, by day,
+model and tier, from daily_spend) is timed against the same summary computed from the raw
+ledger (target: ≤ 200 ms). Everything runs in a temporary database that is dropped after.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import tempfile
+import threading
+import time
+import uuid
+from datetime import UTC, date, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+
+SUMMARY_DAYS = 30
+
+
+class NullLedger:
+    """The baseline: a ledger that keeps nothing."""
+
+    def record(self, entry: Any) -> None:
+        pass
+
+    def record_request(self, rec: Any) -> None:
+        pass
+
+    async def wait_durable(self) -> None:
+        pass
+
+
+class SleepingUpstream:
+    """An in-process ChatProvider: answers after ``delay_s`` with fixed usage."""
+
+    def __init__(self, delay_s: float) -> None:
+        self.delay_s = delay_s
+
+    async def complete(self, model: Any, body: dict[str, Any], options: Any = None) -> dict[str, Any]:
+        await asyncio.sleep(self.delay_s)
+        return {"id": "up", "object": "chat.completion", "created": int(time.time()), "model": model.model,
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"},
+                             "finish_reason": "stop"}],
+                "usage": {"prompt_tokens": 20, "completion_tokens": 5, "total_tokens": 25}}
+
+    def stream(self, model: Any, body: dict[str, Any], options: Any = None) -> Any:
+        raise NotImplementedError("the bench does not stream")
+
+    async def aclose(self) -> None:
+        pass
+
+
+def _settings(workdir: Path, db_url: str) -> Any:
+    from gateway.settings import settings_from_dict
+
+    model = {"provider": "local", "model": "bench", "price": {"input": 0.5, "output": 1.5}}
+    return settings_from_dict({
+        "database": {"url_env": "TIERGATE_BENCH_UNSET_DB_URL", "default_url": db_url},
+        "redis": {"url_env": "TIERGATE_BENCH_UNSET_REDIS_URL"},
+        "models": {"bench": model},
+        "tiers": {t: {"model": "bench"} for t in ("none", "minimal", "low", "medium", "high", "xhigh")},
+    }, base_dir=workdir)
+
+
+def _pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+async def _serve_phase(app: Any, key: str, n: int, concurrency: int) -> list[float]:
+    import httpx
+
+    body = {"model": "low", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 5}
+    latencies: list[float] = []
+    queue = list(range(n))
+    async with app.router.lifespan_context(app), httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app), base_url="http://bench") as client:
+        async def worker() -> None:
+            while queue:
+                queue.pop()
+                t0 = time.perf_counter()
+                r = await client.post("/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {key}"})
+                latencies.append(time.perf_counter() - t0)
+                if r.status_code != 200:
+                    raise RuntimeError(f"bench request failed: {r.status_code} {r.text[:200]}")
+
+        for _ in range(20):  # warm-up
+            await client.post("/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {key}"})
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return latencies
+
+
+def _extra_writer(ledger: Any, rate: float, stop: threading.Event) -> None:
+    from gateway.ledger import LedgerEntry, new_entry_id
+    from gateway.providers.base import Usage
+
+    t0, sent = time.perf_counter(), 0
+    while not stop.is_set():
+        due = int((time.perf_counter() - t0) * rate)
+        for _ in range(due - sent):
+            ledger.record(LedgerEntry(new_entry_id(), "req_bench_extra", "bench-extra", None, "execute", "low",
+                                      "bench", Usage(100, 20), 0.0001, 0.001))
+        sent = max(sent, due)
+        time.sleep(0.005)
+
+
+def run_serving(url: str, workdir: Path, n: int, concurrency: int, upstream_ms: float,
+                extra_rows_per_s: float) -> dict[str, float]:
+    from gateway.app import create_app
+    from gateway.auth import KeyStore, generate_key, hash_key
+    from gateway.db.models import LedgerEntryRow
+    from gateway.db.queries import add_api_key, create_tenant
+    from gateway.db.session import make_engine, make_session_factory
+    from gateway.ledger import Ledger
+
+    settings = _settings(workdir, url)
+    engine = make_engine(url, pool_size=10)
+    sf = make_session_factory(engine)
+    raw = generate_key()
+    with sf() as s, s.begin():
+        tenant = create_tenant(s, "bench")
+        add_api_key(s, tenant.id, raw, hash_key(raw))
+    upstream = SleepingUpstream(upstream_ms / 1000)
+
+    def app_with(ledger: Any) -> Any:
+        return create_app(settings, session_factory=sf, ledger=ledger, key_store=KeyStore(sf),
+                          local_provider=upstream)
+
+    base = asyncio.run(_serve_phase(app_with(NullLedger()), raw, n, concurrency))
+    ledger = Ledger(sf, workdir / "journal", flush_interval_ms=50, batch_size=500)
+    ledger.start()
+    stop = threading.Event()
+    writer = threading.Thread(target=_extra_writer, args=(ledger, extra_rows_per_s, stop), daemon=True)
+    with sf() as s:
+        before = s.scalar(sa.select(sa.func.count()).select_from(LedgerEntryRow)) or 0
+    t0 = time.perf_counter()
+    writer.start()
+    on = asyncio.run(_serve_phase(app_with(ledger), raw, n, concurrency))
+    stop.set()
+    writer.join()
+    serve_s = time.perf_counter() - t0
+    assert ledger.flush(120), "ledger did not drain"
+    drained_s = time.perf_counter() - t0
+    ledger.stop()
+    with sf() as s:
+        rows = (s.scalar(sa.select(sa.func.count()).select_from(LedgerEntryRow)) or 0) - before
+    engine.dispose()
+    return {"rows": rows, "serve_s": serve_s, "drained_s": drained_s, "rows_per_s": rows / drained_s,
+            "base_p50_ms": statistics.median(base) * 1000, "base_p99_ms": _pct(base, 0.99) * 1000,
+            "on_p50_ms": statistics.median(on) * 1000, "on_p99_ms": _pct(on, 0.99) * 1000,
+            "requests": n}
+
+
+def seed_ledger(url: str, rows: int, tenants: int = 50, days: int = 90) -> float:
+    """COPY ``rows`` ledger rows (spread over tenants and days), then build daily_spend. Seconds."""
+    import psycopg
+
+    t0 = time.perf_counter()
+    dsn = sa.engine.make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+    start = datetime.now(UTC) - timedelta(days=days)
+    models = ("bench-a", "bench-b")
+    tiers = ("low", "medium", "high")
+    with psycopg.connect(dsn) as conn, conn.cursor() as cur:
+        with cur.copy("COPY ledger_entries (id, request_id, tenant_id, key_id, stage, tier, model, prompt_tokens, "
+                      "cached_tokens, completion_tokens, reasoning_tokens, cost_usd, baseline_cost_usd, status, "
+                      "created_at) FROM STDIN") as copy:
+            for i in range(rows):
+                ts = start + timedelta(seconds=(i * 7919) % (days * 86400))
+                copy.write_row((uuid.uuid4().hex, f"req_{i}", f"tenant-{i % tenants}", f"key-{i % (tenants * 3)}",
+                                "direct", tiers[i % 3], models[i % 2], 100 + i % 50, 0, 20 + i % 10, 0,
+                                f"0.000{100 + i % 900}", "0.001000000", "ok", ts))
+        cur.execute(
+            "INSERT INTO daily_spend (tenant_id, day, model, tier, requests, prompt_tokens, cached_tokens, "
+            "completion_tokens, reasoning_tokens, cost_usd, baseline_cost_usd) "
+            "SELECT tenant_id, (created_at AT TIME ZONE 'UTC')::date, model, tier, count(*), sum(prompt_tokens), "
+            "sum(cached_tokens), sum(completion_tokens), sum(reasoning_tokens), sum(cost_usd), "
+            "sum(baseline_cost_usd) FROM ledger_entries WHERE tenant_id LIKE 'tenant-%' GROUP BY 1, 2, 3, 4")
+        cur.execute("ANALYZE ledger_entries")
+        cur.execute("ANALYZE daily_spend")
+    return time.perf_counter() - t0
+
+
+_RAW_SUMMARY = sa.text(
+    "SELECT (created_at AT TIME ZONE 'UTC')::date AS day, model, tier, count(*), sum(prompt_tokens), "
+    "sum(completion_tokens), sum(cost_usd), sum(baseline_cost_usd) FROM ledger_entries "
+    "WHERE tenant_id = :tenant AND created_at >= :since AND created_at < :until GROUP BY 1, 2, 3 ORDER BY 1, 2, 3")
+
+
+def time_summaries(url: str, repeats: int = 50, tenants: int = 50) -> dict[str, float]:
+    from gateway.budgets import spend_summary
+    from gateway.db.session import make_engine, make_session_factory
+
+    engine = make_engine(url)
+    sf = make_session_factory(engine)
+    until = date.today() + timedelta(days=1)
+    since = until - timedelta(days=SUMMARY_DAYS)
+    fast: list[float] = []
+    raw: list[float] = []
+    with sf() as s:
+        for i in range(repeats):
+            tenant = f"tenant-{i % tenants}"
+            t0 = time.perf_counter()
+            a = spend_summary(s, tenant, since, until)
+            fast.append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            b = s.execute(_RAW_SUMMARY, {"tenant": tenant, "since": datetime.combine(since, datetime.min.time(), UTC),
+                                         "until": datetime.combine(until, datetime.min.time(), UTC)}).all()
+            raw.append(time.perf_counter() - t0)
+            if sum(r["cost_usd"] for r in a) != sum(r[6] for r in b):
+                raise RuntimeError("spend summary from daily_spend disagrees with the raw ledger")
+    engine.dispose()
+    return {"summary_p50_ms": statistics.median(fast) * 1000, "summary_p99_ms": _pct(fast, 0.99) * 1000,
+            "raw_p50_ms": statistics.median(raw) * 1000, "raw_p99_ms": _pct(raw, 0.99) * 1000}
+
+
+def run(admin_url: str, n: int, concurrency: int, upstream_ms: float, extra_rows_per_s: float,
+        seed_rows: int) -> list[str]:
+    """Create a temp database, run both parts, drop it; returns the report lines."""
+    from gateway.db.migrate import upgrade
+
+    name = f"tiergate_bench_{uuid.uuid4().hex[:10]}"
+    admin = sa.create_engine(admin_url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
+    url = admin_url.rsplit("/", 1)[0] + "/" + name
+    lines: list[str] = []
+    try:
+        upgrade(url)
+        with tempfile.TemporaryDirectory(prefix="tiergate-bench-ledger-pg-") as tmp:
+            r = run_serving(url, Path(tmp), n, concurrency, upstream_ms, extra_rows_per_s)
+        lines += [
+            f"serving: {r['requests']:.0f} chat requests x2 phases, concurrency {concurrency}, "
+            f"upstream {upstream_ms:g} ms, extra ledger load {extra_rows_per_s:g} rows/s",
+            f"  ledger rows committed to PostgreSQL: {r['rows']:.0f} in {r['drained_s']:.2f} s "
+            f"= {r['rows_per_s']:.0f} rows/s (target >= 2000)",
+            f"  request latency, ledger off (baseline): p50 {r['base_p50_ms']:.2f} ms  p99 {r['base_p99_ms']:.2f} ms",
+            f"  request latency, ledger on:             p50 {r['on_p50_ms']:.2f} ms  p99 {r['on_p99_ms']:.2f} ms",
+            f"  p99 ratio on/off: {r['on_p99_ms'] / r['base_p99_ms']:.3f} (target <= 1.10)",
+        ]
+        seconds = seed_ledger(url, seed_rows)
+        t = time_summaries(url)
+        lines += [
+            f"reading: {seed_rows} ledger rows seeded by COPY (+ daily_spend) in {seconds:.1f} s",
+            f"  spend summary (daily_spend, 1 tenant, {SUMMARY_DAYS} days): p50 {t['summary_p50_ms']:.2f} ms  "
+            f"p99 {t['summary_p99_ms']:.2f} ms (target <= 200 ms)",
+            f"  same summary from the raw ledger (baseline): p50 {t['raw_p50_ms']:.2f} ms  p99 {t['raw_p99_ms']:.2f} ms",
+            f"  speed-up vs raw ledger (p50): x{t['raw_p50_ms'] / t['summary_p50_ms']:.1f}",
+        ]
+    finally:
+        with admin.connect() as conn:
+            conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+    return lines
