@@ -3,6 +3,7 @@ paged, chunked, preempted and prefix-cached runs give the tokens of full recompu
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,15 @@ from engine.sampling import SamplingParams
 from tests.engine.hf_tiny import build_hf_model, save_hf_model
 
 PROMPTS = [[(7 * i + 3 * j) % 150 + 5 for j in range(3 + 5 * i)] for i in range(5)]  # 3..23 tokens
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread() -> Iterator[None]:
+    """Tiny matrices: thread wake-ups cost more than they save (and CI shares its cores)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")

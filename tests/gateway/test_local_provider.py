@@ -4,6 +4,7 @@ non-streamed answer, usage, logprobs, experts per token, errors, cancellation.""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,17 @@ from gateway.settings import ModelSettings
 from tests.gateway.tiny_local_model import write_tiny_model
 
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": [{"type": "text", "text": "Hi"}]}]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread() -> Iterator[None]:
+    """A tiny model: thread wake-ups cost more than they save (and CI shares its cores)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")
