@@ -87,10 +87,13 @@ class AlertNotifier:
     def observe(self, policy: BudgetPolicy, period_key: str, spent_nanos: int) -> None:
         if policy.limit_nanos is None or policy.limit_nanos <= 0:
             return
-        for t in policy.alert_thresholds:
+        thresholds = set(policy.alert_thresholds)
+        if policy.soft_limit_nanos is not None:  # crossing the soft limit always alerts
+            thresholds.add(round(policy.soft_limit_nanos / policy.limit_nanos, 3))
+        for t in sorted(thresholds):
             permille = round(t * 1000)
             mark = (policy.subject, period_key, permille)
-            if mark in self._seen or spent_nanos < policy.limit_nanos * t:
+            if t <= 0 or mark in self._seen or spent_nanos < policy.limit_nanos * t:
                 continue
             self._seen.add(mark)
             self._queue.put_nowait(Alert(uuid.uuid4().hex, policy.subject, policy.tenant_id, period_key, t,
@@ -152,3 +155,15 @@ class AlertNotifier:
             values["delivered_at"] = self._clock()
         with self._sf.begin() as session:
             session.execute(update(BudgetAlertRow).where(BudgetAlertRow.id == alert_id).values(**values))
+
+
+def recent_alerts(session: Session, tenant_id: str, limit: int = 100) -> list[dict[str, Any]]:
+    """A tenant's latest alerts (tenant- and key-level), newest first, for the admin views."""
+    from sqlalchemy import select
+
+    rows = session.scalars(select(BudgetAlertRow).where(BudgetAlertRow.tenant_id == tenant_id)
+                           .order_by(BudgetAlertRow.created_at.desc()).limit(limit))
+    return [{"id": r.id, "subject": r.subject, "period": r.period_key, "threshold": r.threshold_permille / 1000,
+             "spent_usd": float(r.spent_usd), "limit_usd": float(r.limit_usd),
+             "created_at": r.created_at.isoformat(), "delivered_at": r.delivered_at.isoformat() if r.delivered_at else None,
+             "attempts": r.attempts, "last_error": r.last_error} for r in rows]

@@ -2,7 +2,8 @@
 
 ``GET|PUT /admin/budgets/tenants/{tenant_id}`` and ``GET|PUT /admin/budgets/keys/{key_id}``:
 read a policy with its live status (spent, held, remaining, soft-limit state) or create /
-update it. Protected by the admin key: ``Authorization: Bearer <value of the environment
+update it; ``GET /admin/budgets/tenants/{tenant_id}/alerts``: the tenant's recorded threshold
+alerts (newest first) for the dashboard. Protected by the admin key: ``Authorization: Bearer <value of the environment
 variable named by server.admin_key_env>``; when that variable is unset every call is
 refused. Uses the ``BudgetRuntime`` the lifespan put in ``GatewayState.extras["budgets"]``.
 """
@@ -21,6 +22,7 @@ from fastapi import APIRouter, Depends, Request, Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from gateway.budgets import BudgetRuntime, put_policy, subject_of
+from gateway.budgets.alerts import recent_alerts
 from gateway.budgets.models import BudgetPolicyRow
 from gateway.budgets.policies import Scope
 from gateway.db.models import ApiKey, Tenant
@@ -140,3 +142,12 @@ async def show_key(key_id: str, state: GatewayState = Depends(gateway_state)) ->
 @router.put("/keys/{key_id}", dependencies=[Depends(require_admin)])
 async def set_key(key_id: str, update: BudgetUpdate, state: GatewayState = Depends(gateway_state)) -> Response:
     return await _update(state, "key", key_id, update)
+
+
+@router.get("/tenants/{tenant_id}/alerts", dependencies=[Depends(require_admin)])
+async def tenant_alerts(tenant_id: str, state: GatewayState = Depends(gateway_state)) -> Response:
+    def read() -> list[dict[str, Any]]:
+        with state.session_factory() as session:
+            return recent_alerts(session, tenant_id)
+
+    return Response(orjson.dumps({"data": await anyio.to_thread.run_sync(read)}), media_type="application/json")

@@ -57,6 +57,13 @@ async def test_64_concurrent_http_requests_against_budget_for_10(tmp_path: Path,
         assert len(rows) == 10 and sum((row.cost_usd for row in rows), Decimal(0)) == 10 * COST
         status = (await gw.client.get(f"/admin/budgets/tenants/{gw.tenant_id}", headers=admin)).json()["status"]
         assert Decimal(str(status["spent_usd"])) == 10 * COST and status["held_usd"] == 0
+        assert status["soft_exceeded"]  # 95% spent, past the default soft limit (80%)
+        for _ in range(100):  # alerts are recorded off the request path
+            alerts = (await gw.client.get(f"/admin/budgets/tenants/{gw.tenant_id}/alerts", headers=admin)).json()
+            if len(alerts["data"]) == 2:
+                break
+            await asyncio.sleep(0.05)
+        assert sorted(a["threshold"] for a in alerts["data"]) == [0.5, 0.8]  # once each, not 1.0
 
 
 async def test_admin_api_needs_the_admin_key(tmp_path: Path, upstream: ScriptedUpstream,
