@@ -129,7 +129,7 @@ class Tokenizer:
         try:
             return str(
                 self._compiled_template.render(
-                    messages=[dict(m) for m in messages],
+                    messages=[_alias_reasoning(m) for m in messages],
                     tools=tools,
                     documents=None,
                     add_generation_prompt=add_generation_prompt,
@@ -190,6 +190,17 @@ class IncrementalDetokenizer:
         self._prefix_offset = self._read_offset = len(self.ids)
         self.text += delta
         return delta
+
+
+_REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
+
+
+def _alias_reasoning(message: dict[str, Any]) -> dict[str, Any]:
+    """As transformers does: a message's reasoning is visible as `reasoning_content` and `thinking`."""
+    reasoning = next((message[k] for k in _REASONING_FIELDS if message.get(k) is not None), None)
+    if reasoning is None:
+        return dict(message)
+    return {"thinking": reasoning, **message, "reasoning_content": reasoning}
 
 
 def _read_json(path: Path) -> dict[str, Any]:

@@ -91,6 +91,23 @@ def test_tools_render_through_tojson(hf_dir: tuple[Any, Path]) -> None:
     assert "Wetter <heute>" in expected  # not HTML-escaped
 
 
+def test_reasoning_fields_are_aliased_like_transformers(hf_dir: tuple[Any, Path], tmp_path: Path) -> None:
+    from transformers import PreTrainedTokenizerFast
+
+    _, path = hf_dir
+    template = "{% for m in messages %}[{{ m.role }}|{{ m.reasoning_content }}|{{ m.content }}]{% endfor %}"
+    (tmp_path / "tokenizer.json").write_bytes((path / "tokenizer.json").read_bytes())
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"chat_template": template}))
+    messages = [
+        {"role": "user", "content": "q"},
+        {"role": "assistant", "content": "a", "reasoning": "because"},
+        {"role": "assistant", "content": "b", "thinking": "hmm"},
+    ]
+    expected = PreTrainedTokenizerFast.from_pretrained(tmp_path).apply_chat_template(messages, tokenize=False)
+    assert Tokenizer.from_dir(tmp_path).apply_chat_template(messages, add_generation_prompt=False) == expected
+    assert "because" in expected and "hmm" in expected
+
+
 def test_template_in_tokenizer_config_and_raise_exception(hf_dir: tuple[Any, Path], tmp_path: Path) -> None:
     _, path = hf_dir
     (tmp_path / "tokenizer.json").write_bytes((path / "tokenizer.json").read_bytes())
