@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
-from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
 
@@ -92,5 +91,3 @@ class SpendSource:
         return self._sf
 
 
-def now_utc() -> datetime:
-    return datetime.now(UTC)

@@ -78,3 +78,19 @@ async def test_admin_api_needs_the_admin_key(tmp_path: Path, upstream: ScriptedU
                                     headers={"Authorization": f"Bearer {ADMIN}"})).status_code == 404
         monkeypatch.delenv("TIERGATE_ADMIN_KEY")
         assert (await gw.client.get(url, headers={"Authorization": f"Bearer {ADMIN}"})).status_code == 403
+
+
+async def test_streams_settle_to_what_they_cost(tmp_path: Path, upstream: ScriptedUpstream) -> None:
+    async with gateway(tmp_path, upstream) as gw:
+        admin = {"Authorization": f"Bearer {ADMIN}"}
+        await gw.client.put(f"/admin/budgets/tenants/{gw.tenant_id}", headers=admin, json={"limit_usd": "1"})
+        async with gw.client.stream("POST", "/v1/chat/completions", headers=gw.auth,
+                                    json={**BODY, "stream": True}) as r:
+            assert r.status_code == 200
+            assert float(r.headers["x-tiergate-budget-remaining-usd"]) == pytest.approx(1 - float(COST))
+            text = "".join([line async for line in r.aiter_lines()])
+        assert "[DONE]" in text
+        status = (await gw.client.get(f"/admin/budgets/tenants/{gw.tenant_id}", headers=admin)).json()["status"]
+        rows = gw.ledger_rows()
+        assert len(rows) == 1 and Decimal(str(status["spent_usd"])) == rows[0].cost_usd == COST
+        assert status["held_usd"] == 0
