@@ -188,6 +188,7 @@ class BenchTotals:
     revisions: int = 0
     effort: Counter[str] = field(default_factory=Counter)
     cost_by_effort: Counter[str] = field(default_factory=Counter)
+    modes: Counter[tuple[str, str]] = field(default_factory=Counter)  # (source difficulty, mode)
 
 
 async def replay(items: list[WorkItem], decide: Decide | None, seed: int) -> BenchTotals:
@@ -218,6 +219,7 @@ async def replay(items: list[WorkItem], decide: Decide | None, seed: int) -> Ben
         totals.all_high += all_high
         totals.all_low += cost_for(settings, "low", "local-moe", Usage(prompt, ANSWER_TOKENS[item.difficulty]))[0]
         totals.effort[ex.effort] += 1
+        totals.modes[(item.difficulty, ex.mode)] += 1
         totals.cost_by_effort[ex.effort] += cost  # type: ignore[assignment]
     return totals
 
@@ -243,7 +245,11 @@ def report(totals: BenchTotals, *, n: int, mix: tuple[float, float, float], seed
         "pipeline requests only:     none",
         f"ledger baseline (same tokens at high price): ${totals.ledger_baseline:.4f}; pruned paths: "
         f"{totals.pruned_paths}; revise rounds: {totals.revisions}",
-        "quality is not measured by this benchmark.",
+        "routing by source difficulty: " + "; ".join(
+            f"{d}: " + ", ".join(f"{m} {totals.modes[(d, m)]}" for m in ("direct", "thinking", "pipeline"))
+            for d in ("easy", "medium", "hard")),
+        "quality is not measured by this benchmark (a hard prompt routed to a cheap tier saves money "
+        "and may lose quality).",
     ]
     return "\n".join(lines)
 
