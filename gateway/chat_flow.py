@@ -13,7 +13,6 @@ Imports schemas, resolve, execution, ledger entries, providers and settings; no 
 from __future__ import annotations
 
 import time
-import uuid
 from collections.abc import AsyncIterator
 from typing import Any, Protocol
 
@@ -21,6 +20,7 @@ import orjson
 
 from gateway.errors import GatewayError, InvalidRequest
 from gateway.execution import Executor, ResolvedRequest
+from gateway.ids import fast_id
 from gateway.ledger.entries import RequestRecord
 from gateway.providers.base import CallOptions
 from gateway.providers.metering import count_prompt_tokens
@@ -45,7 +45,7 @@ class RequestLedger(Protocol):
 
 
 def new_request_id() -> str:
-    return "chatcmpl-" + uuid.uuid4().hex
+    return "chatcmpl-" + fast_id()
 
 
 def _chars(messages: list[dict[str, Any]]) -> int:

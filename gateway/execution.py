@@ -16,7 +16,8 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from gateway.ledger.entries import LedgerEntry, new_entry_id
+from gateway.ids import fast_id
+from gateway.ledger.entries import LedgerEntry
 from gateway.ledger.pricing import cost_for, model_price
 from gateway.providers.base import CallOptions, Usage
 from gateway.providers.registry import ProviderRegistry
@@ -93,7 +94,7 @@ class DirectExecutor:
             tier = req.resolution.tier
             cost, baseline = cost_of(self.settings, tier, attempt.model_name, attempt.usage)
             self.ledger.record(LedgerEntry(
-                id=new_entry_id(), request_id=req.request_id, tenant_id=req.tenant_id, key_id=req.key_id,
+                id=fast_id(), request_id=req.request_id, tenant_id=req.tenant_id, key_id=req.key_id,
                 stage="direct", tier=tier, model=attempt.model_name, usage=attempt.usage, cost_usd=cost,
                 baseline_cost_usd=baseline, status=attempt.status))
             t = req.tally
