@@ -68,6 +68,8 @@ class AsyncLLMEngine:
         added: concurrent.futures.Future[str] = concurrent.futures.Future()
 
         def add() -> None:
+            if not added.set_running_or_notify_cancel():  # the caller gave up before we got here
+                return
             try:
                 self.engine.add_request(prompt_token_ids, params, experts_per_token, rid)
             except BaseException as err:
@@ -77,9 +79,9 @@ class AsyncLLMEngine:
             added.set_result(rid)
 
         self._submit(add)
-        await asyncio.wrap_future(added)
         finished = False
         try:
+            await asyncio.wrap_future(added)
             while True:
                 item = await stream.queue.get()
                 if isinstance(item, BaseException):
@@ -106,6 +108,8 @@ class AsyncLLMEngine:
         fut: concurrent.futures.Future[Any] = concurrent.futures.Future()
 
         def do() -> None:
+            if not fut.set_running_or_notify_cancel():
+                return
             try:
                 fut.set_result(fn(self.engine))
             except BaseException as err:
@@ -133,8 +137,7 @@ class AsyncLLMEngine:
     # -- engine thread ------------------------------------------------------------------------
     def _run(self) -> None:
         while not self._stopping:
-            while self._commands:
-                self._commands.popleft()()
+            self._run_commands()
             if not self.engine.has_unfinished_requests():
                 self._wake.wait()
                 self._wake.clear()
@@ -154,9 +157,15 @@ class AsyncLLMEngine:
                 if not stream.put(out) and not out.finished:
                     self._streams.pop(out.request_id, None)
                     self.engine.abort(out.request_id)
-        while self._commands:  # let late callers register, so they are failed rather than left waiting
-            self._commands.popleft()()
+        self._run_commands()  # let late callers register, so they are failed rather than left waiting
         self._fail_all(EngineDeadError("the engine was shut down"))
+
+    def _run_commands(self) -> None:
+        while self._commands:
+            try:
+                self._commands.popleft()()
+            except Exception:  # a command must never take the engine thread down
+                log.exception("engine command failed")
 
     def _fail_all(self, err: BaseException) -> None:
         for rid, stream in list(self._streams.items()):

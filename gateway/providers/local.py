@@ -113,15 +113,19 @@ class LocalEngineProvider:
             return {**head, "choices": [{"index": 0, "delta": delta, "logprobs": lp, "finish_reason": finish}]}
 
         outputs = _generate(engine, prompt, params, options)
+        loop = asyncio.get_running_loop()
+        deadline = None if options.timeout_s is None else loop.time() + options.timeout_s
+
+        async def next_output() -> RequestOutput | None:
+            try:
+                async with asyncio.timeout_at(deadline):  # one deadline for the whole answer
+                    return await anext(outputs, None)
+            except TimeoutError:
+                raise UpstreamTimeout("the local engine timed out") from None
+
         try:
-            async with asyncio.timeout(options.timeout_s):
-                first = await anext(outputs)  # validation errors surface before anything is sent
-        except TimeoutError:
-            await outputs.aclose()
-            raise UpstreamTimeout("the local engine timed out") from None
-        yield chunk({"role": "assistant", "content": ""})
-        out: RequestOutput | None = first
-        try:
+            out = await next_output()  # validation errors surface before anything is sent
+            yield chunk({"role": "assistant", "content": ""})
             while out is not None:
                 lps = out.new_logprobs if params.wants_logprobs else None
                 if out.new_text or lps:
@@ -130,7 +134,7 @@ class LocalEngineProvider:
                     yield chunk({}, out.finish_reason)
                     yield {**head, "choices": [], "usage": _usage(out).to_openai()}
                     return
-                out = await anext(outputs, None)
+                out = await next_output()
         finally:
             await outputs.aclose()
 

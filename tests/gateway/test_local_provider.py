@@ -207,3 +207,26 @@ def test_openai_sdk_streams_local_model_through_the_gateway(model_dir: Path, tmp
         assert sorted((r.model, r.completion_tokens) for r in rows) == [("local/tiny-moe", n) for n in expected]
     finally:
         ledger.stop()
+
+
+async def test_timeouts_abort_the_request(provider, model) -> None:
+    import time
+
+    from gateway.errors import UpstreamTimeout
+
+    engine: AsyncLLMEngine = await provider.engine_for(model)
+
+    def stall() -> asyncio.Future:  # keep the engine thread busy so the deadline surely passes
+        return asyncio.ensure_future(engine.run_on_engine_thread(lambda e: time.sleep(0.4)))
+
+    blocker = stall()
+    with pytest.raises(UpstreamTimeout):
+        async for _ in provider.stream(model, BODY, CallOptions(timeout_s=0.1)):
+            pass
+    await blocker
+    blocker = stall()
+    with pytest.raises(UpstreamTimeout):
+        await provider.complete(model, BODY, CallOptions(timeout_s=0.1))
+    await blocker
+    assert await engine.run_on_engine_thread(lambda e: (e.num_unfinished_requests, e.allocator.num_free)) == (
+        0, engine.engine.allocator.num_blocks)
