@@ -100,7 +100,8 @@ class ChatFlow:
             error_code=error_code, latency_ms=round((time.perf_counter() - rr.started) * 1000, 3),
             prompt_tokens=t.usage.prompt_tokens, completion_tokens=t.usage.completion_tokens,
             cost_usd=t.cost_usd, baseline_cost_usd=t.baseline_cost_usd))
-        await self.ledger.wait_durable()  # this record and every call row before it: fsync'd
+        if self.settings.ledger.durable_responses:
+            await self.ledger.wait_durable()  # this record and every call row before it: fsync'd
 
     async def complete(self, rr: ResolvedRequest) -> dict[str, Any]:
         try:

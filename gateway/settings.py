@@ -56,6 +56,11 @@ class LedgerSettings(_Strict):
     journal_dir: str = "var/journal"
     flush_interval_ms: int = Field(50, gt=0)
     batch_size: int = Field(500, gt=0)
+    # True: a response's last bytes leave only after its ledger rows are fsync'd in the journal
+    # (an answered request is never lost, at the cost of one group-committed fsync of latency).
+    # False: rows are journaled within milliseconds, not awaited; kill -9 may lose the rows of
+    # requests answered in that window.
+    durable_responses: bool = True
 
 
 class Price(_Strict):

@@ -13,6 +13,7 @@ Bench-only: imported lazily by gateway.cli.bench.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import signal
@@ -113,17 +114,18 @@ class BenchArgs:
     server_core: int | None = 0
     load_core: int | None = 1
     litellm_venv: Path = Path(".venv-litellm-proxy")
+    nowait_variant: bool = True
 
 
-def _tiergate_config(work: Path, upstream: str) -> Path:
+def _tiergate_config(work: Path, upstream: str, durable: bool = True) -> Path:
     model = {"provider": "openai", "model": "mock", "api_base": upstream, "context_window": 8192,
              "price": {"input": 0.5, "output": 1.5}}
     cfg = {"server": {"log_level": "warning"},
            "database": {"url_env": "TIERGATE_BENCH_DATABASE_URL", "default_url": "sqlite:///tiergate-bench.db"},
-           "ledger": {"journal_dir": "journal"},
+           "ledger": {"journal_dir": "journal", "durable_responses": durable},
            "models": {"mock": model},
            "tiers": {t: {"model": "mock"} for t in ("none", "minimal", "low", "medium", "high", "xhigh")}}
-    path = work / "config.yaml"
+    path = work / ("config.yaml" if durable else "config-nowait.yaml")
     path.write_text(yaml.safe_dump(cfg))
     return path
 
@@ -178,7 +180,7 @@ def _litellm_config(work: Path, upstream: str) -> Path:
 def run_gateway_bench(args: BenchArgs) -> str:
     cores = os.cpu_count() or 1
     if cores < 2:
-        args = BenchArgs(args.concurrency, args.duration_s, args.latency_requests, None, None, args.litellm_venv)
+        args = dataclasses.replace(args, server_core=None, load_core=None)
     work = Path(tempfile.mkdtemp(prefix="tiergate-bench-"))
     mock_port, tg_port, ll_port = _free_port(), _free_port(), _free_port()
     upstream = f"http://127.0.0.1:{mock_port}/v1"
@@ -191,13 +193,21 @@ def run_gateway_bench(args: BenchArgs) -> str:
 
         config = _tiergate_config(work, upstream)
         key = _tiergate_key(config)
-        tg_cmd = [*_pin(args.server_core), sys.executable, "-c", "from gateway.cli import main; main()", "serve",
-                  "--config", str(config), "--port", str(tg_port)]
-        with _process(tg_cmd, f"http://127.0.0.1:{tg_port}/readyz", work / "tiergate.log", env):
-            results["tiergate"] = _measure("tiergate", f"http://127.0.0.1:{tg_port}/v1/chat/completions",
-                                           REQUEST, key, args)
+        runs = [("tiergate", config)]
+        if args.nowait_variant:
+            runs.append(("tiergate-nowait", _tiergate_config(work, upstream, durable=False)))
+        for label, cfg_path in runs:
+            tg_cmd = [*_pin(args.server_core), sys.executable, "-c", "from gateway.cli import main; main()",
+                      "serve", "--config", str(cfg_path), "--port", str(tg_port)]
+            with _process(tg_cmd, f"http://127.0.0.1:{tg_port}/readyz", work / f"{label}.log", env):
+                results[label] = _measure(label, f"http://127.0.0.1:{tg_port}/v1/chat/completions",
+                                          REQUEST, key, args)
         rows = _ledger_rows(config)
-        notes.append(f"tiergate ledger rows written during the run: {rows} (auth + journaled ledger on, SQLite)")
+        notes.append(f"ledger rows written by the tiergate runs: {rows} (auth + journaled ledger on, SQLite)")
+        if args.nowait_variant:
+            notes.append("tiergate: responses wait for their ledger rows' journal fsync (durable_responses, "
+                         "the default); tiergate-nowait: ledger.durable_responses=false (rows journaled "
+                         "within ms but not awaited)")
 
         litellm_bin = args.litellm_venv / "bin" / "litellm"
         if litellm_bin.exists():
@@ -241,5 +251,10 @@ def _report(results: dict[str, tuple[Phase, Phase]], notes: list[str], args: Ben
         ll_add = ll[0].p50_ms - direct_lat.p50_ms
         lines.append(f"tiergate / LiteLLM RPS: {tg[1].rps / max(ll[1].rps, 1e-9):.2f}x  (target >= 10x)")
         lines.append(f"tiergate added p50 / LiteLLM added p50: {tg_add / max(ll_add, 1e-9):.3f}  (target <= 0.10)")
+        if "tiergate-nowait" in results:
+            nw = results["tiergate-nowait"]
+            nw_add = max(nw[0].p50_ms - direct_lat.p50_ms, 1e-3)
+            lines.append(f"tiergate-nowait / LiteLLM RPS: {nw[1].rps / max(ll[1].rps, 1e-9):.2f}x; added p50 "
+                         f"ratio {nw_add / max(ll_add, 1e-9):.3f}")
     lines += ["", *("note: " + n for n in notes)]
     return "\n".join(lines)

@@ -156,3 +156,24 @@ async def test_tools_and_json_mode_forwarded(tmp_path: Path, upstream: ScriptedU
         r = await gw.client.post("/v1/chat/completions", headers=gw.auth, json={
             "model": "low", "messages": MSGS, "response_format": {"type": "json_object"}})
         assert orjson.loads(r.json()["choices"][0]["message"]["content"]) == {"answer": 42}
+
+
+@pytest.mark.parametrize("durable", [True, False])
+async def test_durable_responses_wait_for_the_journal(tmp_path: Path, upstream: ScriptedUpstream,
+                                                     monkeypatch: pytest.MonkeyPatch, durable: bool) -> None:
+    async with gateway(tmp_path, upstream, durable_responses=durable) as gw:
+        waits: list[int] = []
+        real_wait = gw.ledger.wait_durable
+
+        async def counting_wait() -> None:
+            waits.append(1)
+            await real_wait()
+
+        monkeypatch.setattr(gw.ledger, "wait_durable", counting_wait)
+        r = await gw.client.post("/v1/chat/completions", headers=gw.auth, json={"model": "low", "messages": MSGS})
+        assert r.status_code == 200
+        r = await gw.client.post("/v1/chat/completions", headers=gw.auth,
+                                 json={"model": "low", "messages": MSGS, "stream": True})
+        assert sse_events(r.content)[-1] == "[DONE]"
+        assert len(waits) == (2 if durable else 0)
+        assert len(gw.ledger_rows()) == 2  # recorded either way
