@@ -20,7 +20,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from gateway.errors import GatewayError, InvalidRequest
+from gateway.errors import GatewayError, InvalidRequest, ModelNotFound
 from gateway.providers.base import CallOptions
 from gateway.providers.local import LocalEngineProvider
 from gateway.settings import ModelSettings
@@ -67,7 +67,8 @@ def create_engine_app(model_dir: str | Path, *, model_name: str | None = None,
             raise InvalidRequest("the body must be a JSON object")
         requested = body.get("model")
         if requested not in (None, name):
-            raise InvalidRequest(f"this server serves {name!r}", param="model", code="model_not_found")
+            raise ModelNotFound(f"The model '{str(requested)[:100]}' does not exist; this server serves {name!r}.",
+                                param="model")
         body = {**body, "model": name}
         if not body.get("stream"):
             return JSONResponse(await local.complete(model, body, options))

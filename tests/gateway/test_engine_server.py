@@ -91,6 +91,6 @@ def test_models_and_errors(client: openai.OpenAI) -> None:
     with pytest.raises(openai.BadRequestError) as err:
         client.chat.completions.create(model="tiny-moe", messages=[{"role": "user", "content": "x " * 400}])
     assert err.value.code == "context_length_exceeded"
-    with pytest.raises(openai.BadRequestError):
+    with pytest.raises(openai.NotFoundError):
         client.chat.completions.create(model="other", messages=MESSAGES)
 
