@@ -201,3 +201,36 @@ def test_bench_weight_bytes_count_every_parameter_when_all_experts_are_active(ti
     assert decode_weight_bytes(config, config.num_experts) == 4 * (total - embedding_rows_not_read)
     per_expert = 3 * config.hidden_size * config.moe_intermediate_size * 4
     assert decode_weight_bytes(config, 1) == decode_weight_bytes(config, 2) - per_expert * config.num_hidden_layers
+
+
+async def test_async_engine_streams_concurrently_and_cleans_up(tiny) -> None:
+    import asyncio
+
+    from engine.async_engine import AsyncLLMEngine, EngineDeadError
+
+    aengine = AsyncLLMEngine(make_engine(tiny))
+    try:
+        async def collect(prompt: list[int], k: int | None) -> list[int]:
+            tokens: list[int] = []
+            async for out in aengine.generate(prompt, GREEDY, k):
+                tokens.extend(out.new_token_ids)
+            return tokens
+
+        got = await asyncio.gather(*(collect(p, k) for p, k in zip(PROMPTS, [1, 2, 1, 2, 3], strict=True)))
+        assert got == [oracle(tiny[0], p, 8, k)[0] for p, k in zip(PROMPTS, [1, 2, 1, 2, 3], strict=True)]
+        async for _ in aengine.generate(PROMPTS[0], SamplingParams(temperature=0, max_tokens=500)):
+            break  # leaving early aborts the request
+        for _ in range(100):
+            if await aengine.run_on_engine_thread(lambda e: e.num_unfinished_requests) == 0:
+                break
+            await asyncio.sleep(0.01)
+        free = await aengine.run_on_engine_thread(lambda e: e.allocator.num_free)
+        assert free == aengine.engine.allocator.num_blocks
+        slow = aengine.generate(PROMPTS[1], SamplingParams(temperature=0, max_tokens=100_000, ignore_eos=True))
+        await anext(slow)
+        aengine.shutdown()  # stops after the current step; the live stream is failed, not left hanging
+        with pytest.raises(EngineDeadError):
+            async for _ in slow:
+                pass
+    finally:
+        aengine.shutdown()
