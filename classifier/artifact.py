@@ -80,6 +80,7 @@ def _atomic_write(path: Path, write: Any) -> None:
     os.close(fd)
     try:
         write(Path(tmp))
+        os.chmod(tmp, 0o644)  # mkstemp makes 0600; an artifact is meant to be read by others
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):

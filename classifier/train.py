@@ -133,7 +133,7 @@ def _fit_heads(X: sp.csr_matrix, y: np.ndarray, s: np.ndarray, w: np.ndarray, n_
     """Fit on the columns the data uses (hashing leaves most empty), then expand back."""
     cols = np.unique(X.indices)
     Xc = X[:, cols]
-    clf = LogisticRegression(C=cfg.c, solver="saga", max_iter=cfg.max_iter, tol=cfg.tol)
+    clf = LogisticRegression(C=cfg.c, solver="saga", max_iter=cfg.max_iter, tol=cfg.tol, random_state=0)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ConvergenceWarning)
         clf.fit(Xc, y, sample_weight=w)
