@@ -1,0 +1,74 @@
+"""`tiergate budgets set|show` through typer's CliRunner on a real, migrated SQLite file, and the
+policy a running gateway then reads from the same rows."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import typer
+import yaml
+from typer.testing import CliRunner
+
+from gateway.budgets import PolicyStore, to_nanos
+from gateway.cli import budgets_cmd, db_cmd, tenants
+from gateway.db.session import database_url, make_engine, make_session_factory
+from gateway.settings import load_settings
+from tests.gateway.budgets_support import Caller
+
+
+@pytest.fixture
+def cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
+    monkeypatch.delenv("TIERGATE_DATABASE_URL", raising=False)
+    monkeypatch.delenv("TIERGATE_CONFIG", raising=False)
+    config = tmp_path / "config.yaml"
+    tiers = {t: {"model": "m"} for t in ("none", "minimal", "low", "medium", "high", "xhigh")}
+    config.write_text(yaml.safe_dump({"models": {"m": {"provider": "local", "model": "x"}}, "tiers": tiers,
+                                      "database": {"default_url": "sqlite:///var/b.db"}}))
+    root = typer.Typer()
+    root.add_typer(db_cmd.app, name="db")
+    root.add_typer(tenants.tenants_app, name="tenants")
+    root.add_typer(tenants.keys_app, name="keys")
+    root.add_typer(budgets_cmd.app, name="budgets")
+    runner = CliRunner()
+
+    def run(*args: str, code: int = 0):  # type: ignore[no-untyped-def]
+        result = runner.invoke(root, [*args, "--config", str(config)])
+        assert result.exit_code == code, result.output
+        return result
+
+    run("db", "upgrade")
+    return run, config
+
+
+async def test_set_show_and_the_gateway_reads_it(cli) -> None:  # type: ignore[no-untyped-def]
+    run, config = cli
+    run("tenants", "create", "acme")
+    run("keys", "create", "--tenant", "acme")
+    key_id = json.loads(run("keys", "list", "--json").stdout)[0]["id"]
+    run("budgets", "set", "--tenant", "acme", "--period", "week", "--limit-usd", "12.5", "--alerts", "0.5,0.9",
+        "--rpm", "60")
+    run("budgets", "set", "--tenant", "acme", "--key", key_id, "--limit-usd", "2", "--tpm", "1000")
+    shown = json.loads(run("budgets", "show", "--tenant", "acme", "--json").stdout)
+    assert {s["subject"].split(":")[0] for s in shown} == {"tenant", "key"}
+    tenant_row = next(s for s in shown if s["subject"].startswith("tenant:"))
+    assert tenant_row["limit_usd"] == 12.5 and tenant_row["period"].startswith("week:") and tenant_row["spent_usd"] == 0
+
+    settings = load_settings(config)
+    engine = make_engine(database_url(settings))
+    store = PolicyStore(make_session_factory(engine), settings.budgets)
+
+    caller = Caller(tenant_row["subject"].split(":", 1)[1], key_id)
+    tenant_policy, key_policy = await store.for_principal(caller)
+    assert tenant_policy.limit_nanos == to_nanos(12.5) and tenant_policy.alert_thresholds == (0.5, 0.9)
+    assert tenant_policy.soft_limit_nanos == to_nanos(12.5 * 0.8) and tenant_policy.requests_per_min == 60
+    assert key_policy.limit_nanos == to_nanos(2) and key_policy.period == "month" and key_policy.tokens_per_min == 1000
+    engine.dispose()
+
+    run("budgets", "set", "--tenant", "acme", "--clear", "limit_usd")
+    assert json.loads(run("budgets", "show", "--tenant", "acme", "--json").stdout)[1]["limit_usd"] is None
+    assert "period must be one of" in run("budgets", "set", "--tenant", "acme", "--period", "year", code=2).output
+    assert "no tenant" in run("budgets", "set", "--tenant", "nope", "--limit-usd", "1", code=1).output
+    assert "no API key" in run("budgets", "set", "--tenant", "acme", "--key", "key_x", "--limit-usd", "1",
+                               code=1).output
