@@ -1,0 +1,56 @@
+"""`tiergate serve --demo` set-up: migrate, create the demo tenant and key once (printed once),
+and the printed examples name the key; `tiergate serve --help` lists the options."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from gateway.auth import KeyStore
+from gateway.cli.serve import _demo_key, _print_demo
+from gateway.db.session import make_engine, make_session_factory
+from tests.gateway.scripted_upstream import config_for
+
+
+def test_demo_key_is_created_once_and_works(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    db = tmp_path / "demo.db"
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump(config_for("http://127.0.0.1:9/v1", db_url=f"sqlite:///{db}")))
+    key = _demo_key(config)
+    assert key is not None and key.startswith("tg-")
+    assert _demo_key(config) is None  # second run: the tenant exists, no new key
+
+    engine = make_engine(f"sqlite:///{db}")
+    principal = asyncio.run(KeyStore(make_session_factory(engine)).authenticate(f"Bearer {key}"))
+    engine.dispose()
+    assert principal.key_prefix == key[:len(principal.key_prefix)]
+
+    _print_demo("127.0.0.1", 8080, key)
+    out = capsys.readouterr().out
+    assert out.count(key) == 3  # announced once, then in the curl and the SDK examples
+    assert "curl http://127.0.0.1:8080/v1/chat/completions" in out
+    assert 'OpenAI(base_url="http://127.0.0.1:8080/v1"' in out
+    _print_demo("127.0.0.1", 8080, None)
+    assert key not in capsys.readouterr().out
+
+
+def test_serve_help_lists_options() -> None:
+    import typer
+
+    from gateway.cli import serve
+
+    app = typer.Typer()
+    serve.register(app)
+
+    @app.command()
+    def _other() -> None:  # a second command so typer keeps `serve` as a subcommand
+        pass
+
+    result = CliRunner().invoke(app, ["serve", "--help"])
+    assert result.exit_code == 0
+    for option in ("--config", "--host", "--port", "--workers", "--demo"):
+        assert option in result.output
