@@ -52,7 +52,9 @@ class BudgetedExecutor:
         return worst, prompt + out_tokens
 
     async def _open(self, req: ResolvedRequest) -> Reservation:
-        worst, tokens = self.worst_case(req)
+        policies = await self.budgets.policies.for_principal(req)  # cached; no tokenizing when unlimited
+        needs_cost = any(p.limit_nanos is not None or p.tokens_per_min for p in policies)
+        worst, tokens = self.worst_case(req) if needs_cost else (0.0, 0)
         if self.rate_limiter is not None:
             await self.rate_limiter.check(req, tokens)
         reservation = await self.budgets.reserve(req, worst, request_id=req.request_id)
