@@ -141,3 +141,28 @@ async def test_redis_counters_roll_over_at_utc_month_boundary(postgres_url: str,
     clock.advance(seconds=1)
     await rt.budgets.reserve(Caller("t1"), W)
     assert (await rt.budgets.status(Caller("t1"))).period_key == "month:2026-12"
+
+
+async def test_background_reconciler_repairs_a_drifted_counter(postgres_url: str, redis_prefix: str,
+                                                               clients: list[Redis], tmp_path) -> None:  # type: ignore[no-untyped-def]
+    sf = migrated_db(postgres_url)
+    with sf.begin() as s:
+        put_policy(s, scope="tenant", tenant_id="t1", limit_usd=100 * W)
+    ledger = Ledger(sf, tmp_path / "journal")
+    ledger.start()
+    rt = build_budget_runtime(SETTINGS, sf, redis_client=clients[0], redis_prefix=redis_prefix,
+                              reconcile_interval_s=0.2)
+    await rt.start()
+    res = await rt.budgets.reserve(Caller("t1"), W, request_id="r1")
+    ledger.record(LedgerEntry(new_entry_id(), "r1", "t1", None, "direct", "low", "m", Usage(10, 100), W, W))
+    await rt.budgets.settle(res, W)
+    assert await ledger.aflush()
+    key = f"{redis_prefix}budget:{res.counters[0].key}"
+    await clients[0].hset(key, "spent", 123)  # drift (e.g. a lost write or a manual edit)
+    for _ in range(50):
+        await asyncio.sleep(0.1)
+        if int(await clients[0].hget(key, "spent")) == to_nanos(W):
+            break
+    assert int(await clients[0].hget(key, "spent")) == to_nanos(W)
+    await rt.stop()
+    await ledger.astop()
