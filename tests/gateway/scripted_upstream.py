@@ -34,6 +34,7 @@ class Behaviour:
     omit_usage: bool = False
     chunk_delay_s: float = 0.0
     n_words: int | None = None
+    abort_after: int | None = None  # drop the connection after this many words (mid-stream failure)
 
 
 @dataclass
@@ -161,6 +162,10 @@ class ScriptedUpstream:
             else:
                 words = self._content(body, n).split(" ")
                 for i, word in enumerate(words):
+                    if b.abort_after is not None and i == b.abort_after:
+                        assert request.transport is not None
+                        request.transport.abort()  # no [DONE], no usage: a broken stream
+                        return resp
                     if b.chunk_delay_s:
                         await asyncio.sleep(b.chunk_delay_s)
                     await send({**base, "choices": [{"index": 0, "delta": {"content": word if i == 0 else " " + word},

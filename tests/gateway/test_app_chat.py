@@ -177,3 +177,20 @@ async def test_durable_responses_wait_for_the_journal(tmp_path: Path, upstream: 
         assert sse_events(r.content)[-1] == "[DONE]"
         assert len(waits) == (2 if durable else 0)
         assert len(gw.ledger_rows()) == 2  # recorded either way
+
+
+async def test_upstream_failing_mid_stream_sends_an_error_event_and_bills(tmp_path: Path,
+                                                                         upstream: ScriptedUpstream) -> None:
+    upstream.push(Behaviour(n_words=50, abort_after=6))
+    async with gateway(tmp_path, upstream) as gw:
+        r = await gw.client.post("/v1/chat/completions", headers=gw.auth, json={
+            "model": "low", "messages": MSGS, "stream": True, "stream_options": {"include_usage": True}})
+        events = sse_events(r.content)
+        assert "[DONE]" not in events
+        assert set(events[-1]) == {"error"} and events[-1]["error"]["code"] == "upstream_error"
+        text = "".join(e["choices"][0]["delta"].get("content") or "" for e in events[:-1] if e.get("choices"))
+        assert text == "w0 w1 w2 w3 w4 w5"
+        (row,) = gw.ledger_rows()
+        assert row.status == "error" and 6 <= row.completion_tokens < 50  # what was generated, counted
+        (req,) = gw.request_rows()
+        assert (req.status, req.http_status) == ("error", 502)
