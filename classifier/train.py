@@ -200,8 +200,9 @@ def _within_source(groups: np.ndarray, scores: np.ndarray, targets: np.ndarray) 
 
 
 def train(examples: Sequence[LabelledExample], cfg: TrainConfig | None = None, *, cv: bool = True,
-          version: str = "unversioned") -> TrainResult:
-    """Fit both heads on ``examples``; with ``cv`` also calibrate and measure out of fold."""
+          version: str = "unversioned", temperature: float | None = None) -> TrainResult:
+    """Fit both heads on ``examples``; with ``cv`` also calibrate and measure out of fold.
+    Without ``cv`` the tier head keeps ``temperature`` (e.g. the previous version's; default 1)."""
     cfg = cfg or TrainConfig()
     t0 = time.perf_counter()
     if len({ex.tier for ex in examples}) < 2:
@@ -220,7 +221,7 @@ def train(examples: Sequence[LabelledExample], cfg: TrainConfig | None = None, *
     thresholds = calibrate_thresholds(scores, shares)  # the training distribution hits the mix
     model = EffortModel(
         classes=tuple(TIERS[c] for c in classes), tier_coef=heads.tier_coef, tier_intercept=heads.tier_intercept,
-        temperature=report.temperature if report is not None else 1.0,
+        temperature=report.temperature if report is not None else (temperature or 1.0),
         score_coef=heads.score_coef, score_intercept=heads.score_intercept,
         thresholds=thresholds, bands=bands, version=version)
     return TrainResult(model=model, data_hash=dataset_hash(list(examples)), n_examples=len(examples), cv=report,

@@ -67,12 +67,13 @@ def _cv_table(report: Any) -> str:
 
 
 def _train_and_save(examples: list[Any], out: Path, target_mix: dict[str, float], folds: int, cv: bool,
-                    extra: dict[str, Any]) -> Any:
+                    extra: dict[str, Any], temperature: float | None = None) -> Any:
     import classifier
 
     data_hash = classifier.dataset_hash(examples)
     cfg = classifier.TrainConfig(cv_folds=folds, target_mix=target_mix)
-    result = classifier.train(examples, cfg, cv=cv, version=classifier.new_version(data_hash))
+    result = classifier.train(examples, cfg, cv=cv, version=classifier.new_version(data_hash),
+                              temperature=temperature)
     metrics = {"cv": result.cv.to_json() if result.cv else None, "n_examples": result.n_examples,
                "train_seconds": round(result.seconds, 1)}
     classifier.save_artifact(result.model, out, data_hash=data_hash, metrics=metrics,
@@ -254,12 +255,14 @@ def run_update(settings: Any, session_factory: Any, base_examples: list[Any], *,
     if not fb:
         return None
     current = next((p for p in artifact_candidates(settings) if p.exists()), None)
-    parent = classifier.read_metadata(current).get("version") if current else None
+    parent_meta = classifier.read_metadata(current) if current else {}
+    parent = parent_meta.get("version")
     out_dir = settings.resolve_path(settings.classifier.feedback_dir)
     staged = out_dir / "versions" / "staging.skops"
     examples = [*base_examples, *fb]
     result = _train_and_save(examples, staged, dict(settings.classifier.target_mix), 5, cv,
-                             {"parent_version": parent, "feedback_examples": len(fb), "feedback_weight": weight})
+                             {"parent_version": parent, "feedback_examples": len(fb), "feedback_weight": weight},
+                             temperature=parent_meta.get("temperature"))  # kept unless CV recalibrates
     version = result.model.version
     final = out_dir / "versions" / f"{version}.skops"
     os.replace(staged, final)

@@ -104,3 +104,9 @@ def test_missing_metadata_and_untrusted_content_are_refused(artifact: Path, tmp_
         load_artifact(bad)
     assert "fractions.Fraction" in str(err.value)
     assert zipfile.is_zipfile(artifact)
+
+
+def test_refit_without_cv_keeps_a_given_temperature() -> None:
+    small = tiny_dataset(per_kind=10)
+    assert train(small, cv=False, temperature=3.0).model.temperature == 3.0
+    assert train(small, cv=False).model.temperature == 1.0
