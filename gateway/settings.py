@@ -139,6 +139,9 @@ class PipelineSettings(_Strict):
     xhigh_paths: int = Field(3, ge=1)
     prune_after_tokens: int = Field(32, ge=1)
     max_steps: int = Field(6, ge=1)
+    # When the planner gives no valid plan even after one repair: answer directly on the high tier
+    # ("direct"), or run the whole request as one step so plan/execute/review still run ("single_step").
+    plan_fallback: Literal["direct", "single_step"] = "direct"
 
 
 class Settings(_Strict):

@@ -29,7 +29,7 @@ PLAN_SCHEMA: dict[str, Any] = {
         }}}},
 }
 
-PlanSource = Literal["json", "list", "lines"]
+PlanSource = Literal["json", "list", "lines", "single_step"]
 MIN_LINE_STEPS = 2  # a plain-lines plan (repair round only) needs at least this many lines
 _LIST_ITEM = re.compile(r"^\s*(?:(?:step\s*)?\d+\s*[.):]|[-*•])\s+(.+?)\s*$", re.IGNORECASE)
 _FENCE = re.compile(r"```(?:json)?\s*(.*?)```", re.DOTALL)
@@ -166,6 +166,11 @@ def parse_plan(text: str, max_steps: int, *, allow_lines: bool = False) -> Plan:
     if json_error is not None:
         raise json_error
     return _from_list(text, max_steps, allow_lines)
+
+
+def single_step_plan() -> Plan:
+    """The whole request as one step (``pipeline.plan_fallback: single_step``)."""
+    return Plan((PlanStep("s1", "Answer the request.", "a complete answer to the request"),), "single_step")
 
 
 def validate_plan(plan: Plan, max_steps: int) -> Plan:

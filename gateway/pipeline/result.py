@@ -28,7 +28,7 @@ class PipelineResult:
     execution: ExecutionPlan
     calls: list[StageCall]
     answer_call: StageCall | None = None  # the call whose reply is the final answer
-    plan_source: str = "none"  # json | list | fallback (direct high answer) | none
+    plan_source: str = "none"  # json | list | lines | single_step | fallback (direct high answer) | none
     plan: dict[str, Any] | None = None
     verdict: str | None = None
     review_rounds: int = 0

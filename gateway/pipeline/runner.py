@@ -24,7 +24,15 @@ from gateway.errors import InvalidRequest
 from gateway.pipeline.accounting import Accountant, CostCapReached
 from gateway.pipeline.calls import StageCaller
 from gateway.pipeline.execute import execute_plan, request_text
-from gateway.pipeline.plan import Plan, PlanInvalid, PlanStep, parse_plan, plan_messages, repair_messages
+from gateway.pipeline.plan import (
+    Plan,
+    PlanInvalid,
+    PlanStep,
+    parse_plan,
+    plan_messages,
+    repair_messages,
+    single_step_plan,
+)
 from gateway.pipeline.prune import PathPruner, run_paths, vote
 from gateway.pipeline.result import PipelineResult
 from gateway.pipeline.review import Review, parse_review, review_messages
@@ -148,7 +156,10 @@ class Pipeline:
             try:
                 plan = parse_plan(repaired.text, max_steps, allow_lines=True)
             except PlanInvalid:
-                return None
+                if self.settings.pipeline.plan_fallback != "single_step":
+                    return None
+                progress("[plan] no valid plan after one repair; running the request as a single step")
+                plan = single_step_plan()
         result.plan_source, result.plan = plan.source, plan.to_dict()
         progress("[plan] " + "; ".join(f"{s.id}: {s.instruction}" for s in plan.steps))
         return plan

@@ -8,7 +8,13 @@ import pytest
 
 from gateway.pipeline import RequestContext
 from gateway.routing import resolve_execution
-from tests.gateway.scripted_models import ScriptedProvider, harness, plan_json, raise_upstream
+from tests.gateway.scripted_models import (
+    ScriptedProvider,
+    harness,
+    plan_json,
+    raise_upstream,
+    scripted_settings,
+)
 
 CTX = RequestContext(request_id="chatcmpl-test", tenant_id="t1", key_id="k1")
 BODY = {"model": "auto", "messages": [{"role": "user", "content": "Compute 17*23 and then add 5."}]}
@@ -84,6 +90,16 @@ async def test_unrepairable_plan_falls_back_to_a_direct_high_answer() -> None:
     assert result.answer == "direct high answer" and result.plan_source == "fallback"
     assert [(e.stage, e.tier) for e in h.entries] == [("plan", "high"), ("plan", "high"), ("direct", "high")]
     assert h.verdicts == []  # no review, nothing to learn from
+
+
+async def test_single_step_fallback_keeps_all_four_stages() -> None:
+    provider = ScriptedProvider(plans=["no idea", "still no idea, on one line"], step=lambda m, t: "the step")
+    h = harness(provider, scripted_settings(plan_fallback="single_step"))
+    result = await h.pipeline.run(CTX, BODY, high())
+    assert provider.roles() == ["plan", "plan", "step", "review"]
+    assert "Answer the request." in provider.calls[2].user_text and "Compute 17*23" in provider.calls[2].user_text
+    assert result.plan_source == "single_step" and result.verdict == "accept"
+    assert [(e.stage, e.tier) for e in h.entries][2:] == [("execute", "low"), ("review", "high")]
 
 
 async def test_revise_reruns_failing_steps_and_dependants_one_tier_up_bounded() -> None:
