@@ -71,7 +71,7 @@ def _payload(model: EffortModel) -> dict[str, Any]:
         "temperature": float(model.temperature), "score_coef": model.score_coef,
         "score_intercept": float(model.score_intercept), "thresholds": [float(t) for t in model.thresholds],
         "bands": [list(b) for b in model.bands], "version": model.version,
-        "feature_version": model.feature_version,
+        "feature_version": model.feature_version, "score_quantiles": [float(q) for q in model.score_quantiles],
     }
 
 
@@ -159,7 +159,8 @@ def load_artifact(path: str | Path) -> LoadedArtifact:
             temperature=float(data["temperature"]), score_coef=np.asarray(data["score_coef"], dtype=np.float32),
             score_intercept=float(data["score_intercept"]), thresholds=tuple(data["thresholds"]),
             bands=tuple(tuple(b) for b in data["bands"]), version=str(data["version"]),
-            feature_version=str(data["feature_version"]))
+            feature_version=str(data["feature_version"]),
+            score_quantiles=tuple(float(q) for q in data.get("score_quantiles", [])))
     except (KeyError, TypeError, ValueError) as err:
         raise ArtifactError(f"artifact {path} is missing or has malformed field: {err}") from err
     if model.version != meta.get("version"):

@@ -12,13 +12,15 @@ Must not import scikit-learn, torch, the gateway or the engine.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import dataclasses
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import scipy.sparse as sp
 
+from classifier.calibrate import bands_from_mix
 from classifier.features import DENSE_NAMES, FEATURE_VERSION, N_FEATURES, extract, to_arrays, token_names
 from classifier.types import TIER_INDEX, TIERS, ClassifierError, EffortDecision, Message, SparseFeatures
 
@@ -52,6 +54,9 @@ class EffortModel:
     bands: tuple[tuple[str, ...], ...]  # tiers of each band, lowest band first
     version: str = "unversioned"
     feature_version: str = FEATURE_VERSION
+    # Training scores at quantiles 0, 1/(n-1), ..., 1: lets the thresholds be re-derived for
+    # another target mix without retraining (empty: only the stored thresholds are known).
+    score_quantiles: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         n = len(self.classes)
@@ -65,6 +70,17 @@ class EffortModel:
             raise ClassifierError("thresholds must be ascending")
         if any(t not in TIER_INDEX for t in self.classes):
             raise ClassifierError(f"unknown tier among classes {self.classes}")
+
+    def with_target_mix(self, target_mix: Mapping[str, float]) -> EffortModel:
+        """The same model with bands and thresholds re-derived for ``target_mix`` on its
+        training score distribution."""
+        if len(self.score_quantiles) < 2:
+            raise ClassifierError(f"model {self.version} has no stored score quantiles; retrain to change its mix")
+        bands, shares = bands_from_mix(target_mix)
+        grid = np.linspace(0.0, 1.0, len(self.score_quantiles))
+        cuts = np.interp(np.cumsum(shares)[:-1], grid, np.asarray(self.score_quantiles))
+        cuts = np.maximum.accumulate(np.nextafter(cuts, np.inf))
+        return dataclasses.replace(self, thresholds=tuple(float(c) for c in cuts), bands=bands)
 
     # -- single prompt (request path) ------------------------------------------------
     def decide(self, messages: Sequence[Message]) -> EffortDecision:

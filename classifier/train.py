@@ -38,6 +38,8 @@ from classifier.features import FEATURE_VERSION, N_FEATURES, extract
 from classifier.model import EffortModel, squash_score
 from classifier.types import TIER_INDEX, TIERS, ClassifierError, FeatureVersionError, LabelledExample
 
+N_QUANTILES = 1001
+
 
 @dataclass(frozen=True)
 class TrainConfig:
@@ -223,7 +225,8 @@ def train(examples: Sequence[LabelledExample], cfg: TrainConfig | None = None, *
         classes=tuple(TIERS[c] for c in classes), tier_coef=heads.tier_coef, tier_intercept=heads.tier_intercept,
         temperature=report.temperature if report is not None else (temperature or 1.0),
         score_coef=heads.score_coef, score_intercept=heads.score_intercept,
-        thresholds=thresholds, bands=bands, version=version)
+        thresholds=thresholds, bands=bands, version=version,
+        score_quantiles=tuple(float(q) for q in np.quantile(scores, np.linspace(0.0, 1.0, N_QUANTILES))))
     return TrainResult(model=model, data_hash=dataset_hash(list(examples)), n_examples=len(examples), cv=report,
                        seconds=time.perf_counter() - t0)
 

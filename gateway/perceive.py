@@ -21,7 +21,7 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -65,8 +65,10 @@ class Perceiver:
     """``decide(messages) -> EffortDecision`` over the current artifact, reloaded when it changes."""
 
     def __init__(self, paths: Sequence[str | Path], *, reload_interval_s: float = 5.0,
-                 clock: Callable[[], float] = time.monotonic, background: bool = True) -> None:
+                 clock: Callable[[], float] = time.monotonic, background: bool = True,
+                 target_mix: Mapping[str, float] | None = None) -> None:
         self.paths = [Path(p) for p in paths]
+        self.target_mix = dict(target_mix) if target_mix else None
         self.reload_interval_s = reload_interval_s
         self.clock = clock
         self.background = background
@@ -78,7 +80,9 @@ class Perceiver:
 
     @classmethod
     def from_settings(cls, settings: Settings, **kw: Any) -> Perceiver:
-        return cls(artifact_candidates(settings), reload_interval_s=settings.classifier.reload_interval_s, **kw)
+        """Candidates from the config; the config's ``target_mix`` re-derives the thresholds."""
+        return cls(artifact_candidates(settings), reload_interval_s=settings.classifier.reload_interval_s,
+                   target_mix=settings.classifier.target_mix, **kw)
 
     def _pick(self) -> Path:
         for p in self.paths:
@@ -87,11 +91,15 @@ class Perceiver:
         raise classifier.ArtifactError("no classifier artifact at " + ", ".join(str(p) for p in self.paths)
                                        + " (train one with `tiergate classifier train`)")
 
-    @staticmethod
-    def _load(path: Path) -> _Loaded:
+    def _load(self, path: Path) -> _Loaded:
         stamp = _stamp(path)
-        loaded = classifier.load_artifact(path)
-        return _Loaded(loaded.model, path, stamp or (0, 0))
+        model = classifier.load_artifact(path).model
+        if self.target_mix and model.score_quantiles:
+            model = model.with_target_mix(self.target_mix)
+        elif self.target_mix:
+            log.warning("classifier %s stores no score quantiles: using its own thresholds, not "
+                        "classifier.target_mix", model.version)
+        return _Loaded(model, path, stamp or (0, 0))
 
     @property
     def model(self) -> EffortModel:

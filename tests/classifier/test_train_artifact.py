@@ -11,6 +11,7 @@ import pytest
 
 from classifier import (
     ArtifactError,
+    ClassifierError,
     TrainConfig,
     featurize,
     load_artifact,
@@ -110,3 +111,16 @@ def test_refit_without_cv_keeps_a_given_temperature() -> None:
     small = tiny_dataset(per_kind=10)
     assert train(small, cv=False, temperature=3.0).model.temperature == 3.0
     assert train(small, cv=False).model.temperature == 1.0
+
+
+def test_target_mix_can_change_without_retraining(trained: TrainResult, artifact: Path) -> None:
+    examples = tiny_dataset()
+    model = load_artifact(artifact).model.with_target_mix({"low": 0.5, "medium": 0.3, "high": 0.2})
+    assert model.bands == (("none", "minimal", "low"), ("medium",), ("high", "xhigh"))
+    _, scores = model.predict_matrix(featurize(examples))
+    band = np.searchsorted(np.asarray(model.thresholds), scores, side="right")
+    assert np.bincount(band, minlength=3) / len(scores) == pytest.approx([0.5, 0.3, 0.2], abs=0.05)
+    import dataclasses
+
+    with pytest.raises(ClassifierError, match="quantiles"):
+        dataclasses.replace(trained.model, score_quantiles=()).with_target_mix({"low": 1.0})

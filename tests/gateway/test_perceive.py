@@ -201,3 +201,19 @@ def test_feedback_update_and_hot_reload_change_decisions(tmp_path: Path, artifac
     assert {d.version for d in after} == {outcome.version}
     assert sum(d.score for d in after) > sum(d.score for d in before)
     assert sum(d.tier not in ("none", "minimal", "low") for d in after) > len(ARITH) // 2
+
+
+def test_config_target_mix_rederives_thresholds(tmp_path: Path, artifacts: dict[str, Path]) -> None:
+    path = tmp_path / "effort.skops"
+    _install(artifacts["v1"], path)
+    plain = Perceiver([path])
+    heavy = Perceiver([path], target_mix=MIX_HEAVY)
+    assert heavy.version == plain.version == "effort-v1"
+    assert heavy.model.thresholds[0] < plain.model.thresholds[0]
+    tiers = [heavy.decide(m).tier for m in ARITH]
+    assert sum(t not in ("none", "minimal", "low") for t in tiers) > sum(
+        plain.decide(m).tier not in ("none", "minimal", "low") for m in ARITH)
+    settings = settings_from_dict({**_settings(tmp_path).model_dump(exclude={"base_dir"}),
+                                   "classifier": {"artifact": str(path), "target_mix": MIX_HEAVY}},
+                                  base_dir=tmp_path)
+    assert Perceiver.from_settings(settings).model.thresholds == heavy.model.thresholds
