@@ -234,3 +234,12 @@ async def test_async_engine_streams_concurrently_and_cleans_up(tiny) -> None:
                 pass
     finally:
         aengine.shutdown()
+
+
+def test_bench_decode_rate_runs_every_stream_to_completion(tiny) -> None:
+    from engine.bench import engine_decode_tokens_per_s
+
+    engine = make_engine(tiny)
+    assert engine_decode_tokens_per_s(engine, PROMPTS[:4], 5) > 0
+    assert not engine.has_unfinished_requests()
+    assert engine.allocator.num_free == engine.allocator.num_blocks
