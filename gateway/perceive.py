@@ -22,6 +22,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -211,7 +212,8 @@ def feedback_fields(messages: Sequence[dict[str, Any]], allow_text: bool) -> tup
 
 
 class FeedbackRecorder:
-    """The pipeline's feedback sink: stores review verdicts off the event loop.
+    """The pipeline's feedback sink: stores review verdicts on one worker thread, off the
+    event loop, in arrival order.
 
     Training feedback is not on the money path: a failed insert is logged, never raised
     into the request that produced the verdict.
@@ -220,6 +222,7 @@ class FeedbackRecorder:
     def __init__(self, session_factory: Any, settings: Settings) -> None:
         self.session_factory = session_factory
         self.store_text_default = settings.classifier.store_prompt_text
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tiergate-feedback")
 
     def __call__(self, verdict: Any) -> None:
         allow = bool(getattr(verdict, "allow_prompt_storage", False)) or self.store_text_default
@@ -227,7 +230,11 @@ class FeedbackRecorder:
         text, features = feedback_fields(messages, allow) if messages else (None, None)
         args = (self.session_factory, verdict.request_id, verdict.tenant_id, verdict.label_tier,
                 TIER_SCORES.get(verdict.label_tier), text, features)
-        threading.Thread(target=self._write, args=args, name="tiergate-feedback", daemon=True).start()
+        self._pool.submit(self._write, *args)
+
+    def close(self) -> None:
+        """Wait for queued verdicts to be written."""
+        self._pool.shutdown(wait=True)
 
     @staticmethod
     def _write(*args: Any) -> None:
