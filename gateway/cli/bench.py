@@ -13,8 +13,8 @@ def pipeline_bench(
     mix: str = typer.Option("0.7,0.2,0.1", help="easy,medium,hard shares of the workload (source difficulty)"),
     data_dir: str = typer.Option("../shared/data", help="the shared data folder prompts are drawn from"),
     seed: int = typer.Option(0),
-    config: str = typer.Option("config.yaml", help="config whose classifier.artifact decides effort"),
-    classifier: bool = typer.Option(True, help="use the classifier artifact when it exists"),
+    config: str = typer.Option("config.yaml", help="config whose classifier settings decide effort"),
+    classifier: bool = typer.Option(True, help="let the gateway's classifier decide (when its artifact exists)"),
 ) -> None:
     """Routed cost of a mixed workload vs answering everything on the high tier (and on the low)."""
     from pathlib import Path
@@ -25,11 +25,8 @@ def pipeline_bench(
     shares = tuple(float(x) for x in mix.split(","))
     if len(shares) != 3:
         raise typer.BadParameter("mix needs three shares: easy,medium,hard")
-    artifact = None
-    if classifier:
-        settings = load_settings(config)
-        artifact = settings.resolve_path(settings.classifier.artifact)
-    typer.echo(run_bench(Path(data_dir), n, (shares[0], shares[1], shares[2]), seed, artifact))
+    settings = load_settings(config) if classifier else None
+    typer.echo(run_bench(Path(data_dir), n, (shares[0], shares[1], shares[2]), seed, settings))
 
 
 @app.command("gateway")

@@ -3,8 +3,8 @@ real ``Pipeline`` against simulated upstreams, priced like a frontier high tier 
 low tier, and compares the total with answering every request on the high tier (and on the low).
 
 Simulated, and printed with the report: token counts per call (below). Real: prompts (from the
-shared data), the effort decision (the classifier's public API when its artifact exists, else
-the sources' own difficulty signals, labelled as such), routing, the plan/execute/review/prune
+shared data), the effort decision (the gateway's classifier, ``gateway.perceive``, when its
+artifact exists, else the sources' own difficulty signals, labelled as such), routing, the plan/execute/review/prune
 code path, and the accounting. Quality is not measured here.
 
 Imports the pipeline, routing, ledger pricing and settings; no web framework.
@@ -162,18 +162,19 @@ def direct_completion(settings: Settings, tier: str, difficulty: str) -> int:
 Decide = Callable[[list[dict[str, Any]]], str]
 
 
-def load_decider(artifact: Path | None) -> tuple[Decide | None, str]:
-    """The classifier's public API when its artifact exists; else None (signal fallback)."""
-    try:
-        import classifier
-    except ImportError:
-        return None, "classifier library not importable"
-    load = getattr(classifier, "load_artifact", None)
-    if artifact is None or not artifact.exists() or load is None:
-        why = "no artifact at " + str(artifact) if load is not None else "classifier.load_artifact not exported"
-        return None, why
-    model = load(artifact).model
-    return (lambda messages: str(model.decide(messages).tier)), f"classifier artifact {artifact} ({model.version})"
+def load_decider(settings: Settings | None) -> tuple[Decide | None, str]:
+    """The gateway's own decider (``gateway.perceive``: the classifier artifact with the config's
+    target mix) when an artifact exists; else None, and why (the signal fallback is used)."""
+    if settings is None:
+        return None, "classifier disabled with --no-classifier"
+    from gateway.perceive import artifact_candidates, build_perceiver
+
+    perceiver = build_perceiver(settings)
+    if perceiver is None:
+        return None, "no classifier artifact at " + ", ".join(str(p) for p in artifact_candidates(settings))
+    mix = ", ".join(f"{k} {v:.2f}" for k, v in settings.classifier.target_mix.items())
+    return (lambda messages: str(perceiver.decide(messages).tier)), (
+        f"the gateway's classifier ({perceiver.version}; configured target mix {mix})")
 
 
 @dataclass
@@ -255,9 +256,10 @@ def report(totals: BenchTotals, *, n: int, mix: tuple[float, float, float], seed
 
 
 def run_bench(data_dir: Path, n: int, mix: tuple[float, float, float], seed: int,
-              artifact: Path | None) -> str:
+              classifier_settings: Settings | None) -> str:
+    """``classifier_settings``: the config whose classifier decides effort (None: signal fallback)."""
     items = sample_workload(data_dir, n, mix, seed)
-    decide, decided_by = load_decider(artifact)
+    decide, decided_by = load_decider(classifier_settings)
     if decide is None:
         decided_by = f"FALLBACK: each source's difficulty signal mapped to a tier ({decided_by})"
     totals = asyncio.run(replay(items, decide, seed))

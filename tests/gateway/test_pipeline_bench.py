@@ -53,3 +53,13 @@ async def test_replay_prices_routes_against_all_high_and_all_low() -> None:
     assert totals.pipeline_cost == pytest.approx(totals.cost_by_effort["high"] + totals.cost_by_effort["xhigh"])
     text = report(totals, n=4, mix=(0.7, 0.2, 0.1), seed=0, decided_by="FALLBACK: test", data_dir=Path("x"))
     assert f"routed / all-high = {totals.routed / totals.all_high:.3f}" in text and "FALLBACK" in text
+
+
+def test_without_a_classifier_artifact_the_fallback_is_labelled(tmp_path: Path) -> None:
+    from gateway.cli.bench_pipeline import load_decider
+    from tests.gateway.scripted_models import scripted_settings
+
+    assert load_decider(None) == (None, "classifier disabled with --no-classifier")
+    settings = scripted_settings().model_copy(update={"base_dir": str(tmp_path)})
+    decide, why = load_decider(settings)
+    assert decide is None and why.startswith("no classifier artifact at ") and str(tmp_path) in why
