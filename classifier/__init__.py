@@ -44,7 +44,8 @@ from classifier.features import FEATURE_VERSION, N_FEATURES, extract, split_conv
 from classifier.model import Contribution, EffortModel
 from classifier.online import OnlineRouter, outcome_target
 from classifier.outcomes import Outcome, load_outcomes
-from classifier.train import CVReport, TierMetrics, TrainConfig, TrainResult, featurize, train
+from classifier.routing_report import RouterEval, evaluate_routers, quality_at
+from classifier.train import CVReport, TierMetrics, TrainConfig, TrainResult, cross_validate, featurize, train
 from classifier.types import (
     TIER_INDEX,
     TIERS,
@@ -61,10 +62,10 @@ __all__ = [
     "ARTIFACT_FORMAT", "DEFAULT_TARGET_MIX", "EXCLUDED_SOURCES", "FEATURE_VERSION", "N_FEATURES", "TIERS",
     "TIER_INDEX", "ArtifactError", "CVReport", "ClassifierError", "Contribution", "EffortDecision",
     "EffortModel", "FeatureVersionError", "Interval", "LabelledExample", "LoadedArtifact", "OnlineRouter",
-    "Outcome", "RoutingCurve", "RoutingMetrics", "SparseFeatures", "TierMetrics", "TrainConfig",
+    "Outcome", "RouterEval", "RoutingCurve", "RoutingMetrics", "SparseFeatures", "TierMetrics", "TrainConfig",
     "TrainResult", "apgr", "auroc", "bands_from_mix", "bootstrap", "build_dataset", "calibrate_thresholds",
-    "cpt", "dataset_hash", "expected_calibration_error", "extract", "featurize", "fit_temperature",
+    "cpt", "cross_validate", "dataset_hash", "evaluate_routers", "expected_calibration_error", "extract", "featurize", "fit_temperature",
     "library_versions", "load_artifact", "load_outcomes", "metadata_path", "metrics", "new_version",
-    "oracle_scores", "outcome_target", "prequential", "read_metadata", "routing_curve", "save_artifact",
+    "oracle_scores", "outcome_target", "prequential", "quality_at", "read_metadata", "routing_curve", "save_artifact",
     "split_conversation", "train", "user_prompt",
 ]

@@ -110,9 +110,7 @@ def cv(config: Path | None = ConfigOption, data: Path | None = DataOption,
     settings = _settings(config)
     examples = classifier.build_dataset(_data_dir(settings, data))
     X = classifier.featurize(examples)
-    from classifier.train import cross_validate
-
-    report, _ = cross_validate(examples, X, classifier.TrainConfig(cv_folds=folds))
+    report, _ = classifier.cross_validate(examples, X, classifier.TrainConfig(cv_folds=folds))
     typer.echo(json.dumps(report.to_json(), indent=2) if as_json else _cv_table(report))
 
 
@@ -146,7 +144,7 @@ def eval_cmd(outcomes: Path = typer.Option(..., "--outcomes", help="CSV/JSONL: p
              seed: int = typer.Option(0), as_json: bool = typer.Option(False, "--json")) -> None:
     """Evaluate the classifier as a strong-vs-cheap router: curve, APGR, CPT(50%), CPT(80%)."""
     import classifier
-    from classifier.routing_report import evaluate_routers, quality_at
+    from classifier import evaluate_routers, quality_at
 
     try:
         rows = classifier.load_outcomes(outcomes)
