@@ -83,7 +83,8 @@ class LLMEngine:
         if eos_token_ids is None:
             eos_token_ids = tuple(getattr(tokenizer, "eos_token_ids", ()) or ())
         self.eos_token_ids = frozenset(eos_token_ids)
-        model_len = max_model_len or int(getattr(config, "max_position_embeddings", 2048))
+        positions = int(getattr(config, "max_position_embeddings", 2048))
+        model_len = min(max_model_len, positions) if max_model_len else positions  # never past RoPE's range
         if num_blocks is None:
             per_token = 2 * config.num_hidden_layers * config.num_key_value_heads * config.head_dim * (
                 torch.finfo(dtype).bits // 8)

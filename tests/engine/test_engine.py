@@ -156,6 +156,8 @@ def test_prefix_cache_hits_are_reported_and_do_not_change_output(tiny) -> None:
 
 
 def test_context_limits(tiny) -> None:
+    big = make_engine(tiny, max_model_len=100_000, num_blocks=1024)
+    assert big.limits.max_model_len == tiny[1].max_position_embeddings
     engine = make_engine(tiny, max_model_len=20)
     with pytest.raises(PromptTooLong):
         engine.add_request(list(range(1, 21)), GREEDY)
