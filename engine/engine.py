@@ -76,6 +76,11 @@ class LLMEngine:
                  kv_cache_bytes: int = DEFAULT_KV_CACHE_BYTES, max_model_len: int | None = None,
                  max_num_seqs: int = 32, max_num_batched_tokens: int = 512,
                  enable_prefix_caching: bool = True) -> None:
+        """``model``/``config``: a `CausalLM` and its `ModelConfig`. The KV cache gets ``num_blocks``
+        blocks of ``block_size`` tokens (default: as many as ``kv_cache_bytes`` holds, at least one
+        full context, at most ``max_num_seqs`` full contexts). ``max_model_len`` caps prompt +
+        output (default and ceiling: the model's ``max_position_embeddings``). Each step computes
+        at most ``max_num_batched_tokens`` tokens for at most ``max_num_seqs`` sequences."""
         self.config = config
         self.tokenizer = tokenizer
         self.num_experts = int(getattr(config, "num_experts", 0) or 0)
