@@ -96,7 +96,9 @@ def _load(url: str, body: dict[str, Any], key: str, concurrency: int, core: int 
            "--duration", str(duration_s or 3600), "--requests", str(requests)]
     out = subprocess.run(cmd, capture_output=True, check=True, timeout=900).stdout
     r = orjson.loads(out.strip().splitlines()[-1])
-    return Phase(r["rps"], r["p50_ms"], r["p99_ms"], r["errors"])
+    nan = float("nan")  # no successful request: shown as nan, with the error count
+    return Phase(r["rps"], r["p50_ms"] if r["p50_ms"] is not None else nan,
+                 r["p99_ms"] if r["p99_ms"] is not None else nan, r["errors"])
 
 
 def _measure(name: str, url: str, body: dict[str, Any], key: str, args: BenchArgs) -> tuple[Phase, Phase]:
@@ -191,6 +193,14 @@ def run_gateway_bench(args: BenchArgs) -> str:
     with _process(mock_cmd, f"http://127.0.0.1:{mock_port}/v1/models", work / "mock.log", env):
         results["direct"] = _measure("direct", f"{upstream}/chat/completions", REQUEST, "none", args)
 
+        bare_cmd = [*_pin(args.server_core), sys.executable, "-m", "gateway.cli.bench_tools", "bare",
+                    "--port", str(tg_port), "--upstream", upstream]
+        with _process(bare_cmd, f"http://127.0.0.1:{tg_port}/healthz", work / "bare.log", env):
+            results["bare-fastapi"] = _measure("bare FastAPI + aiohttp pass-through",
+                                               f"http://127.0.0.1:{tg_port}/v1/chat/completions", REQUEST, "none", args)
+        notes.append("bare-fastapi: FastAPI + aiohttp pass-through with no auth, validation or ledger "
+                     "(the floor for a Python gateway on this machine, measured in the same run)")
+
         config = _tiergate_config(work, upstream)
         key = _tiergate_key(config)
         runs = [("tiergate", config)]
@@ -245,6 +255,10 @@ def _report(results: dict[str, tuple[Phase, Phase]], notes: list[str], args: Ben
     lines.append("")
     tg = results["tiergate"]
     lines.append(f"tiergate / direct RPS: {tg[1].rps / results['direct'][1].rps:.3f}")
+    if "bare-fastapi" in results:
+        bare = results["bare-fastapi"]
+        lines.append(f"tiergate / bare pass-through RPS: {tg[1].rps / max(bare[1].rps, 1e-9):.3f}; added p50 "
+                     f"{tg[0].p50_ms - direct_lat.p50_ms:.3f} ms vs {bare[0].p50_ms - direct_lat.p50_ms:.3f} ms")
     if "litellm" in results:
         ll = results["litellm"]
         tg_add = max(tg[0].p50_ms - direct_lat.p50_ms, 1e-3)

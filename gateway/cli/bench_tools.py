@@ -2,6 +2,8 @@
 
 - ``mock``: a fast mock OpenAI upstream (aiohttp.web + uvloop) answering every chat completion
   with the same small JSON body (with usage);
+- ``bare``: the floor for any Python gateway: a bare FastAPI + aiohttp pass-through (no auth, no
+  ledger, no validation) under uvicorn with uvloop/httptools, one worker;
 - ``load``: a small closed-loop HTTP/1.1 keep-alive load generator (asyncio streams + uvloop;
   lighter than an HTTP client library so it does not become the bottleneck). It POSTs one body
   with C connections for D seconds (or N requests) and prints JSON: requests, errors, rps,
@@ -46,6 +48,30 @@ def run_mock(host: str, port: int) -> None:
     app.router.add_post("/chat/completions", chat)
     app.router.add_get("/v1/models", models)
     web.run_app(app, host=host, port=port, access_log=None, print=None)
+
+
+def run_bare(host: str, port: int, upstream: str) -> None:
+    import aiohttp
+    import uvicorn
+    from fastapi import FastAPI, Request, Response
+
+    state: dict[str, aiohttp.ClientSession] = {}
+    app = FastAPI()
+
+    async def chat(request: Request) -> Response:
+        if "s" not in state:
+            state["s"] = aiohttp.ClientSession()
+        async with state["s"].post(upstream + "/chat/completions", data=await request.body(),
+                                   headers={"Content-Type": "application/json"}) as resp:
+            return Response(await resp.read(), status_code=resp.status, media_type="application/json")
+
+    async def healthz(_: Request) -> Response:
+        return Response(b"{}", media_type="application/json")
+
+    app.router.add_route("/v1/chat/completions", chat, methods=["POST"])  # Starlette routes, as tiergate's
+    app.router.add_route("/healthz", healthz, methods=["GET"])
+
+    uvicorn.run(app, host=host, port=port, loop="uvloop", http="httptools", access_log=False, log_level="warning")
 
 
 async def _read_response(reader: asyncio.StreamReader) -> int:
@@ -132,6 +158,10 @@ def main(argv: list[str] | None = None) -> None:
     mock = sub.add_parser("mock")
     mock.add_argument("--host", default="127.0.0.1")
     mock.add_argument("--port", type=int, required=True)
+    bare = sub.add_parser("bare")
+    bare.add_argument("--host", default="127.0.0.1")
+    bare.add_argument("--port", type=int, required=True)
+    bare.add_argument("--upstream", required=True)
     load = sub.add_parser("load")
     load.add_argument("--url", required=True)
     load.add_argument("--body", required=True, help="JSON request body")
@@ -149,6 +179,8 @@ def main(argv: list[str] | None = None) -> None:
         pass
     if args.cmd == "mock":
         run_mock(args.host, args.port)
+    elif args.cmd == "bare":
+        run_bare(args.host, args.port, args.upstream)
     else:
         result = asyncio.run(run_load(args.url, args.body.encode(), args.key, args.concurrency,
                                       args.duration, args.requests, args.warmup))
