@@ -23,6 +23,7 @@ from torch import nn
 
 from engine.attention import AttentionContext, PagedPlan, causal_attention, paged_attention, plan_paged
 from engine.config import ModelConfig
+from engine.kernels import linear
 from engine.moe import DenseMLP, ExpertCount, SparseMoeBlock, resolve_experts_per_token
 from engine.norm import RMSNorm
 from engine.rope import RotaryEmbedding, apply_rotary, compute_inv_freq
@@ -62,7 +63,7 @@ class Attention(nn.Module):
         kv_cache: KVCache | None,
     ) -> torch.Tensor:
         """x [..., T, H] -> [..., T, H]."""
-        q, k, v = self.qkv_proj(x).split(self.split_sizes, dim=-1)
+        q, k, v = linear(x, self.qkv_proj.weight, self.qkv_proj.bias).split(self.split_sizes, dim=-1)
         if self.qk_norm == "full":
             assert self.q_norm is not None and self.k_norm is not None
             q, k = self.q_norm(q), self.k_norm(k)
@@ -81,7 +82,7 @@ class Attention(nn.Module):
             o = paged_attention(q, k, v, kv_cache[0], kv_cache[1], plan, self.scale, self.window)
         else:
             o = causal_attention(q, k, v, self.scale, self.window)
-        return self.o_proj(o.reshape(*lead, self.n_q * self.head_dim))
+        return linear(o.reshape(*lead, self.n_q * self.head_dim), self.o_proj.weight, self.o_proj.bias)
 
 
 class DecoderLayer(nn.Module):
@@ -186,7 +187,7 @@ class CausalLM(nn.Module):
         """Logits for all rows of `hidden` [T, H], or only rows `last_token_indices` (cheap decode)."""
         if last_token_indices is not None:
             hidden = hidden[last_token_indices]
-        return self.lm_head(hidden)
+        return linear(hidden, self.lm_head.weight)
 
     def forward(
         self,

@@ -9,7 +9,7 @@ renormalising, so each token is renormalised over exactly the k it keeps.
 tokens, reading that expert's weights once per forward. `reference_moe` is the plain per-expert loop with
 its own routing, kept as the test oracle for the fast path.
 
-Must not import the model, attention, or anything outside torch.
+Must not import the model, attention, or anything outside torch and engine.kernels.
 """
 
 from __future__ import annotations
@@ -19,6 +19,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from engine.kernels import linear
 
 
 @dataclass(frozen=True)
@@ -111,8 +113,8 @@ def grouped_moe(
 
 
 def _expert(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
-    gate, up = F.linear(x, gate_up).chunk(2, dim=-1)
-    return F.linear(F.silu(gate) * up, down)
+    gate, up = linear(x, gate_up).chunk(2, dim=-1)
+    return linear(F.silu(gate) * up, down)
 
 
 def reference_moe(
@@ -165,8 +167,8 @@ class DenseMLP(nn.Module):
         self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=bias)
 
     def forward(self, x: torch.Tensor, experts_per_token: ExpertCount | None = None) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        gate, up = linear(x, self.gate_up_proj.weight, self.gate_up_proj.bias).chunk(2, dim=-1)
+        return linear(F.silu(gate) * up, self.down_proj.weight, self.down_proj.bias)
 
 
 class StackedExperts(nn.Module):
