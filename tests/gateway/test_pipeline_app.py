@@ -87,6 +87,7 @@ async def test_pipeline_streams_progress_then_answer_through_the_route(tmp_path:
         r = await gw.client.post("/v1/chat/completions", headers=gw.auth, json={
             "model": "auto", "reasoning_effort": "high", "messages": MSGS, "stream": True,
             "stream_options": {"include_usage": True}})
+        assert r.headers["x-tiergate-effort"] == "high"
         events = _events(r.content)
         deltas = [e["choices"][0]["delta"] for e in events if e["choices"]]
         first_content = next(i for i, d in enumerate(deltas) if d.get("content"))
@@ -130,6 +131,7 @@ async def test_tenant_past_soft_budget_gets_capped_effort_not_an_error(tmp_path:
                                  json={"model": "auto", "reasoning_effort": "xhigh", "messages": MSGS})
         assert r.status_code == 200
         assert r.headers["x-tiergate-effort"] == "medium"  # settings.budgets.soft_effort_cap
+        assert r.headers["x-tiergate-effort-source"] == "budget_cap"
         assert [(c.role, c.model) for c in provider.calls] == [("direct", "scripted/mid")]
         (row,) = gw.ledger_rows()
         assert row.tier == "medium"
