@@ -43,8 +43,8 @@ class TrainConfig:
     seed: int = 1234
     log_every: int = 50
     checkpoint_every: int = 500
-    # One intra-op thread: on a CPU shared with other jobs, two threads measured ~13x slower than one
-    # (threads wait on each other at every op); see the model card.
+    # One intra-op thread by default: while other jobs share the CPU, two threads ran far slower than
+    # one in our runs (each op waits for the descheduled thread). `tiergate engine train --threads N`.
     threads: int | None = 1
 
 
