@@ -279,3 +279,15 @@ def test_shipped_demo_models_load_and_generate() -> None:
     assert not draft_config.is_moe and draft_config.vocab_size == config.vocab_size
     assert (MODELS / "demo-draft/tokenizer.json").read_bytes() == (MODELS / "demo-moe/tokenizer.json").read_bytes()
     assert len(_greedy(draft, prompt, 4, None)) == 4
+
+
+def test_train_command_writes_a_model_directory(data_dir: Path, tmp_path: Path) -> None:
+    from gateway.cli.engine_cmd import app
+
+    out = CliRunner().invoke(app, ["train", "--out", str(tmp_path), "--data-dir", str(data_dir), "--which", "moe",
+                                   "--moe-steps", "1"])
+    assert out.exit_code == 0, out.output
+    assert "step 1/1" in out.output and not (tmp_path / "demo-draft").exists()
+    _, config = load_model(tmp_path / "demo-moe")
+    assert config.model_type == "mixtral" and config.num_experts == 8
+    assert "--moe-steps 1 " in (tmp_path / "demo-moe/MODEL_CARD.md").read_text()
