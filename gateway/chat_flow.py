@@ -21,7 +21,7 @@ import orjson
 from gateway.errors import GatewayError, InvalidRequest
 from gateway.execution import Executor, ResolvedRequest
 from gateway.ids import fast_id
-from gateway.ledger.entries import RequestRecord
+from gateway.ledger.entries import LedgerEntry, RequestRecord
 from gateway.providers.base import CallOptions
 from gateway.providers.metering import count_prompt_tokens
 from gateway.resolve import DecideAuto, resolve_model
@@ -40,6 +40,7 @@ class PrincipalLike(Protocol):
 
 
 class RequestLedger(Protocol):
+    def record(self, entry: LedgerEntry) -> None: ...
     def record_request(self, rec: RequestRecord) -> None: ...
     async def wait_durable(self) -> None: ...
 
@@ -87,19 +88,31 @@ class ChatFlow:
         rr = ResolvedRequest(request_id=new_request_id(), tenant_id=principal.tenant_id,
                              key_id=principal.key_id, resolution=resolution, body=upstream_body(data),
                              options=options)
+        rr.tally.deferred = []  # call rows join the request record in one journal batch (finish)
         return rr, req
+
+    def record_deferred(self, rr: ResolvedRequest) -> None:
+        """Hand the request's parked call rows to the ledger (idempotent; never drops a row)."""
+        for entry in rr.tally.take_deferred():
+            self.ledger.record(entry)
 
     async def finish(self, rr: ResolvedRequest, status: str, http_status: int,
                      error_code: str | None = None) -> None:
+        rows = rr.tally.take_deferred()  # parked call rows: their tokens are in the tally already
         t, r = rr.tally, rr.resolution
-        self.ledger.record_request(RequestRecord(
-            id=rr.request_id, tenant_id=rr.tenant_id, key_id=rr.key_id, requested_model=r.requested_model,
-            status=status, tier=t.effort or r.tier, effort_source=t.effort_source or r.effort_source,
-            classifier_score=r.classifier_score,
-            classifier_version=r.classifier_version, pipeline=t.pipeline, http_status=http_status,
-            error_code=error_code, latency_ms=round((time.perf_counter() - rr.started) * 1000, 3),
-            prompt_tokens=t.usage.prompt_tokens, completion_tokens=t.usage.completion_tokens,
-            cost_usd=t.cost_usd, baseline_cost_usd=t.baseline_cost_usd))
+        try:
+            record = RequestRecord(
+                id=rr.request_id, tenant_id=rr.tenant_id, key_id=rr.key_id, requested_model=r.requested_model,
+                status=status, tier=t.effort or r.tier, effort_source=t.effort_source or r.effort_source,
+                classifier_score=r.classifier_score,
+                classifier_version=r.classifier_version, pipeline=t.pipeline, http_status=http_status,
+                error_code=error_code, latency_ms=round((time.perf_counter() - rr.started) * 1000, 3),
+                prompt_tokens=t.usage.prompt_tokens, completion_tokens=t.usage.completion_tokens,
+                cost_usd=t.cost_usd, baseline_cost_usd=t.baseline_cost_usd)
+        finally:
+            for entry in rows:  # back to back with the request record: one journal batch, one fsync
+                self.ledger.record(entry)
+        self.ledger.record_request(record)
         if self.settings.ledger.durable_responses:
             await self.ledger.wait_durable()  # this record and every call row before it: fsync'd
 
@@ -111,6 +124,9 @@ class ChatFlow:
             raise
         except Exception:
             await self.finish(rr, "error", 500, "internal_error")
+            raise
+        except BaseException:  # cancelled (shutdown): no answer to send, but the calls are billed
+            self.record_deferred(rr)
             raise
         response["id"] = rr.request_id
         response["model"] = rr.resolution.requested_model
@@ -128,6 +144,9 @@ class ChatFlow:
             raise
         except Exception:
             await self.finish(rr, "error", 500, "internal_error")
+            raise
+        except BaseException:
+            self.record_deferred(rr)
             raise
         return ChatStream(self, rr, chunks, include_usage)
 
@@ -173,9 +192,13 @@ class ChatStream:
         yield b"data: [DONE]\n\n"
 
     async def close(self) -> None:
-        aclose = getattr(self.chunks, "aclose", None)
-        if aclose is not None:
-            await aclose()  # no-op when the stream already ended; else cancels + bills
-        if not self.finished:
-            self.finished = True
-            await self.flow.finish(self.rr, "cancelled", STATUS_CLIENT_CLOSED, "client_closed_request")
+        try:
+            aclose = getattr(self.chunks, "aclose", None)
+            if aclose is not None:
+                await aclose()  # no-op when the stream already ended; else cancels + bills
+        finally:
+            if not self.finished:
+                self.finished = True
+                await self.flow.finish(self.rr, "cancelled", STATUS_CLIENT_CLOSED, "client_closed_request")
+            else:
+                self.flow.record_deferred(self.rr)  # nothing is parked after finish; never drop one

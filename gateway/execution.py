@@ -45,6 +45,15 @@ class CallTally:
     effort: str | None = None  # the effort tier actually executed, when the routing policy ran
     effort_source: str | None = None  # budget_cap when the soft budget capped the effort
     response_headers: dict[str, str] = field(default_factory=dict)  # e.g. the remaining budget
+    # When a list (set by ChatFlow), the direct executor parks its ledger rows here and ChatFlow
+    # records them together with the request record, so one journal fsync covers the request
+    # (instead of one for the call row and another for the request row). None: record at once.
+    deferred: list[LedgerEntry] | None = None
+
+    def take_deferred(self) -> list[LedgerEntry]:
+        """The parked rows, and stop parking (later rows are recorded at once)."""
+        rows, self.deferred = self.deferred or [], None
+        return rows
 
 
 @dataclass(frozen=True)
@@ -93,11 +102,15 @@ class DirectExecutor:
         def record(attempt: Attempt) -> None:
             tier = req.resolution.tier
             cost, baseline = cost_of(self.settings, tier, attempt.model_name, attempt.usage)
-            self.ledger.record(LedgerEntry(
+            entry = LedgerEntry(
                 id=fast_id(), request_id=req.request_id, tenant_id=req.tenant_id, key_id=req.key_id,
                 stage="direct", tier=tier, model=attempt.model_name, usage=attempt.usage, cost_usd=cost,
-                baseline_cost_usd=baseline, status=attempt.status))
+                baseline_cost_usd=baseline, status=attempt.status)
             t = req.tally
+            if t.deferred is not None:
+                t.deferred.append(entry)
+            else:
+                self.ledger.record(entry)
             t.usage, t.cost_usd, t.baseline_cost_usd = t.usage + attempt.usage, t.cost_usd + cost, \
                 t.baseline_cost_usd + baseline
             t.calls += 1

@@ -194,3 +194,33 @@ async def test_upstream_failing_mid_stream_sends_an_error_event_and_bills(tmp_pa
         assert row.status == "error" and 6 <= row.completion_tokens < 50  # what was generated, counted
         (req,) = gw.request_rows()
         assert (req.status, req.http_status) == ("error", 502)
+
+
+async def test_call_rows_and_request_record_share_one_journal_fsync(tmp_path: Path, upstream: ScriptedUpstream,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    from gateway.ledger.journal import Journal
+
+    batches: list[int] = []
+    real_append = Journal.append
+
+    def counting_append(self: Journal, batch: list[Any]) -> Any:
+        batches.append(len(batch))
+        return real_append(self, batch)
+
+    monkeypatch.setattr(Journal, "append", counting_append)
+    import sys
+
+    old_interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-5)  # the journal thread takes the GIL as eagerly as it can (as under serve)
+    n = 20
+    try:
+        async with gateway(tmp_path, upstream) as gw:
+            for i in range(n):
+                r = await gw.client.post("/v1/chat/completions", headers=gw.auth,
+                                         json={"model": "low", "messages": MSGS, "stream": i % 2 == 1})
+                assert r.status_code == 200
+            assert len(gw.ledger_rows()) == n and len(gw.request_rows()) == n
+    finally:
+        sys.setswitchinterval(old_interval)
+    assert sum(batches) == 2 * n
+    assert len(batches) <= n * 1.25  # ~one fsync per request, not one per row
