@@ -63,20 +63,29 @@ class Attention(nn.Module):
         kv_cache: KVCache | None,
     ) -> torch.Tensor:
         """x [..., T, H] -> [..., T, H]."""
-        q, k, v = linear(x, self.qkv_proj.weight, self.qkv_proj.bias).split(self.split_sizes, dim=-1)
-        if self.qk_norm == "full":
-            assert self.q_norm is not None and self.k_norm is not None
-            q, k = self.q_norm(q), self.k_norm(k)
-        if self.clip_qkv is not None:
-            q, k, v = (t.clamp(-self.clip_qkv, self.clip_qkv) for t in (q, k, v))
         lead = x.shape[:-1]
-        q = q.reshape(*lead, self.n_q, self.head_dim)
-        k = k.reshape(*lead, self.n_kv, self.head_dim)
-        v = v.reshape(*lead, self.n_kv, self.head_dim)
-        if self.qk_norm == "head":
-            assert self.q_norm is not None and self.k_norm is not None
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        qkv = linear(x, self.qkv_proj.weight, self.qkv_proj.bias)
+        if self.qk_norm is None:  # rotate q and k heads together: one rotary pass per layer
+            if self.clip_qkv is not None:
+                qkv = qkv.clamp(-self.clip_qkv, self.clip_qkv)
+            qk = apply_rotary(qkv[..., : self.split_sizes[0] + self.split_sizes[1]].view(*lead, -1, self.head_dim),
+                              cos, sin)
+            q, k = qk.split([self.n_q, self.n_kv], dim=-2)
+            v = qkv[..., -self.split_sizes[2] :].view(*lead, self.n_kv, self.head_dim)
+        else:
+            q, k, v = qkv.split(self.split_sizes, dim=-1)
+            if self.qk_norm == "full":
+                assert self.q_norm is not None and self.k_norm is not None
+                q, k = self.q_norm(q), self.k_norm(k)
+            if self.clip_qkv is not None:
+                q, k, v = (t.clamp(-self.clip_qkv, self.clip_qkv) for t in (q, k, v))
+            q = q.reshape(*lead, self.n_q, self.head_dim)
+            k = k.reshape(*lead, self.n_kv, self.head_dim)
+            v = v.reshape(*lead, self.n_kv, self.head_dim)
+            if self.qk_norm == "head":
+                assert self.q_norm is not None and self.k_norm is not None
+                q, k = self.q_norm(q), self.k_norm(k)
+            q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         if plan is not None:
             assert kv_cache is not None
             o = paged_attention(q, k, v, kv_cache[0], kv_cache[1], plan, self.scale, self.window)
@@ -216,8 +225,11 @@ class CausalLM(nn.Module):
         what `F.linear` on the transposed view dispatches to). Prefill GEMMs are unaffected. Parameters stay
         tied and trainable; `.contiguous()` restores the row-major copy where a contiguous tensor is needed.
         """
+        embedding = self.model.embed_tokens.weight
         with torch.no_grad():
             for p in self.parameters():
+                if p is embedding and p is not self.lm_head.weight:
+                    continue  # looked up by row: column-major would make each row hidden_size strided reads
                 if p.dim() == 2 and p.stride(-1) == 1:
                     p.data = p.data.t().contiguous().t()
                 elif p.dim() == 3 and p.stride(-1) == 1:

@@ -86,9 +86,10 @@ def grouped_moe(
     """
     n_tokens, k = ids.shape
     if n_tokens == 1 and per_token is None:  # batch-1 decode: no sorting, k expert calls
-        out = torch.zeros_like(x)
-        for slot, expert in enumerate(ids[0].tolist()):
-            out += _expert(x, gate_up_proj[expert], down_proj[expert]) * weights[0, slot]
+        slot_ids = ids[0].tolist()
+        out = _expert(x, gate_up_proj[slot_ids[0]], down_proj[slot_ids[0]]) * weights[0, 0]
+        for slot in range(1, k):
+            out += _expert(x, gate_up_proj[slot_ids[slot]], down_proj[slot_ids[slot]]) * weights[0, slot]
         return out
     flat_ids = ids.reshape(-1)
     flat_weights = weights.reshape(-1)
@@ -99,17 +100,18 @@ def grouped_moe(
     order = torch.argsort(flat_ids, stable=True)
     counts = torch.bincount(flat_ids, minlength=gate_up_proj.shape[0]).tolist()
     tokens_sorted = token_of[order]
-    weights_sorted = flat_weights[order]
-    out = torch.zeros_like(x)
+    rows = x.index_select(0, tokens_sorted)  # [A, H]: every (token, expert) assignment, grouped by expert
+    outputs = []
     start = 0
     for expert, count in enumerate(counts):
         if count == 0:
             continue
-        rows = tokens_sorted[start : start + count]
-        y = _expert(x.index_select(0, rows), gate_up_proj[expert], down_proj[expert])
-        out.index_add_(0, rows, y * weights_sorted[start : start + count, None])
+        outputs.append(_expert(rows[start : start + count], gate_up_proj[expert], down_proj[expert]))
         start += count
-    return out
+    if not outputs:  # no tokens
+        return torch.zeros_like(x)
+    y = torch.cat(outputs) if len(outputs) > 1 else outputs[0]
+    return torch.zeros_like(x).index_add_(0, tokens_sorted, y * flat_weights[order, None])
 
 
 def _expert(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
