@@ -4,9 +4,11 @@ Starts the mock OpenAI upstream (``bench_tools mock``), then measures with the s
 generator (``bench_tools load``): direct-to-mock; through tiergate (``tiergate serve``: auth and
 the journaled ledger on, SQLite, one uvicorn worker); and through the LiteLLM proxy from
 ``.venv-litellm-proxy`` (``make bench-venv``; one worker, same upstream; skipped with a note if
-absent). Servers under test are pinned to one core with taskset, the load generator and the
-mock to another (when the machine has two). Prints RPS at fixed concurrency, added p50/p99
-latency at concurrency 1 versus direct, and the tiergate/LiteLLM ratios.
+absent), plus a bare FastAPI + aiohttp pass-through as the floor. All servers run at once and
+are measured interleaved, round by round (median of 3), so load changes on a shared machine
+hit every target alike. Servers under test are pinned to one core with taskset, the load
+generator and the mock to another (when the machine has two). Prints RPS at fixed
+concurrency, added p50/p99 latency at concurrency 1 versus direct, and the ratios.
 
 Bench-only: imported lazily by gateway.cli.bench.
 """
@@ -18,12 +20,13 @@ import os
 import shutil
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -117,6 +120,7 @@ class BenchArgs:
     load_core: int | None = 1
     litellm_venv: Path = Path(".venv-litellm-proxy")
     nowait_variant: bool = True
+    rounds: int = 3
 
 
 def _tiergate_config(work: Path, upstream: str, durable: bool = True) -> Path:
@@ -179,72 +183,100 @@ def _litellm_config(work: Path, upstream: str) -> Path:
     return path
 
 
+@dataclass(frozen=True)
+class Target:
+    name: str
+    url: str
+    body: dict[str, Any]
+    key: str
+
+
+def _median_phase(phases: list[Phase]) -> Phase:
+    def med(values: list[float]) -> float:
+        return statistics.median(values)
+
+    return Phase(med([p.rps for p in phases]), med([p.p50_ms for p in phases]), med([p.p99_ms for p in phases]),
+                 sum(p.errors for p in phases))
+
+
+def _tiergate_target(stack: ExitStack, work: Path, name: str, upstream: str, durable: bool, args: BenchArgs,
+                     env: dict[str, str]) -> tuple[Target, Path]:
+    home = work / name
+    home.mkdir()
+    config = _tiergate_config(home, upstream, durable=durable)
+    key, port = _tiergate_key(config), _free_port()
+    cmd = [*_pin(args.server_core), sys.executable, "-c", "from gateway.cli import main; main()",
+           "serve", "--config", str(config), "--port", str(port)]
+    stack.enter_context(_process(cmd, f"http://127.0.0.1:{port}/readyz", work / f"{name}.log", env))
+    return Target(name, f"http://127.0.0.1:{port}/v1/chat/completions", REQUEST, key), config
+
+
 def run_gateway_bench(args: BenchArgs) -> str:
+    """Start every server, then measure them interleaved (round by round, median per target),
+    so load changes on a shared machine hit all targets alike."""
     cores = os.cpu_count() or 1
     if cores < 2:
         args = dataclasses.replace(args, server_core=None, load_core=None)
     work = Path(tempfile.mkdtemp(prefix="tiergate-bench-"))
-    mock_port, tg_port, ll_port = _free_port(), _free_port(), _free_port()
+    mock_port = _free_port()
     upstream = f"http://127.0.0.1:{mock_port}/v1"
     env = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True", "TIERGATE_BENCH_DATABASE_URL": ""}
-    results: dict[str, tuple[Phase, Phase]] = {}
     notes: list[str] = []
-    mock_cmd = [*_pin(args.load_core), sys.executable, "-m", "gateway.cli.bench_tools", "mock", "--port", str(mock_port)]
-    with _process(mock_cmd, f"http://127.0.0.1:{mock_port}/v1/models", work / "mock.log", env):
-        results["direct"] = _measure("direct", f"{upstream}/chat/completions", REQUEST, "none", args)
-
+    targets = [Target("direct", f"{upstream}/chat/completions", REQUEST, "none")]
+    with ExitStack() as stack:
+        mock_cmd = [*_pin(args.load_core), sys.executable, "-m", "gateway.cli.bench_tools", "mock",
+                    "--port", str(mock_port)]
+        stack.enter_context(_process(mock_cmd, f"http://127.0.0.1:{mock_port}/v1/models", work / "mock.log", env))
+        bare_port = _free_port()
         bare_cmd = [*_pin(args.server_core), sys.executable, "-m", "gateway.cli.bench_tools", "bare",
-                    "--port", str(tg_port), "--upstream", upstream]
-        with _process(bare_cmd, f"http://127.0.0.1:{tg_port}/healthz", work / "bare.log", env):
-            results["bare-fastapi"] = _measure("bare FastAPI + aiohttp pass-through",
-                                               f"http://127.0.0.1:{tg_port}/v1/chat/completions", REQUEST, "none", args)
+                    "--port", str(bare_port), "--upstream", upstream]
+        stack.enter_context(_process(bare_cmd, f"http://127.0.0.1:{bare_port}/healthz", work / "bare.log", env))
+        targets.append(Target("bare-fastapi", f"http://127.0.0.1:{bare_port}/v1/chat/completions", REQUEST, "none"))
         notes.append("bare-fastapi: FastAPI + aiohttp pass-through with no auth, validation or ledger "
-                     "(the floor for a Python gateway on this machine, measured in the same run)")
-
-        config = _tiergate_config(work, upstream)
-        key = _tiergate_key(config)
-        runs = [("tiergate", config)]
+                     "(the floor for a Python gateway on this machine)")
+        target, config = _tiergate_target(stack, work, "tiergate", upstream, True, args, env)
+        targets.append(target)
         if args.nowait_variant:
-            runs.append(("tiergate-nowait", _tiergate_config(work, upstream, durable=False)))
-        for label, cfg_path in runs:
-            tg_cmd = [*_pin(args.server_core), sys.executable, "-c", "from gateway.cli import main; main()",
-                      "serve", "--config", str(cfg_path), "--port", str(tg_port)]
-            with _process(tg_cmd, f"http://127.0.0.1:{tg_port}/readyz", work / f"{label}.log", env):
-                results[label] = _measure(label, f"http://127.0.0.1:{tg_port}/v1/chat/completions",
-                                          REQUEST, key, args)
-        rows = _ledger_rows(config)
-        notes.append(f"ledger rows written by the tiergate runs: {rows} (auth + journaled ledger on, SQLite)")
-        if args.nowait_variant:
+            targets.append(_tiergate_target(stack, work, "tiergate-nowait", upstream, False, args, env)[0])
             notes.append("tiergate: responses wait for their ledger rows' journal fsync (durable_responses, "
                          "the default); tiergate-nowait: ledger.durable_responses=false (rows journaled "
                          "within ms but not awaited)")
-
         litellm_bin = args.litellm_venv / "bin" / "litellm"
         if litellm_bin.exists():
+            ll_port = _free_port()
             ll_cmd = [*_pin(args.server_core), str(litellm_bin), "--config", str(_litellm_config(work, upstream)),
                       "--host", "127.0.0.1", "--port", str(ll_port), "--num_workers", "1"]
             ll_env = {**env, "LITELLM_LOG": "ERROR", "LITELLM_TELEMETRY": "False", "DISABLE_SCHEMA_UPDATE": "True"}
             try:
-                with _process(ll_cmd, f"http://127.0.0.1:{ll_port}/health/liveliness", work / "litellm.log",
-                              ll_env, timeout_s=240):
-                    body = {**REQUEST, "model": LITELLM_MODEL}
-                    results["litellm"] = _measure("litellm proxy", f"http://127.0.0.1:{ll_port}/v1/chat/completions",
-                                                  body, LITELLM_MASTER_KEY, args)
+                stack.enter_context(_process(ll_cmd, f"http://127.0.0.1:{ll_port}/health/liveliness",
+                                             work / "litellm.log", ll_env, timeout_s=240))
+                targets.append(Target("litellm", f"http://127.0.0.1:{ll_port}/v1/chat/completions",
+                                      {**REQUEST, "model": LITELLM_MODEL}, LITELLM_MASTER_KEY))
                 notes.append("LiteLLM proxy ran with master-key auth and no database (its spend logs need "
                              "PostgreSQL), i.e. with less work per request than tiergate")
             except RuntimeError as err:
                 notes.append(f"LiteLLM proxy failed to start: {str(err)[:300]}")
         else:
             notes.append(f"LiteLLM proxy not installed ({litellm_bin} missing; run `make bench-venv`): "
-                         "measured direct and tiergate only")
+                         "measured the others only")
+        measured: dict[str, list[tuple[Phase, Phase]]] = {t.name: [] for t in targets}
+        for round_no in range(args.rounds):
+            for t in targets:
+                measured[t.name].append(_measure(f"{t.name} (round {round_no + 1}/{args.rounds})", t.url, t.body,
+                                                 t.key, args))
+    rows = _ledger_rows(config)
+    notes.append(f"ledger rows written by the durable tiergate run: {rows} (auth + journaled ledger on, SQLite)")
     shutil.rmtree(work, ignore_errors=True)
+    results = {name: (_median_phase([m[0] for m in ms]), _median_phase([m[1] for m in ms]))
+               for name, ms in measured.items()}
     return _report(results, notes, args, cores)
 
 
 def _report(results: dict[str, tuple[Phase, Phase]], notes: list[str], args: BenchArgs, cores: int) -> str:
     direct_lat = results["direct"][0]
     lines = [f"tiergate bench gateway: concurrency {args.concurrency} for {args.duration_s:.0f}s (RPS); "
-             f"{args.latency_requests} sequential requests (latency); {cores} cores, server core "
+             f"{args.latency_requests} sequential requests (latency); median of {args.rounds} interleaved "
+             f"rounds; {cores} cores, server core "
              f"{args.server_core}, load+mock core {args.load_core}",
              "", f"{'target':<16}{'RPS@c':>10}{'p50 ms':>10}{'p99 ms':>10}{'+p50 ms':>10}{'+p99 ms':>10}{'errors':>8}"]
     for name, (lat, thr) in results.items():
