@@ -26,7 +26,10 @@ def pipeline_bench(
     if len(shares) != 3:
         raise typer.BadParameter("mix needs three shares: easy,medium,hard")
     settings = load_settings(config) if classifier else None
-    typer.echo(run_bench(Path(data_dir), n, (shares[0], shares[1], shares[2]), seed, settings))
+    try:
+        typer.echo(run_bench(Path(data_dir), n, (shares[0], shares[1], shares[2]), seed, settings))
+    except FileNotFoundError as err:
+        raise typer.BadParameter(f"{err} (point --data-dir at the shared data folder)") from None
 
 
 @app.command("gateway")
