@@ -232,8 +232,8 @@ class Pipeline:
 
     def _send_feedback(self, ctx: RequestContext, messages: list[dict[str, Any]], ex: ExecutionPlan,
                        state: _RunState) -> None:
-        if self.feedback_sink is None or state.review is None:
-            return
+        if self.feedback_sink is None or state.review is None or not state.review.parsed:
+            return  # a reply without a recognisable verdict is no training signal
         accepted = state.review.verdict == "accept"
         label = max(state.step_tiers.values(), key=tier_rank) if accepted else ex.effort
         verdict = ReviewVerdict(

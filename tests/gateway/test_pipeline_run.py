@@ -130,6 +130,12 @@ async def test_accept_after_one_revision_labels_the_tier_that_sufficed() -> None
     assert verdict.messages == tuple(BODY["messages"]) and verdict.allow_prompt_storage is False
 
 
+async def test_a_review_without_a_verdict_is_not_sent_as_feedback() -> None:
+    h = harness(ScriptedProvider(plans=[TWO_STEP], reviews=["just some prose from a weak reviewer"]))
+    result = await h.pipeline.run(CTX, BODY, high())
+    assert result.answer == "just some prose from a weak reviewer" and h.verdicts == []
+
+
 async def test_ledger_rows_headers_and_response_add_up() -> None:
     provider = ScriptedProvider(plans=[TWO_STEP], failures=[raise_upstream()])  # plan's first try fails
     h = harness(provider)
