@@ -68,6 +68,7 @@ async def _unexpected_error(_: Request, err: Exception) -> Response:
 
 
 def _routers(app: FastAPI) -> None:
+    from gateway.routes import admin as admin_routes
     from gateway.routes import budgets, chat, feedback, health, models
 
     app.include_router(health.router)
@@ -75,6 +76,7 @@ def _routers(app: FastAPI) -> None:
     app.include_router(models.router)
     app.include_router(chat.router)
     app.include_router(feedback.router)
+    app.include_router(admin_routes.router)
 
 
 def create_app(settings: Settings, *, session_factory: Any = None, ledger: Any = None,

@@ -1,0 +1,190 @@
+"""Read-only queries behind the admin dashboard.
+
+Spend, all-high baseline and savings come from the ``daily_spend`` aggregate only (never a
+scan of the raw ledger). The effort-tier mix, pipeline share and the recent-requests table
+read ``requests`` for one tenant over a bounded time window, so every query is a range scan
+of the ``(tenant_id, created_at)`` index. Paging is keyset (``created_at``, ``id``), never
+OFFSET. Every value goes through bound parameters. Callers own the session. Imports only
+SQLAlchemy and gateway.db.models.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import date, datetime
+from decimal import Decimal
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.orm import Session
+
+from gateway.db.models import DailySpend, Request, Tenant
+
+MAX_PAGE = 200
+
+
+@dataclass(frozen=True)
+class SpendTotals:
+    """Sums of daily_spend rows; ``calls`` counts upstream calls (one request may make several)."""
+
+    calls: int
+    prompt_tokens: int
+    completion_tokens: int
+    cost_usd: Decimal
+    baseline_cost_usd: Decimal
+
+    @property
+    def savings_usd(self) -> Decimal:
+        return self.baseline_cost_usd - self.cost_usd
+
+    @property
+    def savings_ratio(self) -> float | None:
+        """Share of the all-high cost saved; None when nothing was spent at all."""
+        if self.baseline_cost_usd <= 0:
+            return None
+        return float(self.savings_usd / self.baseline_cost_usd)
+
+
+@dataclass(frozen=True)
+class TenantSpend:
+    tenant_id: str
+    name: str
+    totals: SpendTotals
+
+
+@dataclass(frozen=True)
+class DaySpend:
+    day: date
+    totals: SpendTotals
+
+
+@dataclass(frozen=True)
+class TierMix:
+    """Requests of one tenant since a point in time, by effort tier, and how many ran the pipeline."""
+
+    total: int
+    by_tier: dict[str, int]
+    pipeline: int
+
+    @property
+    def pipeline_share(self) -> float | None:
+        return None if self.total == 0 else self.pipeline / self.total
+
+
+@dataclass(frozen=True)
+class RequestRow:
+    id: str
+    created_at: datetime
+    requested_model: str
+    tier: str | None
+    effort_source: str | None
+    pipeline: bool
+    status: str
+    http_status: int | None
+    latency_ms: float | None
+    prompt_tokens: int
+    completion_tokens: int
+    cost_usd: Decimal
+    baseline_cost_usd: Decimal
+
+
+@dataclass(frozen=True)
+class RequestPage:
+    rows: list[RequestRow]
+    next_cursor: tuple[datetime, str] | None  # pass back as ``before`` for the next (older) page
+
+
+def _sums() -> list[sa.ColumnElement[object]]:
+    return [sa.func.coalesce(sa.func.sum(DailySpend.requests), 0),
+            sa.func.coalesce(sa.func.sum(DailySpend.prompt_tokens), 0),
+            sa.func.coalesce(sa.func.sum(DailySpend.completion_tokens), 0),
+            sa.func.coalesce(sa.func.sum(DailySpend.cost_usd), 0),
+            sa.func.coalesce(sa.func.sum(DailySpend.baseline_cost_usd), 0)]
+
+
+def _totals(sums: Sequence[Any]) -> SpendTotals:
+    """A SpendTotals from the five ``_sums()`` columns of one result row."""
+    calls, prompt, completion, cost, baseline = sums
+    return SpendTotals(int(calls or 0), int(prompt or 0), int(completion or 0),
+                       Decimal(str(cost or 0)), Decimal(str(baseline or 0)))
+
+
+def list_tenants(session: Session) -> list[tuple[str, str]]:
+    """(id, name) of every tenant, by name."""
+    return [(r[0], r[1]) for r in session.execute(sa.select(Tenant.id, Tenant.name).order_by(Tenant.name))]
+
+
+def tenant_name(session: Session, tenant_id: str) -> str | None:
+    return session.scalar(sa.select(Tenant.name).where(Tenant.id == tenant_id))
+
+
+def spend_by_tenant(session: Session, since: date, until: date) -> list[TenantSpend]:
+    """Every tenant with its spend in [since, until] (inclusive days); tenants that spent
+    nothing appear with zeros, spend of deleted tenants appears under its id. Biggest first."""
+    rows = session.execute(sa.select(DailySpend.tenant_id, *_sums())
+                           .where(DailySpend.day >= since, DailySpend.day <= until)
+                           .group_by(DailySpend.tenant_id))
+    spend = {r[0]: _totals(r[1:]) for r in rows}
+    names = dict((tid, name) for tid, name in list_tenants(session))
+    zero = _totals((0, 0, 0, 0, 0))
+    out = [TenantSpend(tid, names.get(tid, tid), spend.get(tid, zero)) for tid in set(names) | set(spend)]
+    return sorted(out, key=lambda t: (-t.totals.cost_usd, t.name))
+
+
+def spend_by_day(session: Session, since: date, until: date, tenant_id: str | None = None) -> list[DaySpend]:
+    """Spend per day in [since, until] (days with no spend are left out), oldest first."""
+    q = (sa.select(DailySpend.day, *_sums()).where(DailySpend.day >= since, DailySpend.day <= until)
+         .group_by(DailySpend.day).order_by(DailySpend.day))
+    if tenant_id is not None:
+        q = q.where(DailySpend.tenant_id == tenant_id)
+    return [DaySpend(r[0], _totals(r[1:])) for r in session.execute(q)]
+
+
+def spend_total(session: Session, since: date, until: date, tenant_id: str | None = None) -> SpendTotals:
+    q = sa.select(*_sums()).where(DailySpend.day >= since, DailySpend.day <= until)
+    if tenant_id is not None:
+        q = q.where(DailySpend.tenant_id == tenant_id)
+    row = session.execute(q).one()
+    return _totals(tuple(row))
+
+
+def spend_by_tier(session: Session, since: date, until: date, tenant_id: str) -> dict[str, SpendTotals]:
+    """One tenant's spend per tier in [since, until] (from daily_spend; all stages of a request)."""
+    q = (sa.select(DailySpend.tier, *_sums()).where(DailySpend.tenant_id == tenant_id, DailySpend.day >= since,
+                                                     DailySpend.day <= until).group_by(DailySpend.tier))
+    return {r[0]: _totals(r[1:]) for r in session.execute(q)}
+
+
+def tier_mix(session: Session, tenant_id: str, since: datetime) -> TierMix:
+    """One tenant's requests created at or after ``since``: counts by tier (None → "unrouted")
+    and how many ran the plan→execute→review pipeline."""
+    q = (sa.select(Request.tier, Request.pipeline, sa.func.count())
+         .where(Request.tenant_id == tenant_id, Request.created_at >= since)
+         .group_by(Request.tier, Request.pipeline))
+    by_tier: dict[str, int] = {}
+    total = pipeline = 0
+    for tier, ran_pipeline, n in session.execute(q):
+        key = tier or "unrouted"
+        by_tier[key] = by_tier.get(key, 0) + int(n)
+        total += int(n)
+        pipeline += int(n) if ran_pipeline else 0
+    return TierMix(total, by_tier, pipeline)
+
+
+def recent_requests(session: Session, tenant_id: str, *, limit: int = 50,
+                    before: tuple[datetime, str] | None = None) -> RequestPage:
+    """One tenant's requests, newest first, ``limit`` (at most MAX_PAGE) per page; ``before``
+    is the previous page's ``next_cursor``."""
+    limit = max(1, min(limit, MAX_PAGE))
+    q = sa.select(Request).where(Request.tenant_id == tenant_id)
+    if before is not None:
+        at, rid = before
+        q = q.where(sa.or_(Request.created_at < at, sa.and_(Request.created_at == at, Request.id < rid)))
+    q = q.order_by(Request.created_at.desc(), Request.id.desc()).limit(limit + 1)
+    found = list(session.scalars(q))
+    rows = [RequestRow(r.id, r.created_at, r.requested_model, r.tier, r.effort_source, r.pipeline, r.status,
+                       r.http_status, r.latency_ms, r.prompt_tokens, r.completion_tokens,
+                       Decimal(str(r.cost_usd)), Decimal(str(r.baseline_cost_usd))) for r in found[:limit]]
+    nxt = (rows[-1].created_at, rows[-1].id) if len(found) > limit else None
+    return RequestPage(rows, nxt)

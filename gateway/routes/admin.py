@@ -1,0 +1,280 @@
+"""The admin dashboard: HTML pages and JSON under ``/admin`` — spend, all-high baseline and
+savings per tenant and per day (from ``daily_spend``), effort-tier mix and pipeline share over
+a bounded window, budget status and recent alerts, and a paged recent-requests table.
+
+Auth: the admin key (environment variable named by ``server.admin_key_env``) entered in a
+login form, which sets an HttpOnly, SameSite=Strict, expiring session cookie signed with a key
+derived from it; the JSON endpoints also take ``Authorization: Bearer <admin key>``. With no
+admin key configured every page answers 403. Only POSTs change state (login, logout) and a
+POST whose Origin is another site is refused. Templates are autoescaped. Imports the db query
+helpers, budgets' read side and gateway.admin; never the pipeline or providers.
+"""
+
+from __future__ import annotations
+
+import hmac
+import os
+from dataclasses import asdict
+from datetime import UTC, date, datetime, timedelta
+from decimal import Decimal
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlparse
+
+import anyio
+import jinja2
+import orjson
+from fastapi import APIRouter, Depends, Query, Request, Response
+from fastapi.responses import HTMLResponse, RedirectResponse
+
+from gateway.admin import SESSION_COOKIE, SessionSigner
+from gateway.budgets.alerts import recent_alerts
+from gateway.db import admin_queries as aq
+from gateway.deps import GatewayState, gateway_state, read_body
+from gateway.errors import AuthenticationFailed, InvalidRequest, NotFound, PermissionDenied
+
+router = APIRouter(prefix="/admin")
+
+ASSETS = Path(__file__).resolve().parent.parent / "admin"
+STATIC = {"admin.css": "text/css; charset=utf-8", "admin.js": "text/javascript; charset=utf-8"}
+SECURITY_HEADERS = {"Content-Security-Policy": "default-src 'self'; frame-ancestors 'none'; form-action 'self'",
+                    "X-Content-Type-Options": "nosniff", "Referrer-Policy": "no-referrer",
+                    "Cache-Control": "no-store"}
+MAX_LOGIN_BODY = 4096
+
+
+@lru_cache(maxsize=1)
+def _templates() -> jinja2.Environment:
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(ASSETS / "templates"),
+                             autoescape=True, undefined=jinja2.StrictUndefined)
+    env.filters["usd"] = lambda v: f"{Decimal(v):.6f}"
+    env.filters["pct"] = lambda v: "–" if v is None else f"{100 * v:.1f}%"
+    return env
+
+
+def _html(template: str, status: int = 200, **ctx: Any) -> HTMLResponse:
+    return HTMLResponse(_templates().get_template(template).render(**ctx), status_code=status,
+                        headers=SECURITY_HEADERS)
+
+
+def _json(body: Any) -> Response:
+    return Response(orjson.dumps(body, default=_encode), media_type="application/json",
+                    headers={"Cache-Control": "no-store"})
+
+
+def _encode(value: Any) -> Any:
+    if isinstance(value, Decimal):
+        return str(value)
+    raise TypeError(type(value).__name__)
+
+
+# ---- auth -----------------------------------------------------------------------------------
+
+def _admin_key(state: GatewayState) -> str | None:
+    return os.environ.get(state.settings.server.admin_key_env) or None
+
+
+def _disabled_message(state: GatewayState) -> str:
+    return f"admin dashboard disabled: set the environment variable {state.settings.server.admin_key_env}"
+
+
+def _signed_in(request: Request, key: str) -> bool:
+    scheme, _, token = (request.headers.get("authorization") or "").partition(" ")
+    if scheme.lower() == "bearer" and token:
+        return hmac.compare_digest(token.strip().encode(), key.encode())
+    return SessionSigner(key).valid(request.cookies.get(SESSION_COOKIE))
+
+
+async def admin_json(request: Request) -> GatewayState:
+    """Dependency of the JSON endpoints: 403 when disabled, 401 without a valid key/session."""
+    state: GatewayState = request.app.state.tiergate
+    key = _admin_key(state)
+    if key is None:
+        raise PermissionDenied(_disabled_message(state))
+    if not _signed_in(request, key):
+        raise AuthenticationFailed("admin login required")
+    return state
+
+
+def _page_gate(request: Request, state: GatewayState) -> Response | None:
+    """For HTML pages: None when the caller may see the page, else the response to send."""
+    key = _admin_key(state)
+    if key is None:
+        return _html("disabled.html", 403, message=_disabled_message(state))
+    if not _signed_in(request, key):
+        return RedirectResponse("/admin/login", status_code=303)
+    return None
+
+
+def _same_origin(request: Request) -> bool:
+    origin = request.headers.get("origin")
+    if origin is None or origin == "null":
+        return origin is None
+    return urlparse(origin).netloc == request.headers.get("host", "")
+
+
+# ---- data ------------------------------------------------------------------------------------
+
+def _window(days: int) -> tuple[date, date]:
+    today = datetime.now(UTC).date()
+    return today - timedelta(days=days - 1), today
+
+
+def _totals_json(t: aq.SpendTotals) -> dict[str, Any]:
+    return {"calls": t.calls, "prompt_tokens": t.prompt_tokens, "completion_tokens": t.completion_tokens,
+            "cost_usd": t.cost_usd, "baseline_cost_usd": t.baseline_cost_usd, "savings_usd": t.savings_usd,
+            "savings_ratio": t.savings_ratio}
+
+
+def _overview(state: GatewayState, days: int) -> dict[str, Any]:
+    since, until = _window(days)
+    with state.session_factory() as s:
+        tenants = aq.spend_by_tenant(s, since, until)
+        per_day = aq.spend_by_day(s, since, until)
+        total = aq.spend_total(s, since, until)
+    return {"since": since, "until": until, "days": days, "total": total, "tenants": tenants, "per_day": per_day}
+
+
+def _tenant(state: GatewayState, tenant_id: str, days: int, mix_hours: int, limit: int,
+            before: tuple[datetime, str] | None) -> dict[str, Any]:
+    since, until = _window(days)
+    mix_since = datetime.now(UTC) - timedelta(hours=mix_hours)
+    with state.session_factory() as s:
+        name = aq.tenant_name(s, tenant_id)
+        if name is None:
+            raise NotFound(f"no tenant {tenant_id!r}")
+        return {"tenant_id": tenant_id, "name": name, "since": since, "until": until, "days": days,
+                "total": aq.spend_total(s, since, until, tenant_id),
+                "per_day": aq.spend_by_day(s, since, until, tenant_id),
+                "per_tier": aq.spend_by_tier(s, since, until, tenant_id),
+                "mix_hours": mix_hours, "mix": aq.tier_mix(s, tenant_id, mix_since),
+                "page": aq.recent_requests(s, tenant_id, limit=limit, before=before),
+                "alerts": recent_alerts(s, tenant_id, limit=20)}
+
+
+class _Tenant:
+    def __init__(self, tenant_id: str) -> None:
+        self.tenant_id, self.key_id = tenant_id, None
+
+
+async def _budget(state: GatewayState, tenant_id: str) -> dict[str, Any] | None:
+    rt = state.extras.get("budgets")
+    if rt is None:
+        return None
+    return asdict(await rt.budgets.status(_Tenant(tenant_id)))
+
+
+def _cursor(before_at: str | None, before_id: str | None) -> tuple[datetime, str] | None:
+    if before_at is None or before_id is None:
+        return None
+    try:
+        return datetime.fromisoformat(before_at), before_id
+    except ValueError:
+        raise InvalidRequest("invalid paging cursor", param="before_at") from None
+
+
+async def _tenant_data(state: GatewayState, tenant_id: str, days: int, mix_hours: int, limit: int,
+                       before_at: str | None, before_id: str | None) -> dict[str, Any]:
+    before = _cursor(before_at, before_id)
+    data = await anyio.to_thread.run_sync(_tenant, state, tenant_id, days, mix_hours, limit, before)
+    data["budget"] = await _budget(state, tenant_id)
+    return data
+
+
+DAYS = Query(30, ge=1, le=366)
+MIX_HOURS = Query(24, ge=1, le=24 * 31)
+LIMIT = Query(50, ge=1, le=aq.MAX_PAGE)
+
+
+# ---- HTML pages ------------------------------------------------------------------------------
+
+@router.get("/login", response_class=HTMLResponse)
+async def login_form(state: GatewayState = Depends(gateway_state)) -> Response:
+    if _admin_key(state) is None:
+        return _html("disabled.html", 403, message=_disabled_message(state))
+    return _html("login.html", error=None)
+
+
+@router.post("/login")
+async def login(request: Request, state: GatewayState = Depends(gateway_state)) -> Response:
+    key = _admin_key(state)
+    if key is None:
+        return _html("disabled.html", 403, message=_disabled_message(state))
+    if not _same_origin(request):
+        return _html("login.html", 403, error="cross-site login refused")
+    form = parse_qs((await read_body(request, MAX_LOGIN_BODY)).decode("utf-8", "replace"))
+    given = (form.get("admin_key") or [""])[0]
+    if not hmac.compare_digest(given.encode(), key.encode()):
+        return _html("login.html", 401, error="wrong admin key")
+    signer = SessionSigner(key)
+    resp = RedirectResponse("/admin", status_code=303)
+    resp.set_cookie(SESSION_COOKIE, signer.issue(), max_age=signer.ttl_s, path="/admin", httponly=True,
+                    samesite="strict", secure=request.url.scheme == "https")
+    return resp
+
+
+@router.post("/logout")
+async def logout(request: Request) -> Response:
+    if not _same_origin(request):
+        raise PermissionDenied("cross-site request refused")
+    resp = RedirectResponse("/admin/login", status_code=303)
+    resp.delete_cookie(SESSION_COOKIE, path="/admin", httponly=True, samesite="strict")
+    return resp
+
+
+@router.get("", response_class=HTMLResponse)
+async def overview_page(request: Request, days: int = DAYS, state: GatewayState = Depends(gateway_state)) -> Response:
+    gate = _page_gate(request, state)
+    if gate is not None:
+        return gate
+    return _html("overview.html", **await anyio.to_thread.run_sync(_overview, state, days))
+
+
+@router.get("/tenants/{tenant_id}", response_class=HTMLResponse)
+async def tenant_page(request: Request, tenant_id: str, days: int = DAYS, mix_hours: int = MIX_HOURS,
+                      limit: int = LIMIT, before_at: str | None = None, before_id: str | None = None,
+                      state: GatewayState = Depends(gateway_state)) -> Response:
+    gate = _page_gate(request, state)
+    if gate is not None:
+        return gate
+    data = await _tenant_data(state, tenant_id, days, mix_hours, limit, before_at, before_id)
+    return _html("tenant.html", limit=limit, **data)
+
+
+@router.get("/static/{name}")
+async def static_file(name: str) -> Response:
+    if name not in STATIC:
+        raise NotFound("not found")
+    body = await anyio.Path(ASSETS / "static" / name).read_bytes()
+    return Response(body, media_type=STATIC[name], headers={"X-Content-Type-Options": "nosniff"})
+
+
+# ---- JSON ------------------------------------------------------------------------------------
+
+@router.get("/api/overview")
+async def overview_json(days: int = DAYS, state: GatewayState = Depends(admin_json)) -> Response:
+    d = await anyio.to_thread.run_sync(_overview, state, days)
+    return _json({"since": d["since"], "until": d["until"], "total": _totals_json(d["total"]),
+                  "tenants": [{"tenant_id": t.tenant_id, "name": t.name, **_totals_json(t.totals)}
+                              for t in d["tenants"]],
+                  "per_day": [{"day": x.day, **_totals_json(x.totals)} for x in d["per_day"]]})
+
+
+@router.get("/api/tenants/{tenant_id}")
+async def tenant_json(tenant_id: str, days: int = DAYS, mix_hours: int = MIX_HOURS, limit: int = LIMIT,
+                      before_at: str | None = None, before_id: str | None = None,
+                      state: GatewayState = Depends(admin_json)) -> Response:
+    d = await _tenant_data(state, tenant_id, days, mix_hours, limit, before_at, before_id)
+    page: aq.RequestPage = d["page"]
+    mix: aq.TierMix = d["mix"]
+    nxt = page.next_cursor
+    return _json({"tenant_id": tenant_id, "name": d["name"], "since": d["since"], "until": d["until"],
+                  "total": _totals_json(d["total"]),
+                  "per_day": [{"day": x.day, **_totals_json(x.totals)} for x in d["per_day"]],
+                  "per_tier": {k: _totals_json(v) for k, v in d["per_tier"].items()},
+                  "mix": {"hours": mix_hours, "total": mix.total, "by_tier": mix.by_tier,
+                          "pipeline": mix.pipeline, "pipeline_share": mix.pipeline_share},
+                  "budget": d["budget"], "alerts": d["alerts"],
+                  "requests": [asdict(r) for r in page.rows],
+                  "next": None if nxt is None else {"before_at": nxt[0].isoformat(), "before_id": nxt[1]}})
