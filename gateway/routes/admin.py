@@ -39,7 +39,8 @@ router = APIRouter(prefix="/admin")
 ASSETS = Path(__file__).resolve().parent.parent / "admin"
 STATIC = {"admin.css": "text/css; charset=utf-8", "admin.js": "text/javascript; charset=utf-8"}
 SECURITY_HEADERS = {"Content-Security-Policy": "default-src 'self'; frame-ancestors 'none'; form-action 'self'",
-                    "X-Content-Type-Options": "nosniff", "Referrer-Policy": "no-referrer",
+                    "X-Content-Type-Options": "nosniff",
+                    "Referrer-Policy": "same-origin",  # not no-referrer: chromium then sends Origin: null on our own POSTs
                     "Cache-Control": "no-store"}
 MAX_LOGIN_BODY = 4096
 
