@@ -180,7 +180,8 @@ def recent_requests(session: Session, tenant_id: str, *, limit: int = 50,
     q = sa.select(Request).where(Request.tenant_id == tenant_id)
     if before is not None:
         at, rid = before
-        q = q.where(sa.or_(Request.created_at < at, sa.and_(Request.created_at == at, Request.id < rid)))
+        # created_at <= at is the index range; the OR breaks ties on equal timestamps by id.
+        q = q.where(Request.created_at <= at, sa.or_(Request.created_at < at, Request.id < rid))
     q = q.order_by(Request.created_at.desc(), Request.id.desc()).limit(limit + 1)
     found = list(session.scalars(q))
     rows = [RequestRow(r.id, r.created_at, r.requested_model, r.tier, r.effort_source, r.pipeline, r.status,
