@@ -128,13 +128,21 @@ def _totals_json(t: aq.SpendTotals) -> dict[str, Any]:
             "savings_ratio": t.savings_ratio}
 
 
-def _overview(state: GatewayState, days: int) -> dict[str, Any]:
+def _overview(state: GatewayState, days: int, mix_hours: int) -> dict[str, Any]:
     since, until = _window(days)
     with state.session_factory() as s:
         tenants = aq.spend_by_tenant(s, since, until)
         per_day = aq.spend_by_day(s, since, until)
         total = aq.spend_total(s, since, until)
-    return {"since": since, "until": until, "days": days, "total": total, "tenants": tenants, "per_day": per_day}
+        mixes = aq.tier_mix_by_tenant(s, [t.tenant_id for t in tenants],
+                                      datetime.now(UTC) - timedelta(hours=mix_hours))
+    return {"since": since, "until": until, "days": days, "total": total, "tenants": tenants, "per_day": per_day,
+            "mix_hours": mix_hours, "mixes": mixes, "mix": aq.combine_mixes(list(mixes.values()))}
+
+
+def _mix_json(mix: aq.TierMix, hours: int) -> dict[str, Any]:
+    return {"hours": hours, "total": mix.total, "by_tier": mix.by_tier, "pipeline": mix.pipeline,
+            "pipeline_share": mix.pipeline_share}
 
 
 def _tenant(state: GatewayState, tenant_id: str, days: int, mix_hours: int, limit: int,
@@ -225,11 +233,12 @@ async def logout(request: Request) -> Response:
 
 
 @router.get("", response_class=HTMLResponse)
-async def overview_page(request: Request, days: int = DAYS, state: GatewayState = Depends(gateway_state)) -> Response:
+async def overview_page(request: Request, days: int = DAYS, mix_hours: int = MIX_HOURS,
+                        state: GatewayState = Depends(gateway_state)) -> Response:
     gate = _page_gate(request, state)
     if gate is not None:
         return gate
-    return _html("overview.html", **await anyio.to_thread.run_sync(_overview, state, days))
+    return _html("overview.html", **await anyio.to_thread.run_sync(_overview, state, days, mix_hours))
 
 
 @router.get("/tenants/{tenant_id}", response_class=HTMLResponse)
@@ -254,11 +263,13 @@ async def static_file(name: str) -> Response:
 # ---- JSON ------------------------------------------------------------------------------------
 
 @router.get("/api/overview")
-async def overview_json(days: int = DAYS, state: GatewayState = Depends(admin_json)) -> Response:
-    d = await anyio.to_thread.run_sync(_overview, state, days)
+async def overview_json(days: int = DAYS, mix_hours: int = MIX_HOURS,
+                        state: GatewayState = Depends(admin_json)) -> Response:
+    d = await anyio.to_thread.run_sync(_overview, state, days, mix_hours)
     return _json({"since": d["since"], "until": d["until"], "total": _totals_json(d["total"]),
-                  "tenants": [{"tenant_id": t.tenant_id, "name": t.name, **_totals_json(t.totals)}
-                              for t in d["tenants"]],
+                  "mix": _mix_json(d["mix"], mix_hours),
+                  "tenants": [{"tenant_id": t.tenant_id, "name": t.name, **_totals_json(t.totals),
+                               "mix": _mix_json(d["mixes"][t.tenant_id], mix_hours)} for t in d["tenants"]],
                   "per_day": [{"day": x.day, **_totals_json(x.totals)} for x in d["per_day"]]})
 
 
@@ -274,8 +285,7 @@ async def tenant_json(tenant_id: str, days: int = DAYS, mix_hours: int = MIX_HOU
                   "total": _totals_json(d["total"]),
                   "per_day": [{"day": x.day, **_totals_json(x.totals)} for x in d["per_day"]],
                   "per_tier": {k: _totals_json(v) for k, v in d["per_tier"].items()},
-                  "mix": {"hours": mix_hours, "total": mix.total, "by_tier": mix.by_tier,
-                          "pipeline": mix.pipeline, "pipeline_share": mix.pipeline_share},
+                  "mix": _mix_json(mix, mix_hours),
                   "budget": d["budget"], "alerts": d["alerts"],
                   "requests": [asdict(r) for r in page.rows],
                   "next": None if nxt is None else {"before_at": nxt[0].isoformat(), "before_id": nxt[1]}})

@@ -19,6 +19,7 @@ from tests.gateway.test_admin import ADMIN, db_sums, seed
 CHROMIUM = "/usr/bin/chromium"
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
 SCREENSHOT = "/tmp/tiergate-admin-dashboard.png"
+OVERVIEW_SCREENSHOT = "/tmp/tiergate-admin-overview.png"
 
 pytestmark = pytest.mark.browser
 
@@ -66,6 +67,8 @@ def test_dashboard_shows_the_database_sums(tmp_path: Path, upstream: ScriptedUps
                 assert page.text_content("[data-testid=spend]") == f"${cost:.6f}"
                 assert page.text_content("[data-testid=savings]") == f"${baseline - cost:.6f}"
                 assert Decimal(page.get_attribute("[data-testid=spend]", "data-exact") or "") == cost
+                assert page.text_content("[data-testid=pipeline-share]") == "50.0%"
+                page.screenshot(path=OVERVIEW_SCREENSHOT, full_page=True)
                 page.click("text=acme")
                 page.wait_for_selector("[data-testid=tenant-name]")
                 assert page.text_content("[data-testid=spend]") == f"${t_cost:.6f}"
