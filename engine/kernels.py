@@ -1,10 +1,11 @@
 """Inference-only CPU matmul dispatch: `linear(x, weight)` picks the faster GEMM library per shape.
 
 On CPU, PyTorch's fp32 `F.linear` goes to MKL. For the small-M GEMMs of MoE decode and prefill (a few tokens
-per expert, M = 2..64) oneDNN's `mkldnn::_linear_pointwise` reads the same column-major weights 1.3-2x
-faster on the CPUs measured (`tiergate bench engine`); for M = 1 (GEMV) and tiny weights MKL is as fast and
-has less per-call overhead. Both are plain fp32 GEMMs (no reduced-precision accumulation): results agree to
-float rounding (~1e-6 relative).
+per expert, M = 2..64) oneDNN's `mkldnn::_linear_pointwise` runs the same column-major weights much faster on
+the AMD EPYC development machine: figure (c) of `tiergate bench engine` shows it, and the same command with
+`TIERGATE_ENGINE_ONEDNN=0` gives the MKL-only baseline. For M = 1 (GEMV) and tiny weights MKL is as fast and
+has less per-call overhead. Both are plain fp32 GEMMs (no reduced-precision accumulation); results agree to
+float rounding (tests/engine/test_kernels.py checks 1e-5 relative and HF parity).
 
 The oneDNN path has no autograd formula, so it is used only when no gradient is wanted (inference mode or
 `torch.no_grad`); the training path always gets `F.linear`. Set `TIERGATE_ENGINE_ONEDNN=0` to turn it off.
@@ -19,8 +20,8 @@ import os
 import torch
 import torch.nn.functional as F
 
-# Below these sizes MKL's lower per-call overhead wins (measured: a [8, 768] router costs 2.4 us with MKL,
-# 13 us with oneDNN; a [1, 768] x [768, 1280] GEMV is as fast on either).
+# Below these sizes MKL wins: a GEMV reads the weights as fast on either library, and oneDNN's per-call
+# overhead dominates a router-sized product.
 MIN_ROWS = 2
 MIN_WEIGHT_NUMEL = 1 << 16
 
