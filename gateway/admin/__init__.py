@@ -1,10 +1,12 @@
 """The admin dashboard's web assets and its signed session cookie.
 
-``session``: HMAC-signed, expiring session tokens derived from the admin key. ``templates/``
+``session``: HMAC-signed, expiring session tokens derived from the admin key; ``throttle``:
+failed-login limiting per client address. ``templates/``
 (Jinja2, autoescaped) and ``static/`` (one CSS, one small JS; no CDN, no build step) are
 read by gateway.routes.admin. Imports nothing from the rest of the gateway.
 """
 
 from gateway.admin.session import SESSION_COOKIE, SessionSigner
+from gateway.admin.throttle import LoginThrottle
 
-__all__ = ["SESSION_COOKIE", "SessionSigner"]
+__all__ = ["SESSION_COOKIE", "LoginThrottle", "SessionSigner"]

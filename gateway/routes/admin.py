@@ -6,7 +6,7 @@ Auth: the admin key (environment variable named by ``server.admin_key_env``) ent
 login form, which sets an HttpOnly, SameSite=Strict, expiring session cookie signed with a key
 derived from it; the JSON endpoints also take ``Authorization: Bearer <admin key>``. With no
 admin key configured every page answers 403. Only POSTs change state (login, logout) and a
-POST whose Origin is another site is refused. Templates are autoescaped. Imports the db query
+POST whose Origin is another site is refused; failed logins are throttled per client address. Templates are autoescaped. Imports the db query
 helpers, budgets' read side and gateway.admin; never the pipeline or providers.
 """
 
@@ -28,7 +28,7 @@ import orjson
 from fastapi import APIRouter, Depends, Query, Request, Response
 from fastapi.responses import HTMLResponse, RedirectResponse
 
-from gateway.admin import SESSION_COOKIE, SessionSigner
+from gateway.admin import SESSION_COOKIE, LoginThrottle, SessionSigner
 from gateway.budgets.alerts import recent_alerts
 from gateway.db import admin_queries as aq
 from gateway.deps import GatewayState, gateway_state, read_body
@@ -212,10 +212,19 @@ async def login(request: Request, state: GatewayState = Depends(gateway_state)) 
         return _html("disabled.html", 403, message=_disabled_message(state))
     if not _same_origin(request):
         return _html("login.html", 403, error="cross-site login refused")
+    throttle: LoginThrottle = state.extras.setdefault("admin_login_throttle", LoginThrottle())
+    client = request.client.host if request.client else "unknown"
+    wait = throttle.retry_after_s(client)
+    if wait is not None:
+        refused = _html("login.html", 429, error="too many failed logins; try again later")
+        refused.headers["retry-after"] = str(int(wait) + 1)
+        return refused
     form = parse_qs((await read_body(request, MAX_LOGIN_BODY)).decode("utf-8", "replace"))
     given = (form.get("admin_key") or [""])[0]
     if not hmac.compare_digest(given.encode(), key.encode()):
+        throttle.failed(client)
         return _html("login.html", 401, error="wrong admin key")
+    throttle.succeeded(client)
     signer = SessionSigner(key)
     resp = RedirectResponse("/admin", status_code=303)
     resp.set_cookie(SESSION_COOKIE, signer.issue(), max_age=signer.ttl_s, path="/admin", httponly=True,

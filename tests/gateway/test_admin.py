@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-from gateway.admin import SESSION_COOKIE, SessionSigner
+from gateway.admin import SESSION_COOKIE, LoginThrottle, SessionSigner
 from gateway.budgets.models import BudgetAlertRow
 from gateway.db.models import DailySpend
 from gateway.db.queries import create_tenant
@@ -126,6 +126,29 @@ def test_session_tokens_expire_and_are_bound_to_the_key() -> None:
     assert not signer.valid(token.replace(".", "x", 1)) and not signer.valid(None) and not signer.valid("a.b")
     now[0] += 61
     assert not signer.valid(token)
+
+
+def test_login_throttle_window() -> None:
+    now = [0.0]
+    t = LoginThrottle(max_failures=3, window_s=60, clock=lambda: now[0])
+    for _ in range(3):
+        assert t.retry_after_s("a") is None
+        t.failed("a")
+        now[0] += 10
+    assert t.retry_after_s("a") == pytest.approx(30) and t.retry_after_s("b") is None
+    now[0] += 31  # the first failure left the window
+    assert t.retry_after_s("a") is None
+    t.succeeded("a")
+    t.failed("a")
+    assert t.retry_after_s("a") is None
+
+
+async def test_failed_logins_are_throttled(tmp_path: Path, upstream: ScriptedUpstream) -> None:
+    async with gateway(tmp_path, upstream) as gw:
+        for _ in range(10):
+            assert (await gw.client.post("/admin/login", data={"admin_key": "guess"})).status_code == 401
+        r = await gw.client.post("/admin/login", data={"admin_key": ADMIN})  # even the right key, for now
+        assert r.status_code == 429 and int(r.headers["retry-after"]) > 0 and SESSION_COOKIE not in gw.client.cookies
 
 
 async def test_numbers_equal_the_database_sums(tmp_path: Path, upstream: ScriptedUpstream) -> None:
