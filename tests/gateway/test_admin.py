@@ -5,23 +5,19 @@ and pipeline share from requests), keyset paging, escaping, budget status and al
 from __future__ import annotations
 
 from collections.abc import Iterator
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
 
 import pytest
-import sqlalchemy as sa
 
 from gateway.admin import SESSION_COOKIE, LoginThrottle, SessionSigner
 from gateway.budgets.models import BudgetAlertRow
-from gateway.db.models import DailySpend
 from gateway.db.queries import create_tenant
-from gateway.ledger.entries import LedgerEntry, RequestRecord, new_entry_id
-from gateway.providers.base import Usage
+from tests.gateway.admin_support import ADMIN, db_sums, seed
 from tests.gateway.gateway_harness import Gateway, gateway
 from tests.gateway.scripted_upstream import UPSTREAM_KEY, UPSTREAM_KEY_ENV, ScriptedUpstream
 
-ADMIN = "admin-key-for-dashboard-tests"
 BEARER = {"Authorization": f"Bearer {ADMIN}"}
 
 
@@ -31,42 +27,6 @@ def upstream(monkeypatch: pytest.MonkeyPatch) -> Iterator[ScriptedUpstream]:
     monkeypatch.setenv("TIERGATE_ADMIN_KEY", ADMIN)
     with ScriptedUpstream() as up:
         yield up
-
-
-def seed(gw: Gateway, tenant_id: str, n: int, *, start: datetime | None = None) -> list[RequestRecord]:
-    """n requests through the real Ledger: even ones direct on "low", odd ones a plan (high) +
-    execute (low) pipeline; one request per hour going back from ``start``."""
-    start = start or datetime.now(UTC)
-    recs = []
-    for i in range(n):
-        at = start - timedelta(hours=i)
-        rid = f"chatcmpl-{tenant_id[-6:]}-{i:03d}"
-        stages = [("plan", "high"), ("execute", "low")] if i % 2 else [("direct", "low")]
-        cost = base = Decimal(0)
-        for stage, tier in stages:
-            c = Decimal(i + 1) / Decimal(10**4) if tier == "low" else Decimal(3 * (i + 1)) / Decimal(10**4)
-            b = Decimal(3 * (i + 1)) / Decimal(10**4)
-            gw.ledger.record(LedgerEntry(new_entry_id(), rid, tenant_id, None, stage, tier, f"m-{tier}",
-                                         Usage(prompt_tokens=10 + i, completion_tokens=5), float(c), float(b),
-                                         created_at=at))
-            cost, base = cost + c, base + b
-        rec = RequestRecord(rid, tenant_id, None, "auto", "ok", tier="high" if i % 2 else "low",
-                            effort_source="classifier", pipeline=bool(i % 2), http_status=200, latency_ms=12.0,
-                            prompt_tokens=10 + i, completion_tokens=5, cost_usd=float(cost),
-                            baseline_cost_usd=float(base), created_at=at)
-        gw.ledger.record_request(rec)
-        recs.append(rec)
-    assert gw.ledger.flush(10)
-    return recs
-
-
-def db_sums(gw: Gateway, tenant_id: str | None = None) -> tuple[Decimal, Decimal]:
-    q = sa.select(sa.func.sum(DailySpend.cost_usd), sa.func.sum(DailySpend.baseline_cost_usd))
-    if tenant_id:
-        q = q.where(DailySpend.tenant_id == tenant_id)
-    with gw.session_factory() as s:
-        cost, base = s.execute(q).one()
-    return Decimal(str(cost)), Decimal(str(base))
 
 
 async def login(gw: Gateway) -> None:

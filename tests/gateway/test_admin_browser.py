@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.gateway.admin_support import ADMIN, db_sums, seed
 from tests.gateway.gateway_harness import served_gateway
 from tests.gateway.scripted_upstream import UPSTREAM_KEY, UPSTREAM_KEY_ENV, ScriptedUpstream
-from tests.gateway.test_admin import ADMIN, db_sums, seed
 
 CHROMIUM = "/usr/bin/chromium"
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
