@@ -72,6 +72,8 @@ def _payload(model: EffortModel) -> dict[str, Any]:
         "score_intercept": float(model.score_intercept), "thresholds": [float(t) for t in model.thresholds],
         "bands": [list(b) for b in model.bands], "version": model.version,
         "feature_version": model.feature_version, "score_quantiles": [float(q) for q in model.score_quantiles],
+        "ordinal_slope": float(model.ordinal_slope), "ordinal_cuts": [float(c) for c in model.ordinal_cuts],
+        "ordinal_smoothing": float(model.ordinal_smoothing),
     }
 
 
@@ -100,6 +102,7 @@ def save_artifact(model: EffortModel, path: str | Path, *, data_hash: str,
         "format": ARTIFACT_FORMAT, "version": model.version, "feature_version": model.feature_version,
         "n_features": N_FEATURES, "classes": list(model.classes), "thresholds": list(model.thresholds),
         "bands": [list(b) for b in model.bands], "temperature": model.temperature,
+        "ordinal": [model.ordinal_slope, list(model.ordinal_cuts), model.ordinal_smoothing],
         "training_data_hash": data_hash, "libraries": library_versions(), "metrics": metrics or {},
         "sha256": _sha256(path), "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
         **(extra or {}),
@@ -160,7 +163,10 @@ def load_artifact(path: str | Path) -> LoadedArtifact:
             score_intercept=float(data["score_intercept"]), thresholds=tuple(data["thresholds"]),
             bands=tuple(tuple(b) for b in data["bands"]), version=str(data["version"]),
             feature_version=str(data["feature_version"]),
-            score_quantiles=tuple(float(q) for q in data.get("score_quantiles", [])))
+            score_quantiles=tuple(float(q) for q in data.get("score_quantiles", [])),
+            ordinal_slope=float(data.get("ordinal_slope", 0.0)),
+            ordinal_cuts=tuple(float(c) for c in data.get("ordinal_cuts", [])),
+            ordinal_smoothing=float(data.get("ordinal_smoothing", 0.0)))
     except (KeyError, TypeError, ValueError) as err:
         raise ArtifactError(f"artifact {path} is missing or has malformed field: {err}") from err
     if model.version != meta.get("version"):

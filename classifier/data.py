@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from classifier.augment import augment
 from classifier.types import ClassifierError, LabelledExample, user_prompt
 
 Record = dict[str, Any]
@@ -132,8 +133,9 @@ def normalise(text: str) -> str:
     return " ".join(text.lower().split())
 
 
-def build_dataset(data_dir: str | Path) -> list[LabelledExample]:
-    """Every labelled example from ``data_dir`` (the shared data folder), de-duplicated."""
+def build_dataset(data_dir: str | Path, *, augmented: bool = True) -> list[LabelledExample]:
+    """Every labelled example from ``data_dir`` (the shared data folder), de-duplicated; with
+    ``augmented``, followed by the system-prompt / multi-turn variants of classifier.augment."""
     root = Path(data_dir)
     if not (root / "MANIFEST.md").exists():
         raise ClassifierError(f"{root} does not look like the shared data folder (no MANIFEST.md)")
@@ -147,7 +149,7 @@ def build_dataset(data_dir: str | Path) -> list[LabelledExample]:
             seen.add(key)
             out.append(LabelledExample(tier=tier, score=round(score, 4), source=source,
                                        messages=user_prompt(text.strip())))
-    return out
+    return out + augment(out) if augmented else out
 
 
 def dataset_hash(examples: list[LabelledExample]) -> str:

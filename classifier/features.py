@@ -19,9 +19,10 @@ from typing import Any
 
 import numpy as np
 
+from classifier.cues import CUE_NAMES, difficulty_cues
 from classifier.types import Message, SparseFeatures
 
-FEATURE_VERSION = "f1"
+FEATURE_VERSION = "f2"
 N_HASH = 1 << 18
 HEAD_CHARS = 3000
 TAIL_CHARS = 1000
@@ -32,7 +33,7 @@ DENSE_NAMES: tuple[str, ...] = (
     "log_chars", "log_words", "digit_share", "log_numbers", "max_number_digits", "math_symbols",
     "latex", "code_markers", "question_marks", "reasoning_cues", "constraints", "prior_user_turns",
     "assistant_turns", "system_present", "log_system_chars", "cjk_share", "newlines", "sentences",
-    "choices", "truncated", "list_items", "log_context_chars",
+    "choices", "truncated", "list_items", "log_context_chars", *CUE_NAMES,
 )
 N_DENSE = len(DENSE_NAMES)
 N_FEATURES = N_DENSE + N_HASH
@@ -153,6 +154,7 @@ def _dense(prompt: str, capped: str, lower: str, system: str, context: str, prio
         1.0 if len(prompt) > HEAD_CHARS + TAIL_CHARS else 0.0,
         math.log1p(len(_LIST_ITEM.findall(capped))) / 3.0,
         math.log1p(len(context)) / 10.0,
+        *difficulty_cues(capped, lower),
     ]
 
 

@@ -2,10 +2,10 @@
 
 Training (classifier.train) fits scikit-learn estimators and copies their coefficients
 here, so a decision is one gather + dot product per head: no scikit-learn call overhead
-on the request path. Two heads: a multinomial tier classifier (temperature-calibrated)
-and a continuous difficulty score. The score picks the *band* of tiers through
-thresholds calibrated to the target mix; the calibrated probabilities pick the tier
-inside the band.
+on the request path. A continuous difficulty score (one coefficient vector) picks the
+*band* of tiers through thresholds calibrated to the target mix; per-tier probabilities
+(an ordinal model on the same score, or — for models without one — a temperature-scaled
+multinomial head) pick the tier inside the band.
 
 Must not import scikit-learn, torch, the gateway or the engine.
 """
@@ -22,6 +22,7 @@ import scipy.sparse as sp
 
 from classifier.calibrate import bands_from_mix
 from classifier.features import DENSE_NAMES, FEATURE_VERSION, N_FEATURES, extract, to_arrays, token_names
+from classifier.ordinal import ordinal_probs
 from classifier.types import TIER_INDEX, TIERS, ClassifierError, EffortDecision, Message, SparseFeatures
 
 SCORE_SLOPE = 6.0
@@ -57,6 +58,11 @@ class EffortModel:
     # Training scores at quantiles 0, 1/(n-1), ..., 1: lets the thresholds be re-derived for
     # another target mix without retraining (empty: only the stored thresholds are known).
     score_quantiles: tuple[float, ...] = ()
+    # Ordinal tier probabilities on the raw score (classifier.ordinal); when ``ordinal_cuts``
+    # is empty the temperature-scaled tier head gives the probabilities instead.
+    ordinal_slope: float = 0.0
+    ordinal_cuts: tuple[float, ...] = ()
+    ordinal_smoothing: float = 0.0  # share of the uniform distribution mixed in
 
     def __post_init__(self) -> None:
         n = len(self.classes)
@@ -68,6 +74,8 @@ class EffortModel:
             raise ClassifierError("need exactly one more band than thresholds")
         if list(self.thresholds) != sorted(self.thresholds):
             raise ClassifierError("thresholds must be ascending")
+        if self.ordinal_cuts and len(self.ordinal_cuts) != n - 1:
+            raise ClassifierError(f"ordinal model has {len(self.ordinal_cuts)} cuts, expected {n - 1}")
         if any(t not in TIER_INDEX for t in self.classes):
             raise ClassifierError(f"unknown tier among classes {self.classes}")
 
@@ -91,10 +99,14 @@ class EffortModel:
             raise ClassifierError(f"features are version {features.feature_version}, model expects "
                                   f"{self.feature_version}")
         idx, val = to_arrays(features)
-        logits = val @ self.tier_coef[idx] + self.tier_intercept
-        score = float(squash_score(val @ self.score_coef[idx] + self.score_intercept))
-        probs = _softmax(logits[None, :] / self.temperature)[0]
-        return self._decision(score, probs)
+        raw = float(val @ self.score_coef[idx]) + self.score_intercept
+        if self.ordinal_cuts:
+            probs = ordinal_probs(np.asarray([raw]), self.ordinal_slope, np.asarray(self.ordinal_cuts),
+                                  self.ordinal_smoothing)[0]
+        else:
+            logits = val @ self.tier_coef[idx] + self.tier_intercept
+            probs = _softmax(logits[None, :] / self.temperature)[0]
+        return self._decision(float(squash_score(raw)), probs)
 
     def _decision(self, score: float, probs: np.ndarray) -> EffortDecision:
         full = dict.fromkeys(TIERS, 0.0)
@@ -107,9 +119,12 @@ class EffortModel:
     # -- batches (training, evaluation) ----------------------------------------------
     def predict_matrix(self, X: sp.csr_matrix) -> tuple[np.ndarray, np.ndarray]:
         """(calibrated probabilities over ``classes`` (n, k), scores (n,)) for a feature matrix."""
-        logits = np.asarray(X @ self.tier_coef) + self.tier_intercept
-        scores = squash_score(np.asarray(X @ self.score_coef).ravel() + self.score_intercept)
-        return _softmax(logits / self.temperature), scores
+        raw = np.asarray(X @ self.score_coef).ravel() + self.score_intercept
+        if self.ordinal_cuts:
+            probs = ordinal_probs(raw, self.ordinal_slope, np.asarray(self.ordinal_cuts), self.ordinal_smoothing)
+        else:
+            probs = _softmax((np.asarray(X @ self.tier_coef) + self.tier_intercept) / self.temperature)
+        return probs, squash_score(raw)
 
     def decisions_matrix(self, X: sp.csr_matrix) -> list[EffortDecision]:
         probs, scores = self.predict_matrix(X)

@@ -21,7 +21,7 @@ from classifier.types import Message, SparseFeatures
 
 
 def _logit(p: float) -> float:
-    p = min(max(p, 1e-4), 1 - 1e-4)
+    p = min(max(p, 1e-12), 1 - 1e-12)  # only clip where float64 itself saturates: keep the base order
     return math.log(p / (1 - p))
 
 

@@ -53,13 +53,24 @@ def _load_model(settings: Any, artifact: Path | None) -> Any:
 
 
 def _cv_table(report: Any) -> str:
-    lines = [f"grouped-by-source cross-validation ({report.folds} folds, GroupKFold on source)",
+    import numpy as np
+
+    lines = [f"grouped-by-source cross-validation ({report.folds} folds, GroupKFold on source family)",
              f"{'tier':8} {'support':>8} {'precision':>10} {'recall':>8}"]
     lines += [f"{m.tier:8} {m.support:8d} {m.precision:10.3f} {m.recall:8.3f}" for m in report.per_tier]
     lines += [f"tier accuracy (argmax)          {report.accuracy:.3f}",
               f"AUROC of score, needs >= medium {report.auroc_needs_medium:.3f}",
-              f"ECE before / after temperature  {report.ece_before:.3f} / {report.ece_after:.3f} "
-              f"(T = {report.temperature:.2f})"]
+              f"ECE tier head raw / temperature {report.ece_uncalibrated:.3f} / {report.ece_before:.3f} "
+              f"(T = {report.temperature:.2f}); ECE {report.prob_model} {report.ece_after:.3f}"]
+    lines.append(f"held-out log-loss: {report.prob_model} {report.log_loss:.3f}, temperature head "
+                 f"{report.log_loss_temperature:.3f} (uniform {np.log(len(report.per_tier)):.3f})")
+    if report.within_grid:
+        lines.append("proxy APGR mean by within-family weight: " + ", ".join(
+            f"{k} -> {v:.3f}" for k, v in report.within_grid.items()))
+    if report.proxy_apgr:
+        lines.append(f"proxy APGR, family held out (mean {report.proxy_apgr_mean:.3f}; random 0.5, oracle "
+                     f"{report.proxy_oracle_mean:.3f}): " + ", ".join(
+            f"{k} {v:.3f}" for k, v in report.proxy_apgr.items()))
     if report.within_source:
         lines.append("within-source Spearman(held-out score, difficulty): " + ", ".join(
             f"{k} {v:.3f}" for k, v in report.within_source.items()))
@@ -67,13 +78,14 @@ def _cv_table(report: Any) -> str:
 
 
 def _train_and_save(examples: list[Any], out: Path, target_mix: dict[str, float], folds: int, cv: bool,
-                    extra: dict[str, Any], temperature: float | None = None) -> Any:
+                    extra: dict[str, Any], temperature: float | None = None,
+                    ordinal: Any = None) -> Any:
     import classifier
 
     data_hash = classifier.dataset_hash(examples)
     cfg = classifier.TrainConfig(cv_folds=folds, target_mix=target_mix)
     result = classifier.train(examples, cfg, cv=cv, version=classifier.new_version(data_hash),
-                              temperature=temperature)
+                              temperature=temperature, ordinal=ordinal)
     metrics = {"cv": result.cv.to_json() if result.cv else None, "n_examples": result.n_examples,
                "train_seconds": round(result.seconds, 1)}
     classifier.save_artifact(result.model, out, data_hash=data_hash, metrics=metrics,
@@ -260,7 +272,8 @@ def run_update(settings: Any, session_factory: Any, base_examples: list[Any], *,
     examples = [*base_examples, *fb]
     result = _train_and_save(examples, staged, dict(settings.classifier.target_mix), 5, cv,
                              {"parent_version": parent, "feedback_examples": len(fb), "feedback_weight": weight},
-                             temperature=parent_meta.get("temperature"))  # kept unless CV recalibrates
+                             temperature=parent_meta.get("temperature"),  # kept unless CV recalibrates
+                             ordinal=parent_meta.get("ordinal"))
     version = result.model.version
     final = out_dir / "versions" / f"{version}.skops"
     os.replace(staged, final)

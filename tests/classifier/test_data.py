@@ -37,7 +37,7 @@ def test_gsm_hard_is_never_used(examples: list) -> None:
 
 
 def test_deduplicated_and_signal_mapped(examples: list) -> None:
-    keys = [normalise(str(e.messages[0]["content"])) for e in examples]
+    keys = [normalise(str(e.messages[0]["content"])) for e in examples if not e.meta.get("augmented")]
     assert len(keys) == len(set(keys))
     by_source: dict[str, list] = {}
     for e in examples:
@@ -49,6 +49,21 @@ def test_deduplicated_and_signal_mapped(examples: list) -> None:
     assert {e.tier for e in by_source["aime24"]} == {"xhigh"} and {e.tier for e in by_source["nq_open"]} == {"none"}
     assert dataset_hash(examples[:100]) == dataset_hash(examples[:100])
     assert dataset_hash(examples[:100]) != dataset_hash(examples[1:101])
+
+
+def test_augmented_variants_keep_the_last_turns_label(examples: list) -> None:
+    originals = {normalise(str(e.messages[-1]["content"])): e for e in examples if not e.meta.get("augmented")}
+    variants = [e for e in examples if e.meta.get("augmented")]
+    kinds = Counter(e.meta["augmented"] for e in variants)
+    assert kinds["system"] > 500 and kinds["multi_turn"] > 500
+    assert len(variants) < 0.06 * len(originals)  # a small share, not a second copy of the data
+    for v in variants:
+        base = originals[normalise(str(v.messages[-1]["content"]))]
+        assert (v.tier, v.score, v.source) == (base.tier, base.score, base.source)
+        assert v.messages[-1]["role"] == "user" and len(v.messages) in (2, 3)
+        if v.meta["augmented"] == "multi_turn":
+            prev = originals[normalise(str(v.messages[0]["content"]))]
+            assert prev.source == v.source  # context comes from the same source: no label leaks across
 
 
 def test_wrong_folder_is_refused(tmp_path: Path) -> None:

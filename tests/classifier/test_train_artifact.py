@@ -10,6 +10,8 @@ import numpy as np
 import pytest
 
 from classifier import (
+    FEATURE_VERSION,
+    N_FEATURES,
     ArtifactError,
     ClassifierError,
     TrainConfig,
@@ -99,7 +101,7 @@ def test_missing_metadata_and_untrusted_content_are_refused(artifact: Path, tmp_
 
     bad = tmp_path / "bad.skops"
     sio.dump({"classes": ["low"], "payload": Fraction(1, 3), "f": np.sum}, bad)
-    metadata_path(bad).write_text(json.dumps({"format": 1, "feature_version": "f1", "n_features": 262166,
+    metadata_path(bad).write_text(json.dumps({"format": 1, "feature_version": FEATURE_VERSION, "n_features": N_FEATURES,
                                               "sha256": hashlib.sha256(bad.read_bytes()).hexdigest()}))
     with pytest.raises(ArtifactError, match="trusted") as err:
         load_artifact(bad)

@@ -1,0 +1,40 @@
+"""The shipped artifact (classifier/artifacts/effort.skops): it loads (so it matches the code's
+feature version), its score separates a factoid from an olympiad question of similar length,
+and its probabilities are informative and follow the score."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from classifier import TIERS, EffortModel, load_artifact, user_prompt
+
+SHIPPED = Path(__file__).resolve().parents[2] / "classifier" / "artifacts" / "effort.skops"
+
+
+@pytest.fixture(scope="module")
+def model() -> EffortModel:
+    return load_artifact(SHIPPED).model
+
+
+def _score(model: EffortModel, text: str) -> float:
+    return model.decide(user_prompt(text)).score
+
+
+def test_factoid_scores_below_a_short_olympiad_question(model: EffortModel) -> None:
+    assert _score(model, "Who was the first president of the United States?") < 0.5 * _score(
+        model, "Find all positive integers n such that n^2 + 2n + 4 is divisible by 7, and prove your answer.")
+
+
+def test_probabilities_are_informative_and_sum_to_one(model: EffortModel) -> None:
+    easy = model.decide(user_prompt("What is the capital of France?"))
+    hard = model.decide(user_prompt("Let $p$ be an odd prime. Prove that $\\sum_{k=1}^{p-1} k^{p-2} \\equiv 0 "
+                                    "\\pmod p$ and determine all $p$ for which the sum is divisible by $p^2$."))
+    for d in (easy, hard):
+        assert sum(d.probabilities.values()) == pytest.approx(1.0)
+        assert max(d.probabilities.values()) > 1.5 / len(TIERS)  # not flat
+    mean_tier = [sum(i * p for i, p in enumerate(d.probabilities[t] for t in TIERS)) for d in (easy, hard)]
+    assert mean_tier[1] > mean_tier[0] + 1.0
+    assert np.isfinite(easy.score) and 0.0 < easy.score < hard.score < 1.0
