@@ -56,11 +56,29 @@ class LedgerSettings(_Strict):
     journal_dir: str = "var/journal"
     flush_interval_ms: int = Field(50, gt=0)
     batch_size: int = Field(500, gt=0)
-    # True: a response's last bytes leave only after its ledger rows are fsync'd in the journal
-    # (an answered request is never lost, at the cost of one group-committed fsync of latency).
-    # False: rows are journaled within milliseconds, not awaited; kill -9 may lose the rows of
-    # requests answered in that window.
-    durable_responses: bool = True
+    # What a response's last bytes wait for (see gateway/ledger/service.py):
+    # process: its ledger rows written to the journal with write(2) — a kill -9 of the gateway
+    #   loses nothing; a power loss can lose about one fdatasync interval (group commit runs
+    #   right after, in the background). The default.
+    # fsync: its rows fdatasync'd in the journal (survives power loss; ~one fsync of latency).
+    # none: no wait; rows are journaled within milliseconds, a kill -9 may lose that window.
+    durability: Literal["process", "fsync", "none"] = "process"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _durable_responses_alias(cls, data: Any) -> Any:
+        """The older ``durable_responses: bool`` still works: true = fsync, false = none."""
+        if not isinstance(data, dict) or "durable_responses" not in data:
+            return data
+        data = dict(data)
+        legacy = data.pop("durable_responses")
+        if not isinstance(legacy, bool):
+            raise ValueError("ledger.durable_responses must be true or false (prefer ledger.durability)")
+        level = "fsync" if legacy else "none"
+        if data.setdefault("durability", level) != level:
+            raise ValueError(f"ledger.durable_responses={legacy} contradicts ledger.durability="
+                             f"{data['durability']!r}; set only ledger.durability")
+        return data
 
 
 class Price(_Strict):

@@ -2,7 +2,8 @@
 
 Starts the mock OpenAI upstream (``bench_tools mock``), then measures with the same load
 generator (``bench_tools load``): direct-to-mock; through tiergate (``tiergate serve``: auth and
-the journaled ledger on, SQLite, one uvicorn worker); and through the LiteLLM proxy from
+the journaled ledger on, SQLite, one uvicorn worker; ``ledger.durability`` process — the default —
+plus fsync and none variants); and through the LiteLLM proxy from
 ``.venv-litellm-proxy`` (``make bench-venv``; one worker, same upstream; skipped with a note if
 absent), plus a bare FastAPI + aiohttp pass-through as the floor. All servers run at once and
 are measured interleaved, round by round (median of 3), so load changes on a shared machine
@@ -123,15 +124,15 @@ class BenchArgs:
     rounds: int = 3
 
 
-def _tiergate_config(work: Path, upstream: str, durable: bool = True) -> Path:
+def _tiergate_config(work: Path, upstream: str, durability: str = "process") -> Path:
     model = {"provider": "openai", "model": "mock", "api_base": upstream, "context_window": 8192,
              "price": {"input": 0.5, "output": 1.5}}
     cfg = {"server": {"log_level": "warning"},
            "database": {"url_env": "TIERGATE_BENCH_DATABASE_URL", "default_url": "sqlite:///tiergate-bench.db"},
-           "ledger": {"journal_dir": "journal", "durable_responses": durable},
+           "ledger": {"journal_dir": "journal", "durability": durability},
            "models": {"mock": model},
            "tiers": {t: {"model": "mock"} for t in ("none", "minimal", "low", "medium", "high", "xhigh")}}
-    path = work / ("config.yaml" if durable else "config-nowait.yaml")
+    path = work / "config.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return path
 
@@ -199,11 +200,11 @@ def _median_phase(phases: list[Phase]) -> Phase:
                  sum(p.errors for p in phases))
 
 
-def _tiergate_target(stack: ExitStack, work: Path, name: str, upstream: str, durable: bool, args: BenchArgs,
+def _tiergate_target(stack: ExitStack, work: Path, name: str, upstream: str, durability: str, args: BenchArgs,
                      env: dict[str, str]) -> tuple[Target, Path]:
     home = work / name
     home.mkdir()
-    config = _tiergate_config(home, upstream, durable=durable)
+    config = _tiergate_config(home, upstream, durability=durability)
     key, port = _tiergate_key(config), _free_port()
     cmd = [*_pin(args.server_core), sys.executable, "-c", "from gateway.cli import main; main()",
            "serve", "--config", str(config), "--port", str(port)]
@@ -234,13 +235,15 @@ def run_gateway_bench(args: BenchArgs) -> str:
         targets.append(Target("bare-fastapi", f"http://127.0.0.1:{bare_port}/v1/chat/completions", REQUEST, "none"))
         notes.append("bare-fastapi: FastAPI + aiohttp pass-through with no auth, validation or ledger "
                      "(the floor for a Python gateway on this machine)")
-        target, config = _tiergate_target(stack, work, "tiergate", upstream, True, args, env)
+        target, config = _tiergate_target(stack, work, "tiergate", upstream, "process", args, env)
         targets.append(target)
         if args.nowait_variant:
-            targets.append(_tiergate_target(stack, work, "tiergate-nowait", upstream, False, args, env)[0])
-            notes.append("tiergate: responses wait for their ledger rows' journal fsync (durable_responses, "
-                         "the default); tiergate-nowait: ledger.durable_responses=false (rows journaled "
-                         "within ms but not awaited)")
+            targets.append(_tiergate_target(stack, work, "tiergate-fsync", upstream, "fsync", args, env)[0])
+            targets.append(_tiergate_target(stack, work, "tiergate-nowait", upstream, "none", args, env)[0])
+            notes.append("tiergate: ledger.durability=process, the default (responses wait until their ledger "
+                         "rows are written to the journal: kill -9 safe; fdatasync follows in the background); "
+                         "tiergate-fsync: durability=fsync (responses wait for the fdatasync); tiergate-nowait: "
+                         "durability=none (rows journaled within ms but not awaited)")
         litellm_bin = args.litellm_venv / "bin" / "litellm"
         if litellm_bin.exists():
             ll_port = _free_port()
@@ -297,10 +300,11 @@ def _report(results: dict[str, tuple[Phase, Phase]], notes: list[str], args: Ben
         ll_add = ll[0].p50_ms - direct_lat.p50_ms
         lines.append(f"tiergate / LiteLLM RPS: {tg[1].rps / max(ll[1].rps, 1e-9):.2f}x  (target >= 10x)")
         lines.append(f"tiergate added p50 / LiteLLM added p50: {tg_add / max(ll_add, 1e-9):.3f}  (target <= 0.10)")
-        if "tiergate-nowait" in results:
-            nw = results["tiergate-nowait"]
-            nw_add = max(nw[0].p50_ms - direct_lat.p50_ms, 1e-3)
-            lines.append(f"tiergate-nowait / LiteLLM RPS: {nw[1].rps / max(ll[1].rps, 1e-9):.2f}x; added p50 "
-                         f"ratio {nw_add / max(ll_add, 1e-9):.3f}")
+        for variant in ("tiergate-fsync", "tiergate-nowait"):
+            if variant in results:
+                nw = results[variant]
+                nw_add = max(nw[0].p50_ms - direct_lat.p50_ms, 1e-3)
+                lines.append(f"{variant} / LiteLLM RPS: {nw[1].rps / max(ll[1].rps, 1e-9):.2f}x; added p50 "
+                             f"ratio {nw_add / max(ll_add, 1e-9):.3f}")
     lines += ["", *("note: " + n for n in notes)]
     return "\n".join(lines)

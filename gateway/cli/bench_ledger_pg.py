@@ -41,7 +41,7 @@ class NullLedger:
     def record_request(self, rec: Any) -> None:
         pass
 
-    async def wait_durable(self) -> None:
+    async def wait_durable(self, level: str = "fsync") -> None:
         pass
 
 

@@ -1,7 +1,11 @@
 """The ledger's crash-safe journal: append-only JSON-lines segment files in one directory.
 
-Each line is ``<crc32 hex8> <json>\\n``; a batch of lines is written with one ``write`` and made
-durable with one ``fdatasync`` (group commit). Segments are named ``<seq:012d>.jsonl`` and
+Each line is ``<crc32 hex8> <json>\\n``; a batch of lines is written with one ``write`` (O_APPEND)
+and made durable with one ``fdatasync`` (group commit). ``write`` and ``sync`` are separate steps
+so the caller can acknowledge "handed to the kernel" (survives kill -9 of this process) before
+"on the disk" (survives power loss): ``sync`` may run on another thread while the writer thread
+keeps appending; ``seal`` syncs a segment before closing it, so a sync that finds the segment
+rotated away has nothing left to do. Segments are named ``<seq:012d>.jsonl`` and
 rotated by size or age; a new segment's directory entry is fsync'd. Reading skips a torn
 tail (a crash mid-write) and any line whose checksum fails, reporting how many it skipped.
 
@@ -20,6 +24,7 @@ from __future__ import annotations
 import fcntl
 import logging
 import os
+import threading
 import time
 import uuid
 import zlib
@@ -85,7 +90,8 @@ def _fsync_dir(directory: Path) -> None:
 
 
 class Journal:
-    """Appends batches to the current segment; not thread-safe (one writer thread owns it)."""
+    """Appends batches to the current segment. One writer thread calls ``write``/``append``/``seal``/
+    ``should_rotate``; ``sync`` is the one method another thread may call concurrently."""
 
     def __init__(self, directory: str | Path, *, max_segment_bytes: int = 16 * 1024 * 1024,
                  max_segment_age_s: float = 10.0, clock: Callable[[], float] = time.monotonic) -> None:
@@ -97,6 +103,7 @@ class Journal:
         self._seq = 0
         self._size = 0
         self._opened_at = 0.0
+        self._fd_lock = threading.Lock()  # the fd is never closed while a sync uses it
 
     def existing_segments(self) -> list[Path]:
         """Segment files on disk, oldest first (call before the first append)."""
@@ -112,6 +119,11 @@ class Journal:
     @property
     def current_seq(self) -> int | None:
         return self._seq if self._fd is not None else None
+
+    @property
+    def last_seq(self) -> int:
+        """The seq of the current segment, or of the last one opened."""
+        return self._seq
 
     @property
     def current_has_data(self) -> bool:
@@ -130,15 +142,22 @@ class Journal:
                                           or self._clock() - self._opened_at >= self.max_segment_age_s)
 
     def seal(self) -> int | None:
-        """Close the current segment (no more appends to it); returns its seq."""
-        if self._fd is None:
-            return None
-        fd, self._fd = self._fd, None
-        os.close(fd)
+        """Sync and close the current segment (no more appends to it); returns its seq.
+
+        The segment is closed even when its final sync fails (the error then propagates)."""
+        with self._fd_lock:
+            if self._fd is None:
+                return None
+            fd, self._fd = self._fd, None
+            try:
+                os.fdatasync(fd)
+            finally:
+                os.close(fd)
         return self._seq
 
-    def append(self, records: Sequence[Record]) -> int:
-        """Write ``records`` durably (one write, one fdatasync); returns the segment seq.
+    def write(self, records: Sequence[Record]) -> int:
+        """Hand ``records`` to the kernel with one write(2), no sync; returns the segment seq.
+        Once this returns they survive the death of this process (not a power loss).
 
         After an error the caller must ``seal()`` so a retry goes to a fresh segment and never
         lands after a half-written line."""
@@ -150,9 +169,21 @@ class Journal:
         while view:
             n = os.write(self._fd, view)
             view = view[n:]
-        os.fdatasync(self._fd)
         self._size += len(data)
         return self._seq
+
+    def sync(self) -> None:
+        """fdatasync the current segment: everything ``write`` returned from before this call
+        is then on disk (an earlier, sealed segment was synced by ``seal``). Thread-safe."""
+        with self._fd_lock:
+            if self._fd is not None:
+                os.fdatasync(self._fd)
+
+    def append(self, records: Sequence[Record]) -> int:
+        """``write`` then ``sync``: ``records`` are on disk when this returns; the segment seq."""
+        seq = self.write(records)
+        self.sync()
+        return seq
 
     def delete(self, seq: int) -> None:
         self.path_for(seq).unlink(missing_ok=True)

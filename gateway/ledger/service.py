@@ -2,21 +2,35 @@
 
 Path of a record: ``record()`` appends it to an in-memory buffer (a lock and a list append:
 it never blocks on I/O) → the *journal thread* writes everything buffered as one group
-commit to the journal (one write + one fdatasync, see journal.py) → the *DB thread* writes
+(one write(2) to the O_APPEND segment, see journal.py) and marks it *written* → the *sync
+thread* fdatasyncs the segment and marks everything written before that call *synced* →
+the *DB thread* writes
 journaled records to the database in batches (``batch_size`` rows or every
 ``flush_interval_ms``) idempotently (writer.py) → a journal segment is deleted only once it
 is sealed and every record in it is committed. ``start()`` replays segments left by a crash.
 
-Durability trade-off. ``record()`` returns before the record is on disk: a kill -9 within a
-few milliseconds can lose it. ``await record_durable(entry)`` (or ``record(...)`` several
-times then ``await wait_durable()``) resolves only after the fsync that covers the record;
-callers that must survive kill -9 (the chat path, before sending its final bytes) use it.
-Group commit keeps this cheap: while one fsync runs, everything recorded meanwhile waits
-for the next one, so throughput grows with concurrency (thousands of rows/s) and latency is
-about one fsync. The fsync runs on the journal thread, never on the event loop.
+Durability levels (``Durability``; ``await wait_durable(level)`` after ``record(...)``, or
+``await record_durable(entry, level)``), from cheapest to safest:
 
-Failures are never swallowed: a failed journal write fails the waiting ``record_durable``
-callers with ``LedgerError`` and is retried; a failed DB write is logged with its traceback,
+* ``none``: ``record()`` alone returns before the record reaches the journal; a kill -9 within
+  a few milliseconds can lose it.
+* ``process`` (the chat path's default): resolves once the record's group was written with
+  write(2). The bytes are then in the kernel's page cache, so a kill -9 (or any crash) of this
+  process loses nothing; a power loss or kernel crash can lose what was written since the last
+  fdatasync, i.e. at most about one sync interval (one fdatasync, a few ms) of records.
+* ``fsync``: resolves only after the fdatasync that covers the record (survives power loss),
+  at the cost of one fsync of latency (~4 ms on the development disk).
+
+Write and sync are split across two threads so a ``process`` waiter resumes as soon as its
+bytes are written, never behind an fsync: while the sync thread runs one fdatasync, the
+journal thread keeps writing new groups (group commit: one write for every record buffered
+meanwhile), and the next fdatasync covers all of them. Throughput grows with concurrency
+(thousands of rows/s); neither write nor fsync ever runs on the event loop.
+
+Failures are never swallowed: a failed journal write fails the waiting callers (both levels)
+with ``LedgerError`` and is retried; a failed fdatasync fails the ``fsync`` waiters it covered,
+is logged, shows in ``health()`` and is retried (the records are also on their way to the
+database, their real home); a failed DB write is logged with its traceback,
 kept (journal and memory) and retried with exponential backoff; ``health()`` reports it for
 /readyz. Known limit: during a long DB outage the pending records are also held in memory
 (a few hundred bytes each); ``health().pending_db`` shows how many. Must not import web frameworks, the pipeline or the app.
@@ -31,6 +45,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -39,6 +54,10 @@ from gateway.ledger.journal import Journal, claim_writer_dir, read_segment, rele
 from gateway.ledger.writer import write_batch
 
 log = logging.getLogger("tiergate.ledger")
+
+Durability = Literal["process", "fsync", "none"]
+DURABILITY_LEVELS: tuple[Durability, ...] = ("process", "fsync", "none")
+_Waiter = tuple[int, asyncio.AbstractEventLoop, asyncio.Future[None]]
 
 
 class LedgerError(RuntimeError):
@@ -53,8 +72,9 @@ class LedgerHealth:
     pending_db: int
     consecutive_failures: int
     last_error: str | None
-    records_durable: int
+    records_durable: int          # fdatasync'd in the journal (survive power loss)
     records_committed: int
+    records_written: int = 0      # written to the journal (survive kill -9 of this process)
 
 
 @dataclass
@@ -91,18 +111,22 @@ class Ledger:
         self._db_cond = threading.Condition()       # DB queue, applied seq
         self._buffer: list[Record] = []
         self._seq = 0
-        self._durable_seq = 0
+        self._written_seq = 0
+        self._durable_seq = 0       # synced
         self._applied_seq = 0
-        self._waiters: list[tuple[int, asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
+        self._written_waiters: list[_Waiter] = []
+        self._waiters: list[_Waiter] = []  # synced waiters
         self._db_queue: deque[_DbItem] = deque()
         self._segments: dict[int, _Segment] = {}
         self._seg_lock = threading.Lock()
         self._running = False
         self._stopping = False
         self._journal_done = False
+        self._journal_exited = False
         self._abandon_db = False
         self._failures = 0
         self._journal_failures = 0
+        self._sync_failures = 0
         self._last_error: str | None = None
         self._threads: list[threading.Thread] = []
 
@@ -129,12 +153,14 @@ class Ledger:
                 chunk = contents.records[i:i + self._batch_size]
                 self._seq += len(chunk)
                 self._db_queue.append(_DbItem(contents.seq, chunk, self._seq))
-        self._durable_seq = self._seq
+        self._durable_seq = self._written_seq = self._seq
         if self._db_queue:
             log.info("ledger: replaying %d journaled record(s)", self._seq)
         self._running, self._stopping, self._journal_done, self._abandon_db = True, False, False, False
+        self._journal_exited = False
         self._threads = [threading.Thread(target=self._journal_loop, name="ledger-journal", daemon=True),
-                         threading.Thread(target=self._db_loop, name="ledger-db", daemon=True)]
+                         threading.Thread(target=self._db_loop, name="ledger-db", daemon=True),
+                         threading.Thread(target=self._sync_loop, name="ledger-sync", daemon=True)]
         for t in self._threads:
             t.start()
 
@@ -151,8 +177,9 @@ class Ledger:
             self._cond.notify_all()
         with self._db_cond:
             self._db_cond.notify_all()
-        journal_thread, db_thread = self._threads
+        journal_thread, db_thread, sync_thread = self._threads
         journal_thread.join(max(deadline - time.monotonic(), 0.1))
+        sync_thread.join(max(deadline - time.monotonic(), 0.1))
         db_thread.join(max(deadline - time.monotonic(), 0.1))
         if db_thread.is_alive():
             with self._db_cond:
@@ -162,7 +189,7 @@ class Ledger:
         left = len(self._db_queue) + len(self._buffer)
         if left:
             log.error("ledger stopped with %d record(s) not committed; they stay in the journal", left)
-        if self._dir_lock is not None and not journal_thread.is_alive() and not db_thread.is_alive():
+        if self._dir_lock is not None and not any(t.is_alive() for t in self._threads):
             release_journal_dir(self._journal_root, self._journal.directory, self._dir_lock)
             self._dir_lock = None
         return left == 0
@@ -189,23 +216,31 @@ class Ledger:
             self._seq += 1
             self._cond.notify()
 
-    async def record_durable(self, entry: LedgerEntry) -> None:
-        """Record ``entry`` and return once it is fsync'd in the journal (survives kill -9)."""
+    async def record_durable(self, entry: LedgerEntry, level: Durability = "fsync") -> None:
+        """Record ``entry`` and return once it is durable at ``level`` (see the module docstring)."""
         self.record(entry)
-        await self.wait_durable()
+        await self.wait_durable(level)
 
-    async def wait_durable(self) -> None:
-        """Wait until everything recorded so far is fsync'd in the journal."""
+    async def wait_durable(self, level: Durability = "fsync") -> None:
+        """Wait until everything recorded so far is durable at ``level``: ``process`` = written to
+        the journal (survives kill -9), ``fsync`` = fdatasync'd (survives power loss), ``none`` =
+        no wait. Raises ``LedgerError`` if the journal write (or, for ``fsync``, the sync) failed."""
+        if level == "none":
+            return
+        if level not in ("process", "fsync"):
+            raise ValueError(f"unknown durability level {level!r}")
         loop = asyncio.get_running_loop()
         with self._cond:
             target = self._seq
-            if self._durable_seq >= target:
+            reached = self._written_seq if level == "process" else self._durable_seq
+            if reached >= target:
                 return
             fut: asyncio.Future[None] = loop.create_future()
-            self._waiters.append((target, loop, fut))
+            (self._written_waiters if level == "process" else self._waiters).append((target, loop, fut))
         await fut
 
     def wait_durable_sync(self, timeout_s: float | None = None) -> bool:
+        """Block until everything recorded so far is fdatasync'd in the journal."""
         with self._cond:
             target = self._seq
             return self._cond.wait_for(lambda: self._durable_seq >= target, timeout_s)
@@ -223,11 +258,11 @@ class Ledger:
     def health(self) -> LedgerHealth:
         with self._cond, self._db_cond:
             pending_db = sum(len(i.records) for i in self._db_queue)
-            failures = self._failures + self._journal_failures
+            failures = self._failures + self._journal_failures + self._sync_failures
             return LedgerHealth(ok=failures == 0, running=self._running, pending_journal=len(self._buffer),
                                 pending_db=pending_db, consecutive_failures=failures,
                                 last_error=self._last_error, records_durable=self._durable_seq,
-                                records_committed=self._applied_seq)
+                                records_committed=self._applied_seq, records_written=self._written_seq)
 
     # ---------------------------------------------------------------- journal thread
     def _journal_loop(self) -> None:
@@ -247,6 +282,9 @@ class Ledger:
                     if self._buffer:
                         continue
                 self._seal_current()
+                with self._cond:
+                    self._journal_exited = True
+                    self._cond.notify_all()
                 with self._db_cond:
                     self._journal_done = True
                     self._db_cond.notify_all()
@@ -256,7 +294,7 @@ class Ledger:
         try:
             if self._journal.should_rotate():
                 self._seal_current()
-            seg = self._journal.append(batch)
+            seg = self._journal.write(batch)
         except OSError as exc:
             self._seal_current()
             self._journal_failed(batch, upto, exc)
@@ -268,11 +306,10 @@ class Ledger:
             self._db_cond.notify_all()
         with self._cond:
             self._journal_failures = 0
-            self._durable_seq = upto
-            done = [w for w in self._waiters if w[0] <= upto]
-            self._waiters = [w for w in self._waiters if w[0] > upto]
-            self._cond.notify_all()
-        for _, loop, fut in done:
+            self._written_seq = upto
+            done = _take_waiters(self._written_waiters, upto)
+            self._cond.notify_all()  # wakes the sync thread
+        for _, loop, fut in done:  # 'written': resumed now, before this group's fdatasync
             _resolve(loop, fut, None)
 
     def _journal_failed(self, batch: list[Record], upto: int, exc: OSError) -> None:
@@ -282,15 +319,57 @@ class Ledger:
             self._journal_failures += 1
             self._last_error = f"journal: {exc}"
             self._buffer[:0] = batch
-            failed = [w for w in self._waiters if w[0] <= upto]
-            self._waiters = [w for w in self._waiters if w[0] > upto]
+            failed = _take_waiters(self._written_waiters, upto) + _take_waiters(self._waiters, upto)
             delay = min(0.05 * 2 ** (self._journal_failures - 1), self._retry_max_s)
         for _, loop, fut in failed:
             _resolve(loop, fut, LedgerError(f"ledger journal write failed: {exc}"))
         time.sleep(delay)
 
+    # ---------------------------------------------------------------- sync thread
+    def _sync_loop(self) -> None:
+        """fdatasync whatever the journal thread has written; exits after the journal thread."""
+        while True:
+            with self._cond:
+                while self._durable_seq >= self._written_seq and not self._journal_exited:
+                    self._cond.wait(timeout=1.0)
+                if self._durable_seq >= self._written_seq:
+                    return  # journal thread gone, everything synced (its last seal synced too)
+                target = self._written_seq
+            try:
+                self._journal.sync()  # covers every write that returned before target was read
+            except OSError as exc:
+                self._sync_failed(target, exc)
+                continue
+            with self._cond:
+                self._sync_failures = 0
+                self._durable_seq = max(self._durable_seq, target)
+                done = _take_waiters(self._waiters, target)
+                self._cond.notify_all()
+            for _, loop, fut in done:
+                _resolve(loop, fut, None)
+
+    def _sync_failed(self, upto: int, exc: OSError) -> None:
+        """A failed fdatasync: the records stay written (kill -9 safe) and queued for the DB, but
+        the ``fsync`` waiters covered by it are failed, not told 'on disk'; retried with backoff."""
+        log.error("ledger journal fdatasync failed (records up to #%d not known to be on disk, retrying)",
+                  upto, exc_info=exc)
+        with self._cond:
+            self._sync_failures += 1
+            self._last_error = f"journal sync: {exc}"
+            failed = _take_waiters(self._waiters, upto)
+            delay = min(0.05 * 2 ** (self._sync_failures - 1), self._retry_max_s)
+        for _, loop, fut in failed:
+            _resolve(loop, fut, LedgerError(f"ledger journal sync failed: {exc}"))
+        time.sleep(delay)
+
     def _seal_current(self) -> None:
-        seg = self._journal.seal()
+        try:
+            seg = self._journal.seal()  # syncs, then closes (closed even if the sync fails)
+        except OSError as exc:
+            with self._cond:
+                upto = self._written_seq
+            self._sync_failed(upto, exc)
+            seg = self._journal.last_seq  # closed anyway: sealed, deletable once committed
         if seg is None:
             return
         with self._seg_lock:
@@ -357,6 +436,13 @@ class Ledger:
             log.error("ledger DB write failed (attempt %d, %d batch(es) kept in the journal, retry in %.2fs)",
                       self._failures, n_items, delay, exc_info=exc)
             self._db_cond.wait_for(lambda: self._abandon_db, timeout=delay)
+
+
+def _take_waiters(waiters: list[_Waiter], upto: int) -> list[_Waiter]:
+    """Remove and return the waiters whose target is reached (call with the condition held)."""
+    done = [w for w in waiters if w[0] <= upto]
+    waiters[:] = [w for w in waiters if w[0] > upto]
+    return done
 
 
 def _resolve(loop: asyncio.AbstractEventLoop, fut: asyncio.Future[None], exc: BaseException | None) -> None:

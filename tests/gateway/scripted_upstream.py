@@ -189,7 +189,7 @@ UPSTREAM_KEY = "sk-upstream-secret-0123456789"
 
 def config_for(base_url: str, *, db_url: str = "sqlite:///var/tiergate.db", journal_dir: str = "var/journal",
                max_body_bytes: int = 1024 * 1024, context_window: int = 8192,
-               max_retries: int = 2, durable_responses: bool = True) -> dict[str, Any]:
+               max_retries: int = 2, durability: str = "process") -> dict[str, Any]:
     """A config.yaml dict whose every tier points at the scripted upstream (model ``up-a``, with
     ``up-b`` on the same server as the low tier's fallback)."""
     model = {"provider": "openai", "api_base": base_url, "api_key_env": UPSTREAM_KEY_ENV,
@@ -201,7 +201,7 @@ def config_for(base_url: str, *, db_url: str = "sqlite:///var/tiergate.db", jour
     return {
         "server": {"max_body_bytes": max_body_bytes, "request_timeout_s": 5},
         "database": {"url_env": "TIERGATE_TEST_UNSET_DB_URL", "default_url": db_url},
-        "ledger": {"journal_dir": journal_dir, "flush_interval_ms": 5, "durable_responses": durable_responses},
+        "ledger": {"journal_dir": journal_dir, "flush_interval_ms": 5, "durability": durability},
         "models": {"up-a": {**model, "model": "upstream-a"}, "up-b": {**model, "model": "upstream-b"},
                    "up-high": {**model, "model": "upstream-high", "price": {"input": 10.0, "output": 20.0}},
                    "up-solo": {**model, "model": "upstream-solo"}},

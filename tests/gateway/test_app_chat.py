@@ -158,16 +158,16 @@ async def test_tools_and_json_mode_forwarded(tmp_path: Path, upstream: ScriptedU
         assert orjson.loads(r.json()["choices"][0]["message"]["content"]) == {"answer": 42}
 
 
-@pytest.mark.parametrize("durable", [True, False])
-async def test_durable_responses_wait_for_the_journal(tmp_path: Path, upstream: ScriptedUpstream,
-                                                     monkeypatch: pytest.MonkeyPatch, durable: bool) -> None:
-    async with gateway(tmp_path, upstream, durable_responses=durable) as gw:
-        waits: list[int] = []
+@pytest.mark.parametrize("durability", ["process", "fsync", "none"])
+async def test_responses_wait_for_the_journal_at_the_configured_level(
+        tmp_path: Path, upstream: ScriptedUpstream, monkeypatch: pytest.MonkeyPatch, durability: str) -> None:
+    async with gateway(tmp_path, upstream, durability=durability) as gw:
+        waits: list[str] = []
         real_wait = gw.ledger.wait_durable
 
-        async def counting_wait() -> None:
-            waits.append(1)
-            await real_wait()
+        async def counting_wait(level: str) -> None:
+            waits.append(level)
+            await real_wait(level)
 
         monkeypatch.setattr(gw.ledger, "wait_durable", counting_wait)
         r = await gw.client.post("/v1/chat/completions", headers=gw.auth, json={"model": "low", "messages": MSGS})
@@ -175,7 +175,7 @@ async def test_durable_responses_wait_for_the_journal(tmp_path: Path, upstream: 
         r = await gw.client.post("/v1/chat/completions", headers=gw.auth,
                                  json={"model": "low", "messages": MSGS, "stream": True})
         assert sse_events(r.content)[-1] == "[DONE]"
-        assert len(waits) == (2 if durable else 0)
+        assert waits == ([] if durability == "none" else [durability] * 2)
         assert len(gw.ledger_rows()) == 2  # recorded either way
 
 
@@ -201,13 +201,13 @@ async def test_call_rows_and_request_record_share_one_journal_fsync(tmp_path: Pa
     from gateway.ledger.journal import Journal
 
     batches: list[int] = []
-    real_append = Journal.append
+    real_write = Journal.write  # one write per group; its fdatasync follows (or is awaited) per group
 
-    def counting_append(self: Journal, batch: list[Any]) -> Any:
+    def counting_write(self: Journal, batch: list[Any]) -> Any:
         batches.append(len(batch))
-        return real_append(self, batch)
+        return real_write(self, batch)
 
-    monkeypatch.setattr(Journal, "append", counting_append)
+    monkeypatch.setattr(Journal, "write", counting_write)
     import sys
 
     old_interval = sys.getswitchinterval()

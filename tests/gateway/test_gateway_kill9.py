@@ -79,6 +79,7 @@ def _journal_has(journal: Path, *needles: str) -> bool:
 def test_kill9_loses_no_ledger_row(tmp_path: Path, upstream: ScriptedUpstream) -> None:
     db_url = f"sqlite:///{tmp_path / 'gw.db'}"
     cfg = config_for(upstream.base_url, db_url=db_url, journal_dir="journal")
+    cfg["ledger"]["durability"] = "process"  # the default: answers wait for write(2), fdatasync runs after
     cfg["ledger"]["flush_interval_ms"] = 60_000  # DB writes lag: only the journal can save the rows
     cfg["ledger"]["batch_size"] = 10_000
     config = tmp_path / "config.yaml"

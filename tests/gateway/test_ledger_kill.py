@@ -1,6 +1,8 @@
 """kill -9 at the ledger level: a child process records entries with ``record_durable`` from
 concurrent tasks and prints "ready <id> <tokens>" after each is acknowledged; it is SIGKILLed
-mid-stream. A new Ledger on the same journal and database must hold every acknowledged entry,
+mid-stream. Run at both acknowledging levels: ``process`` (acknowledged once written with
+write(2), fdatasync later in the background — the chat path's default, and exactly the kill -9
+guarantee) and ``fsync`` (acknowledged after the fdatasync). A new Ledger on the same journal and database must hold every acknowledged entry,
 possibly a few in-flight ones, never a duplicate, with daily_spend equal to the row sums."""
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
 import sqlalchemy as sa
 
 from gateway.db import migrate
@@ -24,7 +27,7 @@ CHILD = textwrap.dedent("""
     from gateway.ledger import Ledger, LedgerEntry
     from gateway.providers.base import Usage
 
-    url, journal = sys.argv[1], sys.argv[2]
+    url, journal, level = sys.argv[1], sys.argv[2], sys.argv[3]
     # A slow DB flush (200 ms, big batches) so the kill always finds journaled, uncommitted rows.
     ledger = Ledger(make_session_factory(make_engine(url)), journal, flush_interval_ms=200,
                     batch_size=100_000, max_segment_bytes=16384)
@@ -36,7 +39,7 @@ CHILD = textwrap.dedent("""
             e = LedgerEntry(id=f"e-{n}", request_id=f"r-{n}", tenant_id="t1", key_id="k1", stage="direct",
                             tier="low", model="demo-moe", usage=Usage(prompt_tokens=n % 97 + 1,
                             completion_tokens=n % 13 + 1), cost_usd=0.001, baseline_cost_usd=0.01)
-            await ledger.record_durable(e)
+            await ledger.record_durable(e, level)
             sys.stdout.write(f"ready {e.id} {e.usage.prompt_tokens} {e.usage.completion_tokens}\\n")
             sys.stdout.flush()
 
@@ -47,14 +50,15 @@ CHILD = textwrap.dedent("""
 """)
 
 
-def test_kill_9_loses_no_acknowledged_entry_and_duplicates_none(tmp_path: Path) -> None:
+@pytest.mark.parametrize("level", ["process", "fsync"])
+def test_kill_9_loses_no_acknowledged_entry_and_duplicates_none(tmp_path: Path, level: str) -> None:
     url = f"sqlite:///{tmp_path}/k.db"
     migrate.upgrade(url)
     journal = tmp_path / "journal"
     script = tmp_path / "child.py"
     script.write_text(CHILD)
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
-    child = subprocess.Popen([sys.executable, str(script), url, str(journal)], stdout=subprocess.PIPE,
+    child = subprocess.Popen([sys.executable, str(script), url, str(journal), level], stdout=subprocess.PIPE,
                              env=env, text=True)
     acked: dict[str, tuple[int, int]] = {}
     assert child.stdout is not None

@@ -184,22 +184,23 @@ def test_record_requires_a_running_ledger_and_the_right_type(db, tmp_path: Path)
         ledger.record(entry(2))
 
 
-async def test_journal_write_failure_fails_durable_waiters_and_retries(db, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize("level", ["process", "fsync"])
+async def test_journal_write_failure_fails_durable_waiters_and_retries(db, tmp_path: Path, level) -> None:  # type: ignore[no-untyped-def]
     ledger = Ledger(db, tmp_path / "j", retry_max_s=0.05)
     ledger.start()
     journal = ledger._journal
-    real_append = journal.append
+    real_write = journal.write
     calls = {"n": 0}
 
-    def flaky_append(records):  # type: ignore[no-untyped-def]
+    def flaky_write(records):  # type: ignore[no-untyped-def]
         calls["n"] += 1
         if calls["n"] == 1:
             raise OSError(28, "No space left on device")
-        return real_append(records)
+        return real_write(records)
 
-    journal.append = flaky_append  # type: ignore[method-assign]
+    journal.write = flaky_write  # type: ignore[method-assign]
     with pytest.raises(LedgerError, match="No space left"):
-        await ledger.record_durable(entry(1))
+        await ledger.record_durable(entry(1), level)
     assert await ledger.aflush(5)  # retried from memory, then committed
     assert _count(db) == 1
     assert ledger.health().ok
