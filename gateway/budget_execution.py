@@ -6,7 +6,9 @@ upstream call on every budget of the tenant and key (429 ``budget_exceeded`` whe
 not fit), and settles the hold to what the request actually cost (``tally.cost_usd``, the
 same amounts the executor wrote to the ledger) when the answer or the stream ends —
 including failures and cancellations that still cost tokens; a request that cost nothing
-releases its hold. ``x-tiergate-budget-remaining-usd`` is left in ``tally.response_headers``
+releases its hold. The inner executor gets a ``RequestBudget`` (``req.call_budget``): one that
+makes several calls (the pipeline) switches it to per-call holds, so every call is covered by
+a reservation of its own worst case and settled to its own cost. ``x-tiergate-budget-remaining-usd`` is left in ``tally.response_headers``
 for the route.
 
 Imports the execution hook, budgets, ledger pricing and settings; no FastAPI.
@@ -15,6 +17,7 @@ Imports the execution hook, budgets, ledger pricing and settings; no FastAPI.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -23,6 +26,8 @@ from gateway.budgets.service import REMAINING_HEADER
 from gateway.execution import Executor, ResolvedRequest
 from gateway.ledger.pricing import model_price, price_for
 from gateway.providers.metering import count_prompt_tokens
+from gateway.request_budget import RequestBudget
+from gateway.resolve import AUTO_MODEL
 from gateway.settings import Settings
 
 
@@ -42,12 +47,15 @@ class BudgetedExecutor:
         messages = req.body.get("messages") or []
         prompt = count_prompt_tokens(self.settings.models[res.models[0]], messages)
         max_out = _max_tokens(req.body)
+        tier = self.settings.tiers.get(res.tier)  # type: ignore[call-overload]
+        if tier is not None and res.requested_model == AUTO_MODEL and tier.engine.thinking_budget_tokens:
+            # routed by effort: a thinking call may generate its answer plus the tier's thinking budget
+            max_out = (max_out or tier.max_output_tokens) + tier.engine.thinking_budget_tokens
         worst = 0.0
         for name in res.models:
             price = (price_for(self.settings, res.tier, name) if res.tier in self.settings.tiers
                      else model_price(self.settings.models[name]))
             worst = max(worst, worst_case_cost(self.settings, res.tier, name, prompt, max_out, price=price))
-        tier = self.settings.tiers.get(res.tier)  # type: ignore[call-overload]
         out_tokens = max_out or (tier.max_output_tokens if tier is not None else 0)
         return worst, prompt + out_tokens
 
@@ -62,10 +70,19 @@ class BudgetedExecutor:
             _headers(req)[REMAINING_HEADER] = f"{max(reservation.remaining_usd, 0.0):.9f}"
         return reservation
 
+    def _with_budget(self, req: ResolvedRequest, reservation: Reservation) -> ResolvedRequest:
+        gate = RequestBudget(self.budgets, req, req.request_id, reservation)
+        return dataclasses.replace(req, call_budget=gate)
+
     async def _close(self, req: ResolvedRequest, reservation: Reservation) -> None:
         """Settle to the request's actual cost (or release when it cost nothing). Shielded."""
         cost = req.tally.cost_usd
-        if cost > 0:
+        gate = req.call_budget
+        if isinstance(gate, RequestBudget) and gate.metered:  # the executor settled per call
+            status = await gate.close(cost)
+            if status is not None:
+                _headers(req).update(status.headers())
+        elif cost > 0:
             status = await asyncio.shield(self.budgets.settle(reservation, cost))
             _headers(req).update(status.headers())
         else:
@@ -73,6 +90,7 @@ class BudgetedExecutor:
 
     async def complete(self, req: ResolvedRequest) -> dict[str, Any]:
         reservation = await self._open(req)
+        req = self._with_budget(req, reservation)
         try:
             return await self.inner.complete(req)
         finally:
@@ -80,6 +98,7 @@ class BudgetedExecutor:
 
     async def stream(self, req: ResolvedRequest) -> AsyncIterator[dict[str, Any]]:
         reservation = await self._open(req)
+        req = self._with_budget(req, reservation)
         try:
             chunks = await self.inner.stream(req)
         except BaseException:

@@ -5,8 +5,7 @@
 ``stream`` run it through the ``Executor`` and shape the answer the way OpenAI does: ``id`` is
 the gateway's request id, ``model`` echoes what the client asked for, usage is always counted
 (asked upstream even when the client did not ask, and stripped from what the client sees).
-Each request gets one ``RequestRecord``, durable at ``ledger.durability`` (by default: written to
-the journal, so it survives kill -9) before the answer's last bytes leave.
+Each request gets one ``RequestRecord``, written durably before the answer's last bytes leave.
 
 Imports schemas, resolve, execution, ledger entries, providers and settings; no FastAPI.
 """
@@ -15,7 +14,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator
-from typing import Any, Literal, Protocol
+from typing import Any, Protocol
 
 import orjson
 
@@ -38,12 +37,14 @@ class PrincipalLike(Protocol):
     def tenant_id(self) -> str: ...
     @property
     def key_id(self) -> str: ...
+    @property
+    def allow_prompt_storage(self) -> bool: ...
 
 
 class RequestLedger(Protocol):
     def record(self, entry: LedgerEntry) -> None: ...
     def record_request(self, rec: RequestRecord) -> None: ...
-    async def wait_durable(self, level: Literal["process", "fsync", "none"] = ...) -> None: ...
+    async def wait_durable(self) -> None: ...
 
 
 def new_request_id() -> str:
@@ -88,7 +89,7 @@ class ChatFlow:
                               timeout_s=self.settings.server.request_timeout_s)
         rr = ResolvedRequest(request_id=new_request_id(), tenant_id=principal.tenant_id,
                              key_id=principal.key_id, resolution=resolution, body=upstream_body(data),
-                             options=options)
+                             options=options, allow_prompt_storage=principal.allow_prompt_storage)
         rr.tally.deferred = []  # call rows join the request record in one journal batch (finish)
         return rr, req
 
@@ -114,9 +115,8 @@ class ChatFlow:
             for entry in rows:  # back to back with the request record: one journal batch, one fsync
                 self.ledger.record(entry)
         self.ledger.record_request(record)
-        level = self.settings.ledger.durability
-        if level != "none":  # this record and every call row before it: written (process) / fsync'd
-            await self.ledger.wait_durable(level)
+        if self.settings.ledger.durable_responses:
+            await self.ledger.wait_durable()  # this record and every call row before it: fsync'd
 
     async def complete(self, rr: ResolvedRequest) -> dict[str, Any]:
         try:

@@ -32,6 +32,24 @@ class LedgerSink(Protocol):
     def record(self, entry: LedgerEntry) -> None: ...
 
 
+class CallHold(Protocol):
+    """A budget hold covering one upstream call (``gateway.request_budget.CallHoldOnBudgets``)."""
+
+    async def settle(self, cost_nanos: int) -> None:
+        """Replace the hold by what the call cost (nano-USD, summed over its ledger rows); 0 releases."""
+        ...
+
+
+class CallBudget(Protocol):
+    """Per-call budget holds for one request (set by ``BudgetedExecutor``). An executor that makes
+    several upstream calls (the pipeline) calls ``meter_per_call`` once, then holds each call's
+    worst case before making it; ``hold`` raises ``BudgetExceeded`` when the budget cannot."""
+
+    async def meter_per_call(self) -> None: ...
+
+    async def hold(self, worst_case_usd: float) -> CallHold: ...
+
+
 @dataclass
 class CallTally:
     """What one request has spent so far (summed over its upstream attempts)."""
@@ -67,6 +85,8 @@ class ResolvedRequest:
     body: dict[str, Any]  # what goes upstream (client fields minus gateway-only ones)
     options: CallOptions
     tally: CallTally = field(default_factory=CallTally)
+    allow_prompt_storage: bool = False  # the tenant lets review feedback keep the prompt's text
+    call_budget: CallBudget | None = None  # per-call budget holds (None: no budgets in front)
     started: float = field(default_factory=time.perf_counter)
 
 

@@ -15,7 +15,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from gateway.ledger.entries import new_entry_id
-from gateway.ledger.pricing import cost_for
+from gateway.ledger.pricing import cost_for, price_for
 from gateway.pipeline.types import CallStatus, Clock, LedgerSink, RequestContext, Stage, StageCall
 from gateway.providers.base import Usage
 from gateway.settings import Settings
@@ -23,13 +23,36 @@ from gateway.settings import Settings
 CHARS_PER_TOKEN_LOWER_BOUND = 2.0  # for worst-case cost estimates: over-estimates prompt tokens
 
 
-class CostCapReached(Exception):
+class StopEarly(Exception):
+    """The pipeline must stop before its next call and answer with what it has so far."""
+
+    reason = "stopped"
+
+    def __init__(self, message: str, stage: str) -> None:
+        super().__init__(message)
+        self.stage = stage
+
+
+class CostCapReached(StopEarly):
     """The next call could push the request past ``tiergate.max_cost_usd``."""
+
+    reason = "cost_cap"
 
     def __init__(self, stage: str, spent_usd: float, estimate_usd: float, cap_usd: float) -> None:
         super().__init__(f"{stage} would cost up to ${estimate_usd:.6f}; ${spent_usd:.6f} of "
-                         f"${cap_usd:.6f} already spent")
-        self.stage, self.spent_usd, self.estimate_usd, self.cap_usd = stage, spent_usd, estimate_usd, cap_usd
+                         f"${cap_usd:.6f} already spent", stage)
+        self.spent_usd, self.estimate_usd, self.cap_usd = spent_usd, estimate_usd, cap_usd
+
+
+class BudgetRefused(StopEarly):
+    """The tenant's (or key's) hard budget cannot hold the next call's worst case. ``error`` is
+    the budgets' ``BudgetExceeded`` (429), raised as is when nothing has been produced yet."""
+
+    reason = "budget"
+
+    def __init__(self, stage: str, error: Exception) -> None:
+        super().__init__(f"{stage}: {error}", stage)
+        self.error = error
 
 
 def estimate_prompt_tokens(messages: list[dict[str, Any]]) -> int:
@@ -63,8 +86,12 @@ class Accountant:
         return total
 
     def worst_case_usd(self, tier: str, messages: list[dict[str, Any]], max_tokens: int) -> float:
-        price = self.settings.tier_price(tier)
-        return price.cost_usd(estimate_prompt_tokens(messages), 0, max_tokens)
+        """The most one call may cost: over-estimated prompt tokens and ``max_tokens`` of output at
+        the dearest price of the tier's model chain (a fallback can cost more than the primary)."""
+        prompt = estimate_prompt_tokens(messages)
+        t = self.settings.tiers[tier]  # type: ignore[index]
+        return max(price_for(self.settings, tier, name).cost_usd(prompt, 0, max_tokens)
+                   for name in (t.model, *t.fallbacks))
 
     def reserve(self, stage: str, tier: str, messages: list[dict[str, Any]], max_tokens: int) -> float:
         """Check the cost cap before a call; returns the amount held until ``release``."""

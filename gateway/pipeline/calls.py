@@ -1,19 +1,27 @@
 """Calling a model for one pipeline stage: builds the upstream body, applies the tier's engine
-knobs (experts per token), checks the cost cap first, and accounts every upstream attempt the
-router reports (retries, fallbacks and cancelled streams included) as a ledger row.
+knobs (experts per token), and accounts every upstream attempt the router reports (retries,
+fallbacks and cancelled streams included) as a ledger row. Before each call a ``Ticket`` is
+taken: the request's cost cap is checked and, when budgets are in front (``CallBudget``), the
+call's worst case is held on the tenant's and key's budgets (``BudgetRefused`` when they cannot
+hold it). The ticket is settled to the call's ledger rows when the call ends, fails, is
+cancelled, or (streams) is closed.
 
-Imports pipeline types/accounting, the provider contract and router types only (the model is
-reached through the injected ``CallModel`` / ``StreamModel`` callables).
+Imports pipeline types/accounting, the execution hook's budget protocol, budget money units,
+the provider contract and router types only (the model is reached through the injected
+``CallModel`` / ``StreamModel`` callables).
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import asyncio
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.errors import UpstreamError
-from gateway.pipeline.accounting import Accountant
+from gateway.budgets import to_nanos
+from gateway.errors import BudgetExceeded, UpstreamError
+from gateway.execution import CallBudget, CallHold
+from gateway.pipeline.accounting import Accountant, BudgetRefused
 from gateway.pipeline.types import CallModel, Stage, StageCall, StreamModel
 from gateway.providers.base import CallOptions, Usage
 from gateway.providers.router import Attempt, OnAttempt
@@ -41,14 +49,74 @@ def message_text(response: dict[str, Any]) -> str:
     return str((choices[0].get("message") or {}).get("content") or "")
 
 
+class Ticket:
+    """What one call holds before it runs: its share of the cost cap and its budget hold."""
+
+    def __init__(self, accountant: Accountant, capped_usd: float, hold: CallHold | None) -> None:
+        self.accountant, self.capped_usd, self.hold = accountant, capped_usd, hold
+        self.opened = False  # a stream was opened on it (the stream closes it)
+        self.closed = False
+
+    async def close(self, calls: Sequence[StageCall]) -> None:
+        """Give the cost-cap share back and settle the budget hold to ``calls``' ledger rows."""
+        if self.closed:
+            return
+        self.closed = True
+        self.accountant.release(self.capped_usd)
+        if self.hold is not None:
+            await asyncio.shield(self.hold.settle(sum(to_nanos(c.cost_usd) for c in calls)))
+
+
+class HeldStream:
+    """An opened stream whose ticket is settled once the stream ends, fails or is closed."""
+
+    def __init__(self, chunks: AsyncIterator[dict[str, Any]], ticket: Ticket, calls: list[StageCall]) -> None:
+        self.chunks, self.ticket, self.calls = chunks, ticket, calls
+
+    def __aiter__(self) -> HeldStream:
+        return self
+
+    async def __anext__(self) -> dict[str, Any]:
+        try:
+            return await self.chunks.__anext__()
+        except BaseException:
+            await self.aclose()
+            raise
+
+    async def aclose(self) -> None:
+        try:
+            aclose = getattr(self.chunks, "aclose", None)
+            if aclose is not None:
+                await aclose()  # bills what was generated (the attempt lands in self.calls)
+        finally:
+            await self.ticket.close(self.calls)
+
+
 class StageCaller:
     """The only way pipeline stages reach a model."""
 
     def __init__(self, settings: Settings, call_model: CallModel, accountant: Accountant,
-                 stream_model: StreamModel | None = None, sampling: dict[str, Any] | None = None) -> None:
+                 stream_model: StreamModel | None = None, sampling: dict[str, Any] | None = None,
+                 budget: CallBudget | None = None) -> None:
         self.settings, self.call_model, self.accountant = settings, call_model, accountant
-        self.stream_model = stream_model
+        self.stream_model, self.budget = stream_model, budget
         self.sampling = dict(sampling or {})  # the client's temperature/top_p/seed, for every stage
+
+    async def ticket(self, stage: Stage, tier: str, messages: list[dict[str, Any]], max_tokens: int) -> Ticket:
+        """Check the cost cap (``CostCapReached``), then hold the call's worst case on the budgets
+        (``BudgetRefused``). Close the ticket, or hand it to ``call``/``stream``."""
+        worst = self.accountant.reserve(stage, tier, messages, max_tokens)
+        if self.budget is None:
+            return Ticket(self.accountant, worst, None)
+        try:
+            hold = await self.budget.hold(worst)
+        except BudgetExceeded as err:
+            self.accountant.release(worst)
+            raise BudgetRefused(stage, err) from err
+        except BaseException:
+            self.accountant.release(worst)
+            raise
+        return Ticket(self.accountant, worst, hold)
 
     def options(self, tier: str) -> CallOptions:
         knobs = self.settings.tiers[tier].engine  # type: ignore[index]
@@ -69,26 +137,34 @@ class StageCaller:
     async def call(self, stage: Stage, tier: str, messages: list[dict[str, Any]], max_tokens: int, *,
                    step_id: str | None = None, path: int | None = None, round: int = 0,
                    **extra: Any) -> Reply:
-        held = self.accountant.reserve(stage, tier, messages, max_tokens)
+        ticket = await self.ticket(stage, tier, messages, max_tokens)
         on_attempt, calls = self._billing(stage, tier, step_id=step_id, path=path, round=round)
         try:
             response, model = await self.call_model(tier, self.body(messages, max_tokens, **extra),
                                                     self.options(tier), on_attempt=on_attempt)
+            ok = [c for c in calls if c.status == "ok"]
+            if not ok:  # a caller that did not report its attempt: bill what the response says
+                ok = [self.accountant.record(stage, tier, model, Usage.from_openai(response.get("usage")),
+                                             "ok", step_id=step_id, path=path, round=round)]
+                calls.extend(ok)
         finally:
-            self.accountant.release(held)
-        ok = [c for c in calls if c.status == "ok"]
-        if not ok:  # a caller that did not report its attempt: bill what the response says
-            ok = [self.accountant.record(stage, tier, model, Usage.from_openai(response.get("usage")), "ok",
-                                         step_id=step_id, path=path, round=round)]
+            await ticket.close(calls)
         return Reply(message_text(response), ok[-1])
 
     async def stream(self, stage: Stage, tier: str, messages: list[dict[str, Any]], max_tokens: int, *,
                      step_id: str | None = None, path: int | None = None, round: int = 0,
-                     **extra: Any) -> AsyncIterator[dict[str, Any]]:
-        """An opened chunk stream; the attempt is billed when it ends or is closed (cancelled)."""
+                     ticket: Ticket | None = None, **extra: Any) -> AsyncIterator[dict[str, Any]]:
+        """An opened chunk stream; the attempt is billed (and the ticket settled) when it ends or
+        is closed (cancelled). ``ticket``: one taken beforehand with ``ticket()``."""
         if self.stream_model is None:
             raise RuntimeError("no stream_model was given to the pipeline")
-        on_attempt, _ = self._billing(stage, tier, step_id=step_id, path=path, round=round)
+        ticket = ticket or await self.ticket(stage, tier, messages, max_tokens)
+        ticket.opened = True
+        on_attempt, calls = self._billing(stage, tier, step_id=step_id, path=path, round=round)
         body = self.body(messages, max_tokens, **extra)
-        chunks, _model = await self.stream_model(tier, body, self.options(tier), on_attempt=on_attempt)
-        return chunks
+        try:
+            chunks, _model = await self.stream_model(tier, body, self.options(tier), on_attempt=on_attempt)
+        except BaseException:
+            await ticket.close(calls)
+            raise
+        return HeldStream(chunks, ticket, calls)

@@ -3,7 +3,7 @@ depends on have finished (independent steps run concurrently); a step's prompt c
 request, its instruction, expected output and the outputs of the steps it depends on.
 
 How one step is run (one call, or several pruned paths) is injected as ``run_step``.
-A step that cannot be afforded under the cost cap stops the stage: finished outputs are
+A step that cannot be afforded (cost cap or budget: ``StopEarly``) stops the stage: finished outputs are
 kept, steps depending on unfinished ones are not started. Upstream errors propagate.
 
 Imports pipeline plan/accounting only.
@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from gateway.pipeline.accounting import CostCapReached
+from gateway.pipeline.accounting import StopEarly
 from gateway.pipeline.plan import Plan, PlanStep
 
 STEP_SYSTEM = ("You carry out one step of a larger plan. Do exactly this step and reply with its "
@@ -28,7 +28,7 @@ RunStep = Callable[[PlanStep, list[dict[str, Any]]], Awaitable[str]]
 @dataclass
 class ExecutionResult:
     outputs: dict[str, str] = field(default_factory=dict)
-    stopped: CostCapReached | None = None
+    stopped: StopEarly | None = None
 
 
 def request_text(messages: list[dict[str, Any]]) -> str:
@@ -71,7 +71,7 @@ async def execute_plan(plan: Plan, request: str, run_step: RunStep, *, only: set
             messages = step_messages(request, step, {d: result.outputs[d] for d in step.depends_on})
             try:
                 result.outputs[step.id] = await run_step(step, messages)
-            except CostCapReached as err:
+            except StopEarly as err:
                 result.stopped = result.stopped or err
                 result.outputs.pop(step.id, None)
         finally:

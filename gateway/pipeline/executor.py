@@ -5,6 +5,8 @@ gateway-only fields stripped and the answer/thinking budgets applied. A client t
 tier (``tier-high``) or a model gets that model directly, like a plain proxy, unless it asks
 for the pipeline with ``tiergate.pipeline: on``. Pipeline calls are written to the ledger one row per upstream
 attempt and summed into the request's tally (which the chat flow records and streams as usage).
+With budgets in front (``req.call_budget``) the pipeline holds every call's worst case on the
+budgets before making it; the tenant's ``allow_prompt_storage`` reaches the review feedback.
 
 Imports the execution hook, routing, ledger entries and the pipeline; never FastAPI/Starlette.
 """
@@ -88,17 +90,25 @@ class PipelineExecutor:
             t.model = entry.model
 
         return Pipeline(self.settings, functools.partial(call_tier, self.registry, self.settings), record,
-                        self.feedback_sink, self.clock, functools.partial(stream_tier, self.registry, self.settings))
+                        self.feedback_sink, self.clock, functools.partial(stream_tier, self.registry, self.settings),
+                        req.call_budget)
+
+    @staticmethod
+    async def _start(req: ResolvedRequest) -> None:
+        req.tally.pipeline = True
+        if req.call_budget is not None:
+            await req.call_budget.meter_per_call()  # many calls: each holds its own worst case
 
     @staticmethod
     def _context(req: ResolvedRequest) -> RequestContext:
-        return RequestContext(request_id=req.request_id, tenant_id=req.tenant_id, key_id=req.key_id)
+        return RequestContext(request_id=req.request_id, tenant_id=req.tenant_id, key_id=req.key_id,
+                              allow_prompt_storage=req.allow_prompt_storage)
 
     async def complete(self, req: ResolvedRequest) -> dict[str, Any]:
         ex = await self.execution(req)
         if ex is None or not ex.uses_pipeline:
             return await self.direct.complete(self._direct_request(req, ex))
-        req.tally.pipeline = True
+        await self._start(req)
         result = await self._pipeline(req).run(self._context(req), req.body, ex)
         return result.to_response(req.request_id, req.resolution.requested_model, int(self.clock()))
 
@@ -106,6 +116,6 @@ class PipelineExecutor:
         ex = await self.execution(req)
         if ex is None or not ex.uses_pipeline:
             return await self.direct.stream(self._direct_request(req, ex))
-        req.tally.pipeline = True
+        await self._start(req)
         body = {**req.body, "model": req.resolution.requested_model}
         return self._pipeline(req).stream(self._context(req), body, ex).__aiter__()

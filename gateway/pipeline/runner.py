@@ -5,8 +5,10 @@ review tier for a JSON plan, repairs it once, and falls back to a direct answer 
 Steps run on the execute tier as a DAG (xhigh: several pruned paths per step). The review
 tier checks the results and composes the answer; "revise" re-runs the failing steps (and
 their dependants) one tier up, at most ``settings.pipeline.max_review_rounds`` times. A
-request's ``max_cost_usd`` is checked before every call; when the next call could pass it the
-pipeline stops with the best answer so far and says so. Review verdicts go to the injected
+request's ``max_cost_usd`` is checked before every call, and with budgets in front (``CallBudget``)
+every call's worst case is held on the tenant's budgets first; when the next call could pass the
+cap, or the budget cannot hold it, the pipeline stops with the best answer so far and says so
+(a budget refusal before anything was produced is the 429 ``budget_exceeded`` itself). Review verdicts go to the injected
 feedback sink; every call goes to the ledger sink as it finishes.
 
 Models are reached only through the injected ``CallModel``/``StreamModel`` callables: this
@@ -21,7 +23,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.errors import InvalidRequest
-from gateway.pipeline.accounting import Accountant, CostCapReached
+from gateway.execution import CallBudget
+from gateway.pipeline.accounting import Accountant, BudgetRefused, CostCapReached, StopEarly
 from gateway.pipeline.calls import StageCaller
 from gateway.pipeline.execute import execute_plan, request_text
 from gateway.pipeline.plan import (
@@ -78,9 +81,10 @@ class _RunState:
 class Pipeline:
     def __init__(self, settings: Settings, call_model: CallModel, ledger_sink: LedgerSink,
                  feedback_sink: FeedbackSink | None = None, clock: Clock = time.time,
-                 stream_model: StreamModel | None = None) -> None:
+                 stream_model: StreamModel | None = None, call_budget: CallBudget | None = None) -> None:
         self.settings, self.call_model, self.ledger_sink = settings, call_model, ledger_sink
         self.feedback_sink, self.clock, self.stream_model = feedback_sink, clock, stream_model
+        self.call_budget = call_budget  # per-call budget holds of this request (None: no budgets)
 
     async def run(self, ctx: RequestContext, body: dict[str, Any], execution: ExecutionPlan) -> PipelineResult:
         return await self._run(ctx, body, execution, _ignore)
@@ -100,14 +104,14 @@ class Pipeline:
             raise InvalidRequest("messages must be a non-empty array", param="messages")
         acct = Accountant(self.settings, ctx, self.ledger_sink, self.clock, ex.max_cost_usd)
         sampling = {k: body[k] for k in SAMPLING_FIELDS if body.get(k) is not None}
-        caller = StageCaller(self.settings, self.call_model, acct, self.stream_model, sampling)
+        caller = StageCaller(self.settings, self.call_model, acct, self.stream_model, sampling, self.call_budget)
         state = _RunState()
         result = PipelineResult(answer="", execution=ex, calls=acct.calls)
         progress(f"[perceive] effort {ex.effort} ({ex.effort_source}); plan and review on {ex.review_tier}, "
                  f"execute on {ex.execute_tier}" + (f", {ex.paths} paths per step" if ex.paths > 1 else ""))
         try:
             await self._stages(ctx, messages, ex, caller, state, result, progress)
-        except CostCapReached as err:
+        except StopEarly as err:
             await self._stop_early(err, messages, ex, caller, state, result, progress)
         return result
 
@@ -188,22 +192,23 @@ class Pipeline:
 
     async def _multipath(self, step: PlanStep, step_msgs: list[dict[str, Any]], tier: str, ex: ExecutionPlan,
                          caller: StageCaller, state: _RunState, progress: ProgressSink) -> str:
-        acct, max_tokens = caller.accountant, self._step_tokens(ex, tier)
-        held = [acct.reserve("execute", tier, step_msgs, max_tokens)]  # at least one path, or stop
-        for _ in range(ex.paths - 1):
-            try:
-                held.append(acct.reserve("execute", tier, step_msgs, max_tokens))
-            except CostCapReached:
-                break
-        paths = len(held)
-        pruner = PathPruner(paths, self.settings.pipeline.prune_after_tokens)
+        max_tokens = self._step_tokens(ex, tier)
+        tickets = [await caller.ticket("execute", tier, step_msgs, max_tokens)]  # at least one path, or stop
         try:
+            for _ in range(ex.paths - 1):
+                try:
+                    tickets.append(await caller.ticket("execute", tier, step_msgs, max_tokens))
+                except StopEarly:
+                    break
+            paths = len(tickets)
+            pruner = PathPruner(paths, self.settings.pipeline.prune_after_tokens)
             outcomes = await run_paths(paths, lambda i: caller.stream(
                 "execute", tier, step_msgs, max_tokens, step_id=step.id, path=i, round=state.rounds,
-                logprobs=True, temperature=PATH_TEMPERATURE, seed=i), pruner)
+                ticket=tickets[i], logprobs=True, temperature=PATH_TEMPERATURE, seed=i), pruner)
         finally:
-            for amount in held:
-                acct.release(amount)
+            for ticket in tickets:
+                if not ticket.opened:  # an opened stream settles its own ticket when it is closed
+                    await ticket.close(())
         chosen = vote(outcomes)
         state.alternatives[step.id] = [o.text for o in outcomes if not o.pruned and o is not chosen]
         pruned = [o.index for o in outcomes if o.pruned]
@@ -245,28 +250,41 @@ class Pipeline:
         except Exception:  # training feedback is not on the money path; the answer stands
             log.exception("could not record review verdict for %s", ctx.request_id)
 
-    async def _stop_early(self, err: CostCapReached, messages: list[dict[str, Any]], ex: ExecutionPlan,
+    async def _stop_early(self, err: StopEarly, messages: list[dict[str, Any]], ex: ExecutionPlan,
                           caller: StageCaller, state: _RunState, result: PipelineResult,
                           progress: ProgressSink) -> None:
-        progress(f"[stop] cost cap ${err.cap_usd:.6f} would be exceeded by the {err.stage} stage")
-        result.stopped_early = {"reason": "cost_cap", "stage": err.stage, "max_cost_usd": err.cap_usd,
+        """Answer with the best so far and say why. With nothing produced: a cost cap tries one
+        cheap direct answer; a budget refusal is the request's 429 ``budget_exceeded``."""
+        progress(f"[stop] {_why(err)}")
+        result.stopped_early = {"reason": err.reason, "stage": err.stage,
                                 "spent_usd": round(caller.accountant.cost_usd, 9)}
+        if isinstance(err, CostCapReached):
+            result.stopped_early["max_cost_usd"] = err.cap_usd
         if state.review is not None:
             result.answer, result.answer_call = state.review.answer or _best_outputs(state), state.review_call
             result.verdict, result.review_rounds = state.review.verdict, state.rounds
         elif state.outputs:
             result.answer = _best_outputs(state)
+        elif isinstance(err, BudgetRefused):
+            raise err.error
         else:
             try:
                 reply = await caller.call("direct", ex.execute_tier, messages, ex.max_answer_tokens)
                 result.answer, result.answer_call = reply.text, reply.call
                 result.plan_source = result.plan_source if state.plan else "none"
-            except CostCapReached:
+            except BudgetRefused as refused:
+                raise refused.error from None
+            except StopEarly:
                 result.answer = ""
-        note = (f"[tiergate] Stopped early: the next {err.stage} call could exceed the cost cap of "
-                f"${err.cap_usd:.6f}; this is the best answer so far.")
+        note = f"[tiergate] Stopped early: {_why(err)}; this is the best answer so far."
         result.notes.append(note)
         result.answer = f"{result.answer}\n\n{note}" if result.answer else note
+
+
+def _why(err: StopEarly) -> str:
+    if isinstance(err, CostCapReached):
+        return f"the next {err.stage} call could exceed the cost cap of ${err.cap_usd:.6f}"
+    return f"the budget cannot cover the next {err.stage} call"
 
 
 def _best_outputs(state: _RunState) -> str:
