@@ -5,7 +5,8 @@
 ``stream`` run it through the ``Executor`` and shape the answer the way OpenAI does: ``id`` is
 the gateway's request id, ``model`` echoes what the client asked for, usage is always counted
 (asked upstream even when the client did not ask, and stripped from what the client sees).
-Each request gets one ``RequestRecord``, written durably before the answer's last bytes leave.
+Each request gets one ``RequestRecord``, durable at ``ledger.durability`` (by default: written to
+the journal, so it survives kill -9) before the answer's last bytes leave.
 
 Imports schemas, resolve, execution, ledger entries, providers and settings; no FastAPI.
 """
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 import orjson
 
@@ -44,7 +45,7 @@ class PrincipalLike(Protocol):
 class RequestLedger(Protocol):
     def record(self, entry: LedgerEntry) -> None: ...
     def record_request(self, rec: RequestRecord) -> None: ...
-    async def wait_durable(self) -> None: ...
+    async def wait_durable(self, level: Literal["process", "fsync", "none"] = ...) -> None: ...
 
 
 def new_request_id() -> str:
@@ -115,8 +116,9 @@ class ChatFlow:
             for entry in rows:  # back to back with the request record: one journal batch, one fsync
                 self.ledger.record(entry)
         self.ledger.record_request(record)
-        if self.settings.ledger.durable_responses:
-            await self.ledger.wait_durable()  # this record and every call row before it: fsync'd
+        level = self.settings.ledger.durability
+        if level != "none":  # this record and every call row before it: written (process) / fsync'd
+            await self.ledger.wait_durable(level)
 
     async def complete(self, rr: ResolvedRequest) -> dict[str, Any]:
         try:
