@@ -8,25 +8,35 @@ review feedback (text stored only when allowed)."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
 
+import httpx
 import pytest
 import sqlalchemy as sa
 
+from gateway.app import create_app
+from gateway.auth import KeyStore
 from gateway.budget_execution import BudgetedExecutor
-from gateway.budgets import to_nanos, worst_case_cost
+from gateway.budgets import build_budget_runtime, put_policy, to_nanos, worst_case_cost
 from gateway.db.models import Feedback, Tenant
 from gateway.errors import BudgetExceeded
 from gateway.execution import ResolvedRequest
+from gateway.ledger import Ledger
 from gateway.pipeline import RequestContext
 from gateway.providers.base import CallOptions
 from gateway.providers.metering import count_prompt_tokens
+from gateway.providers.registry import ProviderRegistry
+from gateway.request_budget import RequestBudget
 from gateway.resolve import resolve_model
 from gateway.routing import direct_body, resolve_execution
+from gateway.settings import settings_from_dict
+from tests.gateway.budgets_support import Caller, FakeClock, migrated_db, small_settings, sqlite_url
+from tests.gateway.gateway_harness import Gateway, make_database
 from tests.gateway.scripted_models import ScriptedProvider, harness, plan_json, scripted_settings
-from tests.gateway.test_pipeline_app import pipeline_gateway
 
 ADMIN = "admin-secret-for-pipeline-budget-tests"
 CTX = RequestContext(request_id="chatcmpl-h", tenant_id="t1", key_id="k1")
@@ -134,13 +144,42 @@ async def _status(gw) -> dict:  # type: ignore[no-untyped-def,type-arg]
     return r.json()["status"]  # type: ignore[no-any-return]
 
 
-async def test_concurrent_pipelines_never_overspend_a_hard_budget(tmp_path: Path,
-                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+@asynccontextmanager
+async def budgeted_gateway(tmp_path: Path, provider: ScriptedProvider,
+                           redis_prefix: str | None = None) -> AsyncIterator[Gateway]:
+    """The real app (SQLite, ledger, key store, default pipeline + budgets); Redis counters when
+    ``redis_prefix`` is given (TIERGATE_REDIS_URL set by the caller), else in-process ones."""
+    url, sf, tenant_id, raw = make_database(tmp_path)
+    cfg = {**scripted_settings().model_dump(exclude={"base_dir"}), "database": {"default_url": url}}
+    if redis_prefix is not None:
+        cfg["redis"] = {"key_prefix": redis_prefix}
+    settings = settings_from_dict(cfg, base_dir=tmp_path)
+    ledger = Ledger(sf, tmp_path / "journal", flush_interval_ms=5)
+    ledger.start()
+    app = create_app(settings, session_factory=sf, ledger=ledger, key_store=KeyStore(sf),
+                     registry=ProviderRegistry(settings, local_provider=provider))
+    try:
+        async with app.router.lifespan_context(app), httpx.AsyncClient(
+                transport=httpx.ASGITransport(app=app), base_url="http://tiergate") as client:
+            yield Gateway(app, client, settings, None, ledger, sf, tenant_id, raw)  # type: ignore[arg-type]
+    finally:
+        ledger.stop()
+
+
+@pytest.mark.parametrize("counters", ["memory", pytest.param("redis", marks=pytest.mark.redis)])
+async def test_concurrent_pipelines_never_overspend_a_hard_budget(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                  request: pytest.FixtureRequest,
+                                                                  counters: str) -> None:
     monkeypatch.setenv("TIERGATE_ADMIN_KEY", ADMIN)
+    prefix = None
+    if counters == "redis":
+        monkeypatch.setenv("TIERGATE_REDIS_URL", request.getfixturevalue("redis_url"))
+        prefix = request.getfixturevalue("redis_prefix")
     long_step = " ".join(["word"] * 60)
     revise = "VERDICT: revise\nFAILING: s1\nANSWER:\n" + " ".join(["draft"] * 40)
     provider = ScriptedProvider(plans=[PLAN], reviews=[revise], step=lambda m, t: long_step, step_delay_s=0.005)
-    async with pipeline_gateway(tmp_path, provider) as gw:
+    async with budgeted_gateway(tmp_path, provider, prefix) as gw:
+        assert (gw.app.state.tiergate.extras["budgets"].redis is not None) == (counters == "redis")
         await _admin_put(gw, Decimal(1))
         r = await gw.client.post("/v1/chat/completions", headers=gw.auth, json=HIGH)
         assert r.status_code == 200, r.text
@@ -176,7 +215,7 @@ async def test_concurrent_pipelines_never_overspend_a_hard_budget(tmp_path: Path
 async def _review_feedback(tmp_path: Path, allow: bool) -> Feedback:
     tmp_path.mkdir()
     provider = ScriptedProvider(plans=[PLAN])
-    async with pipeline_gateway(tmp_path, provider) as gw:
+    async with budgeted_gateway(tmp_path, provider) as gw:
         with gw.session_factory.begin() as s:
             s.execute(sa.update(Tenant).where(Tenant.id == gw.tenant_id).values(allow_prompt_storage=allow))
         r = await gw.client.post("/v1/chat/completions", headers=gw.auth, json=HIGH)
@@ -211,3 +250,42 @@ def test_admission_covers_a_thinking_calls_answer_plus_its_thinking_budget() -> 
     prompt = count_prompt_tokens(settings.models["mid"], MSGS)
     assert worst >= worst_case_cost(settings, "medium", "mid", prompt, sent["max_tokens"])
     assert tokens >= prompt + sent["max_tokens"]
+
+
+async def test_streamed_pipeline_settles_every_call_to_the_ledger(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TIERGATE_ADMIN_KEY", ADMIN)
+    async with budgeted_gateway(tmp_path, ScriptedProvider(plans=[PLAN])) as gw:
+        await _admin_put(gw, Decimal(1))
+        r = await gw.client.post("/v1/chat/completions", headers=gw.auth, json={**HIGH, "stream": True})
+        assert r.status_code == 200 and b"data: [DONE]" in r.content
+        status, rows = await _status(gw), gw.ledger_rows()
+        assert len(rows) == 4 and status["held_usd"] == 0
+        assert sum((row.cost_usd for row in rows), Decimal(0)) == Decimal(str(status["spent_usd"])) > 0
+
+
+async def test_request_budget_tops_up_admission_and_charges_what_no_hold_covered(tmp_path: Path) -> None:
+    sf = migrated_db(sqlite_url(tmp_path))
+    with sf.begin() as s:
+        put_policy(s, scope="tenant", tenant_id="t1", period="month", limit_usd=1.0)
+    rt = build_budget_runtime(small_settings(), sf, clock=FakeClock())
+    await rt.start()
+    try:
+        caller = Caller("t1", "k1")
+        gate = RequestBudget(rt.budgets, caller, "r1", await rt.budgets.reserve(caller, 0.1, request_id="r1"))
+        with pytest.raises(RuntimeError):
+            await gate.hold(0.1)  # a direct request is settled as a whole
+        await gate.meter_per_call()
+        first = await gate.hold(0.25)  # the admission's 0.1 plus a 0.15 top-up
+        assert (await rt.budgets.status(caller)).held_usd == pytest.approx(0.25)
+        await gate.hold(0.5)
+        with pytest.raises(BudgetExceeded):
+            await gate.hold(0.3)  # 0.75 held: 0.3 more does not fit a $1 limit
+        await first.settle(to_nanos(0.01))
+        status = await rt.budgets.status(caller)
+        assert (status.spent_usd, status.held_usd) == (pytest.approx(0.01), pytest.approx(0.5))
+        await gate.close(0.01 + 0.02)  # the open hold is released; 0.02 no hold covered is charged
+        status = await rt.budgets.status(caller)
+        assert (to_nanos(status.spent_usd), status.held_usd) == (to_nanos(0.03), 0)
+    finally:
+        await rt.stop()
