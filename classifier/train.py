@@ -39,7 +39,7 @@ from classifier.calibrate import (
 )
 from classifier.data import dataset_hash
 from classifier.evaluate import auroc
-from classifier.features import FEATURE_VERSION, N_FEATURES, extract
+from classifier.features import DENSE_NAMES, FEATURE_VERSION, N_DENSE, N_FEATURES, extract
 from classifier.model import EffortModel, squash_score
 from classifier.ordinal import SMOOTHING_GRID, fit_ordinal, log_loss, ordinal_probs
 from classifier.proxy import family, proxy_apgr, proxy_oracle
@@ -61,6 +61,10 @@ class TrainConfig:
     # chosen by `tiergate classifier cv`'s proxy APGR over WITHIN_GRID.
     within_weight: float = 3.0
     within_alpha: float = 30.0  # the within-family head is regularised harder: n-grams overfit a family
+    # Size features the cross-family head may not use: across families, length mostly tells the
+    # source apart (NQ short, olympiads long); the within-family head still learns what length
+    # means inside a kind of prompt.
+    cross_excluded: tuple[str, ...] = ("log_chars", "log_words", "sentences", "newlines")
     target_mix: Mapping[str, float] = field(default_factory=lambda: dict(DEFAULT_TARGET_MIX))
 
 
@@ -191,7 +195,8 @@ def _fit_heads(X: sp.csr_matrix, y: np.ndarray, s: np.ndarray, w: np.ndarray, fa
         warnings.simplefilter("ignore", ConvergenceWarning)
         clf.fit(Xc, y, sample_weight=w)
     reg = Ridge(alpha=cfg.ridge_alpha, solver="sparse_cg")
-    reg.fit(Xc, s, sample_weight=w)
+    keep = np.asarray([not (c < N_DENSE and DENSE_NAMES[c] in cfg.cross_excluded) for c in cols])
+    reg.fit(Xc[:, np.flatnonzero(keep)], s, sample_weight=w)
     tier_coef = np.zeros((N_FEATURES, n_classes), dtype=np.float32)
     tier_intercept = np.full(n_classes, -30.0, dtype=np.float32)  # classes absent from this fit
     present = clf.classes_.astype(int)
@@ -202,7 +207,7 @@ def _fit_heads(X: sp.csr_matrix, y: np.ndarray, s: np.ndarray, w: np.ndarray, fa
         tier_coef[np.ix_(cols, present)] = clf.coef_.T
         tier_intercept[present] = clf.intercept_
     score_coef = np.zeros(N_FEATURES, dtype=np.float32)
-    score_coef[cols] = reg.coef_
+    score_coef[cols[keep]] = reg.coef_
     within_coef = np.zeros(N_FEATURES, dtype=np.float32)
     within_coef[cols] = _fit_within(Xc, s, fams, w, cfg)
     offset = float(np.average(np.asarray(Xc @ within_coef[cols]).ravel(), weights=w))

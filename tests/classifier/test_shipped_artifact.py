@@ -1,5 +1,6 @@
 """The shipped artifact (classifier/artifacts/effort.skops): it loads (so it matches the code's
-feature version), its score separates a factoid from an olympiad question of similar length,
+feature version), its score is not a length meter (a short proof outranks a long story request) and
+separates a factoid from an olympiad question of similar length,
 and its probabilities are informative and follow the score."""
 
 from __future__ import annotations
@@ -21,6 +22,14 @@ def model() -> EffortModel:
 
 def _score(model: EffortModel, text: str) -> float:
     return model.decide(user_prompt(text)).score
+
+
+def test_short_proof_outscores_a_long_easy_request(model: EffortModel) -> None:
+    story = ("Write a cheerful story for my niece about a dragon who loves tea, visits the village market every "
+             "Sunday, makes friends with the baker, the blacksmith and a shy cat, and learns to share. Give every "
+             "character a name and some dialogue, keep the language simple, and end with a happy party.")
+    assert len(story) > 8 * len("Prove that sqrt(2) is irrational.")
+    assert _score(model, "Prove that sqrt(2) is irrational.") > _score(model, story)
 
 
 def test_factoid_scores_below_a_short_olympiad_question(model: EffortModel) -> None:
