@@ -157,14 +157,15 @@ def test_two_processes_share_budget_and_rate_limit(tmp_path: Path, upstream: Scr
     try:
         cluster.start(0, 1)
 
-        async def scenario() -> tuple[list[Any], list[Any], list[Any]]:
+        async def scenario() -> tuple[list[Any], list[Any], list[Any], float]:
             async with httpx.AsyncClient(timeout=30, limits=httpx.Limits(max_connections=128)) as c:
                 burst = await asyncio.gather(*(_post(c, cluster.url(i % 2), budget_key) for i in range(64)))
                 after = [await _post(c, cluster.url(i % 2), budget_key) for i in range(4)]
+                start = time.monotonic()
                 limited = [await _post(c, cluster.url(i % 2), rl_key) for i in range(30)]
-                return burst, after, limited
+                return burst, after, limited, time.monotonic() - start
 
-        burst, after, limited = asyncio.run(scenario())
+        burst, after, limited, took_s = asyncio.run(scenario())
         codes = [r[0] for r in burst]
         assert codes.count(200) == 10 and codes.count(429) == 54, codes
         assert {r[1]["error"]["code"] for r in burst if r[0] == 429} == {"budget_exceeded"}
@@ -172,11 +173,13 @@ def test_two_processes_share_budget_and_rate_limit(tmp_path: Path, upstream: Scr
         rows = _wait_rows(sf, budget_tenant, 10)
         assert len(rows) == 10 and sum((r.cost_usd for r in rows), Decimal(0)) == 10 * COST
 
-        assert [r[0] for r in limited].count(200) == 10  # 10/min for the tenant, not per process
+        # 10/min for the tenant, not per process: a burst of 10, then one more every 6 s of the run
+        allowed = [r[0] for r in limited].count(200)
+        assert 10 <= allowed <= 10 + int(took_s // 6), (allowed, took_s)
         refused = [r for r in limited if r[0] == 429]
-        assert len(refused) == 20 and all(r[1]["error"]["code"] == "rate_limit_exceeded" for r in refused)
+        assert len(refused) == 30 - allowed and all(r[1]["error"]["code"] == "rate_limit_exceeded" for r in refused)
         assert all(1 <= int(r[2]["retry-after"]) <= 60 for r in refused)
-        assert len(_wait_rows(sf, rl_tenant, 10)) == 10
+        assert len(_wait_rows(sf, rl_tenant, allowed)) == allowed
     finally:
         cluster.stop()
 
