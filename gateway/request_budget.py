@@ -34,7 +34,10 @@ class _Hold:
         if self.done:
             return
         self.done = True
-        await asyncio.shield(self.budget.settle_reservations(self.reservations, cost_nanos))
+        task = asyncio.ensure_future(self.budget.settle_reservations(self.reservations, cost_nanos))
+        self.budget.settling.add(task)  # close() waits for it even if this caller is cancelled
+        task.add_done_callback(self.budget.settling.discard)
+        await asyncio.shield(task)
 
 
 @dataclass
@@ -48,6 +51,7 @@ class RequestBudget:
     settled_nanos: int = 0  # what per-call settlements have charged so far
     status: BudgetStatus | None = None  # after the latest settlement
     holds: list[_Hold] = field(default_factory=list)
+    settling: set[asyncio.Future[None]] = field(default_factory=set)  # settlements in flight
 
     async def meter_per_call(self) -> None:
         self.metered = True
@@ -96,6 +100,8 @@ class RequestBudget:
         for hold in self.holds:
             if not hold.done:
                 await hold.settle(0)
+        if self.settling:  # a cancelled call's shielded settlement: count it before comparing
+            await asyncio.shield(asyncio.gather(*self.settling))
         if not self.admission_used:
             await asyncio.shield(self.budgets.release(self.admission))
         uncovered = to_nanos(request_cost_usd) - self.settled_nanos

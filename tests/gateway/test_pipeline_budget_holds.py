@@ -23,7 +23,7 @@ from gateway.auth import KeyStore
 from gateway.budget_execution import BudgetedExecutor
 from gateway.budgets import build_budget_runtime, put_policy, to_nanos, worst_case_cost
 from gateway.db.models import Feedback, Tenant
-from gateway.errors import BudgetExceeded
+from gateway.errors import BudgetExceeded, UpstreamError
 from gateway.execution import ResolvedRequest
 from gateway.ledger import Ledger
 from gateway.pipeline import RequestContext
@@ -36,7 +36,13 @@ from gateway.routing import direct_body, resolve_execution
 from gateway.settings import settings_from_dict
 from tests.gateway.budgets_support import Caller, FakeClock, migrated_db, small_settings, sqlite_url
 from tests.gateway.gateway_harness import Gateway, make_database
-from tests.gateway.scripted_models import ScriptedProvider, harness, plan_json, scripted_settings
+from tests.gateway.scripted_models import (
+    ScriptedProvider,
+    harness,
+    plan_json,
+    raise_upstream,
+    scripted_settings,
+)
 
 ADMIN = "admin-secret-for-pipeline-budget-tests"
 CTX = RequestContext(request_id="chatcmpl-h", tenant_id="t1", key_id="k1")
@@ -131,6 +137,27 @@ async def test_xhigh_paths_hold_one_each_and_a_refused_extra_path_just_runs_fewe
     assert result.stopped_early is not None and result.stopped_early["stage"] == "review"
     assert result.answer.startswith(words) and budget.open == 0
     assert sum(h.settled or 0 for h in budget.holds) == sum(to_nanos(e.cost_usd) for e in h.entries)
+
+
+async def test_failed_and_cancelled_calls_give_their_holds_back() -> None:
+    budget = ScriptedBudget(grant=100)
+    provider = ScriptedProvider(plans=[PLAN], failures=[raise_upstream()] * 2)  # plan: 2 attempts fail
+    with pytest.raises(UpstreamError):
+        await _run(provider, budget)
+    assert len(budget.holds) == 1 and budget.holds[0].settled == 0 and budget.open == 0
+
+    budget = ScriptedBudget(grant=100)
+    provider = ScriptedProvider(plans=[PLAN], step_delay_s=10.0)
+    h = harness(provider)
+    h.pipeline.call_budget = budget
+    task = asyncio.create_task(h.pipeline.run(CTX, HIGH, resolve_execution(h.settings, HIGH, None)))
+    while provider.in_flight == 0:  # the first step is running upstream
+        await asyncio.sleep(0.001)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert budget.open == 0 and [hold.settled is not None for hold in budget.holds] == [True, True]
+    assert sum(hold.settled or 0 for hold in budget.holds) == sum(to_nanos(e.cost_usd) for e in h.entries)
 
 
 async def _admin_put(gw, limit: Decimal) -> None:  # type: ignore[no-untyped-def]
