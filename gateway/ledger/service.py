@@ -127,6 +127,7 @@ class Ledger:
         self._failures = 0
         self._journal_failures = 0
         self._sync_failures = 0
+        self._reseal = False        # a sync failed: the next group goes to a fresh segment
         self._last_error: str | None = None
         self._threads: list[threading.Thread] = []
 
@@ -275,7 +276,7 @@ class Ledger:
                 stopping = self._stopping
             if batch:
                 self._journal_batch(batch, upto)
-            elif self._journal.should_rotate():
+            elif self._reseal or self._journal.should_rotate():
                 self._seal_current()
             if stopping and not batch:
                 with self._cond:
@@ -292,7 +293,7 @@ class Ledger:
 
     def _journal_batch(self, batch: list[Record], upto: int) -> None:
         try:
-            if self._journal.should_rotate():
+            if self._reseal or self._journal.should_rotate():
                 self._seal_current()
             seg = self._journal.write(batch)
         except OSError as exc:
@@ -350,12 +351,15 @@ class Ledger:
 
     def _sync_failed(self, upto: int, exc: OSError) -> None:
         """A failed fdatasync: the records stay written (kill -9 safe) and queued for the DB, but
-        the ``fsync`` waiters covered by it are failed, not told 'on disk'; retried with backoff."""
+        the ``fsync`` waiters covered by it are failed, not told 'on disk'; retried with backoff, and
+        new groups go to a fresh segment (a retried fdatasync on Linux can report success for pages
+        whose earlier write-back failed, so the failed file is not trusted for new records)."""
         log.error("ledger journal fdatasync failed (records up to #%d not known to be on disk, retrying)",
                   upto, exc_info=exc)
         with self._cond:
             self._sync_failures += 1
             self._last_error = f"journal sync: {exc}"
+            self._reseal = True
             failed = _take_waiters(self._waiters, upto)
             delay = min(0.05 * 2 ** (self._sync_failures - 1), self._retry_max_s)
         for _, loop, fut in failed:
@@ -363,6 +367,7 @@ class Ledger:
         time.sleep(delay)
 
     def _seal_current(self) -> None:
+        self._reseal = False
         try:
             seg = self._journal.seal()  # syncs, then closes (closed even if the sync fails)
         except OSError as exc:

@@ -129,6 +129,7 @@ async def test_failed_sync_fails_fsync_waiters_only_and_is_surfaced(db: sessionm
         # retried: a later fsync waiter succeeds and health recovers
         await asyncio.wait_for(ledger.record_durable(entry(2), "fsync"), 5)
         assert ledger.health().ok
+        assert ledger._journal.last_seq == 2  # the failed segment was sealed: entry 2 went to a new one
         assert await ledger.aflush(5)
     finally:
         sync.gate.set()
