@@ -78,6 +78,24 @@ def _retryable(err: GatewayError) -> bool:
     return isinstance(err, UpstreamError) and err.retryable
 
 
+async def _wait_to_retry(name: str, attempt: int, max_retries: int, err: GatewayError,
+                         policy: RetryPolicy, sleep: Sleep) -> bool:
+    """After a failed attempt at model ``name``: re-raise a client error (400: no retry, no
+    fallback); otherwise sleep the policy's delay and return True to retry the same model, or
+    return False (retries spent, or not retryable) to go on to the next fallback."""
+    if not isinstance(err, UpstreamError):
+        raise err
+    if not err.retryable or attempt == max_retries:
+        log.warning("upstream model %s failed (%s, HTTP %s); trying the next fallback", name,
+                    type(err).__name__, err.upstream_status)
+        return False
+    delay = policy.delay(attempt, err)
+    log.debug("upstream model %s attempt %d failed (%s, HTTP %s); retrying in %.2fs", name,
+              attempt + 1, type(err).__name__, err.upstream_status, delay)
+    await sleep(delay)
+    return True
+
+
 async def call_models(registry: ProviderRegistry, models: Sequence[str], body: dict[str, Any],
                       options: CallOptions = CallOptions(), *, on_attempt: OnAttempt = _noop,
                       policy: RetryPolicy = DEFAULT_POLICY, sleep: Sleep = asyncio.sleep,
@@ -93,18 +111,10 @@ async def call_models(registry: ProviderRegistry, models: Sequence[str], body: d
                 response = await provider.complete(model, body, options)
             except GatewayError as err:
                 on_attempt(Attempt(name, Usage(), "error", _ms(start), err))
-                if not isinstance(err, UpstreamError):
-                    raise  # the client's fault (400): no retry, no fallback
                 last = err
-                if not err.retryable or attempt == model.max_retries:
-                    log.warning("upstream model %s failed (%s, HTTP %s); trying the next fallback", name,
-                                type(err).__name__, err.upstream_status)
-                    break
-                delay = policy.delay(attempt, err)
-                log.debug("upstream model %s attempt %d failed (%s, HTTP %s); retrying in %.2fs", name,
-                          attempt + 1, type(err).__name__, err.upstream_status, delay)
-                await sleep(delay)
-                continue
+                if await _wait_to_retry(name, attempt, model.max_retries, err, policy, sleep):
+                    continue
+                break
             except asyncio.CancelledError:
                 on_attempt(Attempt(name, Usage(), "cancelled", _ms(start)))
                 raise
@@ -198,18 +208,10 @@ async def stream_models(registry: ProviderRegistry, models: Sequence[str], body:
                 return _empty(), name
             except GatewayError as err:
                 on_attempt(Attempt(name, Usage(), "error", _ms(start), err))
-                if not isinstance(err, UpstreamError):
-                    raise
                 last = err
-                if not err.retryable or attempt == model.max_retries:
-                    log.warning("upstream model %s failed (%s, HTTP %s); trying the next fallback", name,
-                                type(err).__name__, err.upstream_status)
-                    break
-                delay = policy.delay(attempt, err)
-                log.debug("upstream model %s attempt %d failed (%s, HTTP %s); retrying in %.2fs", name,
-                          attempt + 1, type(err).__name__, err.upstream_status, delay)
-                await sleep(delay)
-                continue
+                if await _wait_to_retry(name, attempt, model.max_retries, err, policy, sleep):
+                    continue
+                break
             except asyncio.CancelledError:
                 await _close(chunks)
                 on_attempt(Attempt(name, meter.usage(), "cancelled", _ms(start)))
