@@ -14,8 +14,8 @@ Imports schemas, resolve, execution, ledger entries, providers and settings; no 
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
-from typing import Any, Literal, Protocol
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, Literal, Protocol, TypeVar
 
 import orjson
 
@@ -31,6 +31,7 @@ from gateway.settings import Settings
 
 STATUS_CLIENT_CLOSED = 499  # nginx's convention for "client went away"
 PER_MESSAGE_OVERHEAD_TOKENS = 8
+T = TypeVar("T")
 
 
 class PrincipalLike(Protocol):
@@ -120,9 +121,11 @@ class ChatFlow:
         if level != "none":  # this record and every call row before it: written (process) / fsync'd
             await self.ledger.wait_durable(level)
 
-    async def complete(self, rr: ResolvedRequest) -> dict[str, Any]:
+    async def _recorded_on_failure(self, rr: ResolvedRequest,
+                                   run: Callable[[ResolvedRequest], Awaitable[T]]) -> T:
+        """``run(rr)``; if it fails, record the request as an error before re-raising."""
         try:
-            response = await self.executor.complete(rr)
+            return await run(rr)
         except GatewayError as err:
             await self.finish(rr, "error", err.status, err.code)
             raise
@@ -132,6 +135,9 @@ class ChatFlow:
         except BaseException:  # cancelled (shutdown): no answer to send, but the calls are billed
             self.record_deferred(rr)
             raise
+
+    async def complete(self, rr: ResolvedRequest) -> dict[str, Any]:
+        response = await self._recorded_on_failure(rr, self.executor.complete)
         response["id"] = rr.request_id
         response["model"] = rr.resolution.requested_model
         if not response.get("usage"):
@@ -141,17 +147,7 @@ class ChatFlow:
 
     async def open_stream(self, rr: ResolvedRequest, include_usage: bool) -> ChatStream:
         """Open the upstream stream; errors before the first chunk raise (JSON error response)."""
-        try:
-            chunks = await self.executor.stream(rr)
-        except GatewayError as err:
-            await self.finish(rr, "error", err.status, err.code)
-            raise
-        except Exception:
-            await self.finish(rr, "error", 500, "internal_error")
-            raise
-        except BaseException:
-            self.record_deferred(rr)
-            raise
+        chunks = await self._recorded_on_failure(rr, self.executor.stream)
         return ChatStream(self, rr, chunks, include_usage)
 
 
