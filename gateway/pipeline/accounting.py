@@ -16,7 +16,17 @@ from typing import Any
 
 from gateway.ledger.entries import new_entry_id
 from gateway.ledger.pricing import cost_for, price_for
-from gateway.pipeline.types import CallStatus, Clock, LedgerSink, RequestContext, Stage, StageCall
+from gateway.pipeline.types import (
+    CallStatus,
+    Clock,
+    LedgerSink,
+    RequestContext,
+    Stage,
+    StageCall,
+    calls_baseline_cost_usd,
+    calls_cost_usd,
+    calls_usage,
+)
 from gateway.providers.base import Usage
 from gateway.settings import Settings
 
@@ -72,18 +82,15 @@ class Accountant:
 
     @property
     def cost_usd(self) -> float:
-        return sum(c.cost_usd for c in self.calls)
+        return calls_cost_usd(self.calls)
 
     @property
     def baseline_cost_usd(self) -> float:
-        return sum(c.baseline_cost_usd for c in self.calls)
+        return calls_baseline_cost_usd(self.calls)
 
     @property
     def usage(self) -> Usage:
-        total = Usage()
-        for c in self.calls:
-            total = total + c.usage
-        return total
+        return calls_usage(self.calls)
 
     def worst_case_usd(self, tier: str, messages: list[dict[str, Any]], max_tokens: int) -> float:
         """The most one call may cost: over-estimated prompt tokens and ``max_tokens`` of output at

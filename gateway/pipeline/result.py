@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from gateway.pipeline.types import StageCall
+from gateway.pipeline.types import StageCall, calls_baseline_cost_usd, calls_cost_usd, calls_usage
 from gateway.providers.base import Usage
 from gateway.routing import ExecutionPlan
 
@@ -37,11 +37,11 @@ class PipelineResult:
 
     @property
     def cost_usd(self) -> float:
-        return sum(c.cost_usd for c in self.calls)
+        return calls_cost_usd(self.calls)
 
     @property
     def baseline_cost_usd(self) -> float:
-        return sum(c.baseline_cost_usd for c in self.calls)
+        return calls_baseline_cost_usd(self.calls)
 
     @property
     def saved_usd(self) -> float:
@@ -51,9 +51,7 @@ class PipelineResult:
     def usage(self) -> Usage:
         """All stages' tokens; completion tokens of every call but the one that wrote the final
         answer count as reasoning tokens."""
-        total = Usage()
-        for c in self.calls:
-            total = total + c.usage
+        total = calls_usage(self.calls)
         answer_tokens = 0
         if self.answer_call is not None:
             answer_tokens = self.answer_call.usage.completion_tokens - self.answer_call.usage.reasoning_tokens

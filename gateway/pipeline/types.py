@@ -7,7 +7,7 @@ Starlette, Celery, the database or a concrete provider.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal, Protocol
@@ -83,6 +83,22 @@ class StageCall:
             "reasoning_tokens": self.usage.reasoning_tokens,
             "cost_usd": round(self.cost_usd, 9), "baseline_cost_usd": round(self.baseline_cost_usd, 9),
         }
+
+
+def calls_cost_usd(calls: Iterable[StageCall]) -> float:
+    return sum(c.cost_usd for c in calls)
+
+
+def calls_baseline_cost_usd(calls: Iterable[StageCall]) -> float:
+    return sum(c.baseline_cost_usd for c in calls)
+
+
+def calls_usage(calls: Iterable[StageCall]) -> Usage:
+    """All the calls' tokens added up."""
+    total = Usage()
+    for c in calls:
+        total = total + c.usage
+    return total
 
 
 @dataclass(frozen=True)
