@@ -62,6 +62,14 @@ local function state(k)
   local v = redis.call('HMGET', k, 'spent', 'held')
   return {tonumber(v[1] or '0'), tonumber(v[2] or '0')}
 end
+local function drop_hold(k, rid)
+  local amt = redis.call('HGET', k .. ':res', rid)
+  if amt then
+    redis.call('HINCRBY', k, 'held', -tonumber(amt))
+    redis.call('HDEL', k .. ':res', rid)
+    redis.call('ZREM', k .. ':lease', rid)
+  end
+end
 """
 
 # KEYS: counters. ARGV: res_id, amount, lease_ms, ttl_s, limit_1..limit_n
@@ -96,12 +104,7 @@ _SETTLE = _NOW + """
 local out = {}
 for i = 1, #KEYS do
   local k = KEYS[i]
-  local amt = redis.call('HGET', k .. ':res', ARGV[1])
-  if amt then
-    redis.call('HINCRBY', k, 'held', -tonumber(amt))
-    redis.call('HDEL', k .. ':res', ARGV[1])
-    redis.call('ZREM', k .. ':lease', ARGV[1])
-  end
+  drop_hold(k, ARGV[1])
   if redis.call('HEXISTS', k, 'spent') == 1 then redis.call('HINCRBY', k, 'spent', ARGV[2]) end
   redis.call('ZADD', k .. ':stl', now, ARGV[1])
   redis.call('HSET', k .. ':stl_amt', ARGV[1], ARGV[2])
@@ -117,12 +120,7 @@ return out
 _RELEASE = _NOW + """
 for i = 1, #KEYS do
   local k = KEYS[i]
-  local amt = redis.call('HGET', k .. ':res', ARGV[1])
-  if amt then
-    redis.call('HINCRBY', k, 'held', -tonumber(amt))
-    redis.call('HDEL', k .. ':res', ARGV[1])
-    redis.call('ZREM', k .. ':lease', ARGV[1])
-  end
+  drop_hold(k, ARGV[1])
 end
 return 1
 """
