@@ -3,7 +3,6 @@ the scripted upstream: wire shape, model echo, resolution, SSE, usage handling, 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -11,16 +10,9 @@ import orjson
 import pytest
 
 from tests.gateway.gateway_harness import gateway
-from tests.gateway.scripted_upstream import UPSTREAM_KEY, UPSTREAM_KEY_ENV, Behaviour, ScriptedUpstream
+from tests.gateway.scripted_upstream import UPSTREAM_KEY, Behaviour, ScriptedUpstream
 
 MSGS = [{"role": "user", "content": "say hi"}]
-
-
-@pytest.fixture
-def upstream(monkeypatch: pytest.MonkeyPatch) -> Iterator[ScriptedUpstream]:
-    monkeypatch.setenv(UPSTREAM_KEY_ENV, UPSTREAM_KEY)
-    with ScriptedUpstream() as up:
-        yield up
 
 
 def sse_events(raw: bytes) -> list[Any]:

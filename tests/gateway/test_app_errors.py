@@ -2,23 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.gateway.gateway_harness import gateway
-from tests.gateway.scripted_upstream import UPSTREAM_KEY, UPSTREAM_KEY_ENV, ScriptedUpstream
+from tests.gateway.scripted_upstream import ScriptedUpstream
 
 MSGS = [{"role": "user", "content": "hi"}]
-
-
-@pytest.fixture
-def upstream(monkeypatch: pytest.MonkeyPatch) -> Iterator[ScriptedUpstream]:
-    monkeypatch.setenv(UPSTREAM_KEY_ENV, UPSTREAM_KEY)
-    with ScriptedUpstream() as up:
-        yield up
 
 
 def openai_error(r: Any, status: int) -> dict[str, Any]:

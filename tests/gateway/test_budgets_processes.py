@@ -12,7 +12,6 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
@@ -31,8 +30,6 @@ from gateway.db.models import LedgerEntryRow
 from gateway.db.queries import add_api_key, create_tenant
 from tests.gateway.budgets_support import migrated_db
 from tests.gateway.scripted_upstream import (
-    UPSTREAM_KEY,
-    UPSTREAM_KEY_ENV,
     Behaviour,
     ScriptedUpstream,
     config_for,
@@ -110,13 +107,6 @@ class Cluster:
 
     def url(self, i: int) -> str:
         return f"http://127.0.0.1:{self.ports[i]}/v1/chat/completions"
-
-
-@pytest.fixture
-def upstream(monkeypatch: pytest.MonkeyPatch) -> Iterator[ScriptedUpstream]:
-    monkeypatch.setenv(UPSTREAM_KEY_ENV, UPSTREAM_KEY)
-    with ScriptedUpstream() as up:
-        yield up
 
 
 def _tenant(sf: Any, name: str, **policy: Any) -> tuple[str, str]:

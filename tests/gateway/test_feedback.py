@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -14,16 +13,9 @@ from gateway.db.models import Feedback, Tenant
 from gateway.perceive import artifact_candidates
 from tests.classifier.synthetic import prompts_of, tiny_dataset
 from tests.gateway.gateway_harness import Gateway, gateway
-from tests.gateway.scripted_upstream import UPSTREAM_KEY, UPSTREAM_KEY_ENV, ScriptedUpstream
+from tests.gateway.scripted_upstream import ScriptedUpstream
 
 MSGS = [{"role": "user", "content": prompts_of(3, 1)[0]}]  # an olympiad-style prompt
-
-
-@pytest.fixture
-def upstream(monkeypatch: pytest.MonkeyPatch) -> Iterator[ScriptedUpstream]:
-    monkeypatch.setenv(UPSTREAM_KEY_ENV, UPSTREAM_KEY)
-    with ScriptedUpstream() as up:
-        yield up
 
 
 @pytest.fixture(scope="module")

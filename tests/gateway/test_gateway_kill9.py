@@ -12,11 +12,9 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
-import pytest
 import sqlalchemy as sa
 import yaml
 
@@ -26,8 +24,6 @@ from gateway.db.models import LedgerEntryRow, Request
 from gateway.db.queries import add_api_key, create_tenant
 from gateway.db.session import make_engine, make_session_factory
 from tests.gateway.scripted_upstream import (
-    UPSTREAM_KEY,
-    UPSTREAM_KEY_ENV,
     Behaviour,
     ScriptedUpstream,
     config_for,
@@ -41,13 +37,6 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-@pytest.fixture
-def upstream(monkeypatch: pytest.MonkeyPatch) -> Iterator[ScriptedUpstream]:
-    monkeypatch.setenv(UPSTREAM_KEY_ENV, UPSTREAM_KEY)
-    with ScriptedUpstream() as up:
-        yield up
 
 
 def _start(config: Path, port: int, log: Path) -> subprocess.Popen[bytes]:

@@ -21,7 +21,7 @@ from gateway.ledger.journal import read_segment
 from gateway.providers.base import Usage
 from gateway.settings import LedgerSettings
 from tests.gateway.gateway_harness import gateway
-from tests.gateway.scripted_upstream import UPSTREAM_KEY, UPSTREAM_KEY_ENV, ScriptedUpstream
+from tests.gateway.scripted_upstream import ScriptedUpstream
 
 MSGS = [{"role": "user", "content": "hi"}]
 
@@ -134,13 +134,6 @@ async def test_failed_sync_fails_fsync_waiters_only_and_is_surfaced(db: sessionm
     finally:
         sync.gate.set()
         assert await ledger.astop()
-
-
-@pytest.fixture
-def upstream(monkeypatch: pytest.MonkeyPatch) -> Iterator[ScriptedUpstream]:
-    monkeypatch.setenv(UPSTREAM_KEY_ENV, UPSTREAM_KEY)
-    with ScriptedUpstream() as up:
-        yield up
 
 
 @pytest.mark.parametrize("durability", ["process", "fsync"])

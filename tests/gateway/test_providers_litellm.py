@@ -4,8 +4,6 @@ and that the URL and key come from config only."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 
 from gateway.errors import InvalidRequest, UpstreamError
@@ -23,13 +21,6 @@ from tests.gateway.scripted_upstream import (
 )
 
 MSGS = [{"role": "user", "content": "hello"}]
-
-
-@pytest.fixture
-def upstream(monkeypatch: pytest.MonkeyPatch) -> Iterator[ScriptedUpstream]:
-    monkeypatch.setenv(UPSTREAM_KEY_ENV, UPSTREAM_KEY)
-    with ScriptedUpstream() as up:
-        yield up
 
 
 def _model(up: ScriptedUpstream) -> ModelSettings:

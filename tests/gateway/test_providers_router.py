@@ -4,7 +4,6 @@ streaming, retries honouring retry-after, fallbacks, timeouts, per-attempt meter
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 
 import pytest
 
@@ -15,20 +14,12 @@ from gateway.providers.router import Attempt, RetryPolicy, call_tier, stream_tie
 from gateway.settings import Settings, settings_from_dict
 from tests.gateway.scripted_upstream import (
     UPSTREAM_KEY,
-    UPSTREAM_KEY_ENV,
     Behaviour,
     ScriptedUpstream,
     config_for,
 )
 
 MSGS = [{"role": "user", "content": "hello"}]
-
-
-@pytest.fixture
-def upstream(monkeypatch: pytest.MonkeyPatch) -> Iterator[ScriptedUpstream]:
-    monkeypatch.setenv(UPSTREAM_KEY_ENV, UPSTREAM_KEY)
-    with ScriptedUpstream() as up:
-        yield up
 
 
 @pytest.fixture

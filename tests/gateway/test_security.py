@@ -4,7 +4,6 @@ parameters, client-chosen upstream URLs/keys/headers (SSRF), and secrets or prom
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import quote
 
@@ -13,19 +12,12 @@ import sqlalchemy as sa
 
 from gateway.db.models import ApiKey, Tenant
 from tests.gateway.gateway_harness import gateway
-from tests.gateway.scripted_upstream import UPSTREAM_KEY, UPSTREAM_KEY_ENV, Behaviour, ScriptedUpstream
+from tests.gateway.scripted_upstream import UPSTREAM_KEY, Behaviour, ScriptedUpstream
 
 MSGS = [{"role": "user", "content": "hi"}]
 INJECTIONS = ["' OR '1'='1", "x' OR 1=1 --", "tg-abc'; DROP TABLE api_keys; --", '" OR ""="',
               "1; SELECT * FROM tenants", "tg-%' OR key_hash LIKE '%", "' UNION SELECT id, tenant_id FROM api_keys --",
               "\x00", "tg-" + "A" * 5000]
-
-
-@pytest.fixture
-def upstream(monkeypatch: pytest.MonkeyPatch) -> Iterator[ScriptedUpstream]:
-    monkeypatch.setenv(UPSTREAM_KEY_ENV, UPSTREAM_KEY)
-    with ScriptedUpstream() as up:
-        yield up
 
 
 async def test_sql_injection_in_authorization_header(tmp_path: Path, upstream: ScriptedUpstream) -> None:
