@@ -7,29 +7,19 @@ import json
 from pathlib import Path
 
 import pytest
-import typer
-import yaml
 from typer.testing import CliRunner
 
 from gateway.budgets import PolicyStore, to_nanos
-from gateway.cli import budgets_cmd, db_cmd, tenants
+from gateway.cli import budgets_cmd
 from gateway.db.session import database_url, make_engine, make_session_factory
 from gateway.settings import load_settings
 from tests.gateway.budgets_support import Caller
+from tests.gateway.cli_support import admin_cli_root
 
 
 @pytest.fixture
 def cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
-    monkeypatch.delenv("TIERGATE_DATABASE_URL", raising=False)
-    monkeypatch.delenv("TIERGATE_CONFIG", raising=False)
-    config = tmp_path / "config.yaml"
-    tiers = {t: {"model": "m"} for t in ("none", "minimal", "low", "medium", "high", "xhigh")}
-    config.write_text(yaml.safe_dump({"models": {"m": {"provider": "local", "model": "x"}}, "tiers": tiers,
-                                      "database": {"default_url": "sqlite:///var/b.db"}}))
-    root = typer.Typer()
-    root.add_typer(db_cmd.app, name="db")
-    root.add_typer(tenants.tenants_app, name="tenants")
-    root.add_typer(tenants.keys_app, name="keys")
+    root, config = admin_cli_root(tmp_path, monkeypatch, "b.db")
     root.add_typer(budgets_cmd.app, name="budgets")
     runner = CliRunner()
 

@@ -8,28 +8,18 @@ from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
-import typer
-import yaml
 from typer.testing import CliRunner
 
 from gateway.auth import KeyStore, hash_key
-from gateway.cli import db_cmd, tenants
+from gateway.cli import db_cmd
 from gateway.db.session import make_engine, make_session_factory
 from gateway.errors import AuthenticationFailed
+from tests.gateway.cli_support import admin_cli_root
 
 
 @pytest.fixture
 def cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
-    monkeypatch.delenv("TIERGATE_DATABASE_URL", raising=False)
-    monkeypatch.delenv("TIERGATE_CONFIG", raising=False)
-    config = tmp_path / "config.yaml"
-    tiers = {t: {"model": "m"} for t in ("none", "minimal", "low", "medium", "high", "xhigh")}
-    config.write_text(yaml.safe_dump({"models": {"m": {"provider": "local", "model": "x"}}, "tiers": tiers,
-                                      "database": {"default_url": "sqlite:///var/admin.db"}}))
-    root = typer.Typer()
-    root.add_typer(db_cmd.app, name="db")
-    root.add_typer(tenants.tenants_app, name="tenants")
-    root.add_typer(tenants.keys_app, name="keys")
+    root, config = admin_cli_root(tmp_path, monkeypatch, "admin.db")
     runner = CliRunner()
 
     def run(*args: str, ok: bool = True):  # type: ignore[no-untyped-def]
