@@ -5,7 +5,7 @@ scan of the raw ledger). The effort-tier mix, pipeline share and the recent-requ
 read ``requests`` for one tenant over a bounded time window, so every query is a range scan
 of the ``(tenant_id, created_at)`` index. Paging is keyset (``created_at``, ``id``), never
 OFFSET. Every value goes through bound parameters. Callers own the session. Imports only
-SQLAlchemy and gateway.db.models.
+SQLAlchemy, gateway.db.models and ``SpendTotals`` from gateway.db.queries.
 """
 
 from __future__ import annotations
@@ -20,30 +20,9 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 from gateway.db.models import DailySpend, Request, Tenant
+from gateway.db.queries import SpendTotals
 
 MAX_PAGE = 200
-
-
-@dataclass(frozen=True)
-class SpendTotals:
-    """Sums of daily_spend rows; ``calls`` counts upstream calls (one request may make several)."""
-
-    calls: int
-    prompt_tokens: int
-    completion_tokens: int
-    cost_usd: Decimal
-    baseline_cost_usd: Decimal
-
-    @property
-    def savings_usd(self) -> Decimal:
-        return self.baseline_cost_usd - self.cost_usd
-
-    @property
-    def savings_ratio(self) -> float | None:
-        """Share of the all-high cost saved; None when nothing was spent at all."""
-        if self.baseline_cost_usd <= 0:
-            return None
-        return float(self.savings_usd / self.baseline_cost_usd)
 
 
 @dataclass(frozen=True)

@@ -99,11 +99,25 @@ def find_active_key(session: Session, key_hash: str) -> ActiveKey | None:
 
 @dataclass(frozen=True)
 class SpendTotals:
+    """Sums of ledger or daily_spend rows; ``calls`` counts upstream calls (one request may make
+    several)."""
+
     calls: int
     prompt_tokens: int
     completion_tokens: int
     cost_usd: Decimal
     baseline_cost_usd: Decimal
+
+    @property
+    def savings_usd(self) -> Decimal:
+        return self.baseline_cost_usd - self.cost_usd
+
+    @property
+    def savings_ratio(self) -> float | None:
+        """Share of the all-high cost saved; None when nothing was spent at all."""
+        if self.baseline_cost_usd <= 0:
+            return None
+        return float(self.savings_usd / self.baseline_cost_usd)
 
 
 def ledger_totals(session: Session, tenant_id: str | None = None) -> SpendTotals:
