@@ -7,7 +7,7 @@ from __future__ import annotations
 import socket
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -69,19 +69,28 @@ class Gateway:
             return list(s.scalars(sa.select(Request)))
 
 
-@asynccontextmanager
-async def gateway(tmp_path: Path, upstream: ScriptedUpstream, **config: Any) -> AsyncIterator[Gateway]:
+@contextmanager
+def _app_with_ledger(tmp_path: Path, upstream: ScriptedUpstream,
+                     **config: Any) -> Iterator[tuple[FastAPI, Callable[[httpx.AsyncClient], Gateway]]]:
+    """The app over a fresh database and a started ledger (stopped on exit); yields the app and
+    a function that wraps a client into the test's ``Gateway`` handles."""
     url, sf, tenant_id, raw = make_database(tmp_path)
     settings = settings_from_dict(config_for(upstream.base_url, db_url=url, **config), base_dir=tmp_path)
     ledger = Ledger(sf, tmp_path / "journal", flush_interval_ms=5)
     ledger.start()
     app = create_app(settings, session_factory=sf, ledger=ledger, key_store=KeyStore(sf))
     try:
-        async with app.router.lifespan_context(app), httpx.AsyncClient(
-                transport=httpx.ASGITransport(app=app), base_url="http://tiergate") as client:
-            yield Gateway(app, client, settings, upstream, ledger, sf, tenant_id, raw)
+        yield app, lambda client: Gateway(app, client, settings, upstream, ledger, sf, tenant_id, raw)
     finally:
         ledger.stop()
+
+
+@asynccontextmanager
+async def gateway(tmp_path: Path, upstream: ScriptedUpstream, **config: Any) -> AsyncIterator[Gateway]:
+    with _app_with_ledger(tmp_path, upstream, **config) as (app, handles):
+        async with app.router.lifespan_context(app), httpx.AsyncClient(
+                transport=httpx.ASGITransport(app=app), base_url="http://tiergate") as client:
+            yield handles(client)
 
 
 @contextmanager
@@ -109,14 +118,5 @@ def served(app: FastAPI) -> Iterator[str]:
 @contextmanager
 def served_gateway(tmp_path: Path, upstream: ScriptedUpstream, **config: Any) -> Iterator[tuple[str, Gateway]]:
     """A real gateway (SQLite, ledger, key store) behind uvicorn; yields (base URL, handles)."""
-    url, sf, tenant_id, raw = make_database(tmp_path)
-    settings = settings_from_dict(config_for(upstream.base_url, db_url=url, **config), base_dir=tmp_path)
-    ledger = Ledger(sf, tmp_path / "journal", flush_interval_ms=5)
-    ledger.start()
-    app = create_app(settings, session_factory=sf, ledger=ledger, key_store=KeyStore(sf))
-    try:
-        with served(app) as base:
-            client = httpx.AsyncClient(base_url=base)
-            yield base, Gateway(app, client, settings, upstream, ledger, sf, tenant_id, raw)
-    finally:
-        ledger.stop()
+    with _app_with_ledger(tmp_path, upstream, **config) as (app, handles), served(app) as base:
+        yield base, handles(httpx.AsyncClient(base_url=base))
