@@ -4,6 +4,7 @@ every tier pointed at a ``ScriptedUpstream``."""
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import threading
 import time
@@ -21,7 +22,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from gateway.app import create_app
 from gateway.auth import KeyStore, generate_key, hash_key
-from gateway.db.models import Base, LedgerEntryRow, Request
+from gateway.db.models import Base, Feedback, LedgerEntryRow, Request
 from gateway.db.queries import add_api_key, create_tenant
 from gateway.db.session import make_engine, make_session_factory
 from gateway.ledger import Ledger
@@ -57,6 +58,18 @@ class Gateway:
     @property
     def auth(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.key}"}
+
+    async def feedback_rows(self) -> list[Feedback]:
+        """The feedback rows, polled until the recorder (it writes off the event loop) has
+        written one; empty when none came within ~4 s."""
+        rows: list[Feedback] = []
+        for _ in range(200):
+            with self.session_factory() as s:
+                rows = list(s.scalars(sa.select(Feedback)))
+            if rows:
+                break
+            await asyncio.sleep(0.02)
+        return rows
 
     def ledger_rows(self) -> list[LedgerEntryRow]:
         assert self.ledger.flush(10)

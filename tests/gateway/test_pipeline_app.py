@@ -140,25 +140,12 @@ async def test_tenant_past_soft_budget_gets_capped_effort_not_an_error(tmp_path:
 
 
 async def test_review_verdict_becomes_classifier_feedback(tmp_path: Path) -> None:
-    import asyncio
-
-    import sqlalchemy as sa
-
-    from gateway.db.models import Feedback
-
     provider = ScriptedProvider(plans=[PLAN], reviews=["VERDICT: revise\nFAILING: s2\nANSWER:\nx",
                                                        "VERDICT: accept\nANSWER:\n396"])
     async with pipeline_gateway(tmp_path, provider) as gw:
         r = await gw.client.post("/v1/chat/completions", headers=gw.auth,
                                  json={"model": "auto", "reasoning_effort": "high", "messages": MSGS})
         assert r.status_code == 200
-        rows: list[Feedback] = []
-        for _ in range(200):  # the recorder writes off the event loop
-            with gw.session_factory() as s:
-                rows = list(s.scalars(sa.select(Feedback)))
-            if rows:
-                break
-            await asyncio.sleep(0.02)
-        (fb,) = rows
+        (fb,) = await gw.feedback_rows()
         assert (fb.request_id, fb.source, fb.label_tier) == (r.json()["id"], "review", "medium")
         assert fb.prompt_text is None and fb.features  # the tenant did not allow prompt storage

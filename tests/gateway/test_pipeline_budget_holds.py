@@ -247,13 +247,7 @@ async def _review_feedback(tmp_path: Path, allow: bool) -> Feedback:
             s.execute(sa.update(Tenant).where(Tenant.id == gw.tenant_id).values(allow_prompt_storage=allow))
         r = await gw.client.post("/v1/chat/completions", headers=gw.auth, json=HIGH)
         assert r.status_code == 200, r.text
-        for _ in range(200):  # the recorder writes on its own thread
-            with gw.session_factory() as s:
-                rows = list(s.scalars(sa.select(Feedback)))
-            if rows:
-                break
-            await asyncio.sleep(0.02)
-        (row,) = rows
+        (row,) = await gw.feedback_rows()
         assert row.request_id == r.json()["id"] and row.source == "review" and row.features
         return row
 
