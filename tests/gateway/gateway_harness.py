@@ -82,6 +82,14 @@ class Gateway:
             return list(s.scalars(sa.select(Request)))
 
 
+@asynccontextmanager
+async def asgi_client(app: FastAPI) -> AsyncIterator[httpx.AsyncClient]:
+    """``app``'s lifespan run around an httpx client that calls it in-process."""
+    async with app.router.lifespan_context(app), httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app), base_url="http://tiergate") as client:
+        yield client
+
+
 @contextmanager
 def _app_with_ledger(tmp_path: Path, upstream: ScriptedUpstream,
                      **config: Any) -> Iterator[tuple[FastAPI, Callable[[httpx.AsyncClient], Gateway]]]:
@@ -101,8 +109,7 @@ def _app_with_ledger(tmp_path: Path, upstream: ScriptedUpstream,
 @asynccontextmanager
 async def gateway(tmp_path: Path, upstream: ScriptedUpstream, **config: Any) -> AsyncIterator[Gateway]:
     with _app_with_ledger(tmp_path, upstream, **config) as (app, handles):
-        async with app.router.lifespan_context(app), httpx.AsyncClient(
-                transport=httpx.ASGITransport(app=app), base_url="http://tiergate") as client:
+        async with asgi_client(app) as client:
             yield handles(client)
 
 

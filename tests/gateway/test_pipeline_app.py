@@ -20,7 +20,7 @@ from gateway.ledger import Ledger
 from gateway.pipeline.executor import PipelineExecutor
 from gateway.providers.registry import ProviderRegistry
 from gateway.settings import settings_from_dict
-from tests.gateway.gateway_harness import Gateway, make_database
+from tests.gateway.gateway_harness import Gateway, asgi_client, make_database
 from tests.gateway.scripted_models import ScriptedProvider, plan_json, scripted_settings
 
 MSGS = [{"role": "user", "content": "Compute 17*23 and then add 5."}]
@@ -30,7 +30,6 @@ PLAN = plan_json(("s1", "multiply", []), ("s2", "add five", ["s1"]))
 @asynccontextmanager
 async def pipeline_gateway(tmp_path: Path, provider: ScriptedProvider,
                            soft_exceeded: bool | None = None) -> AsyncIterator[Gateway]:
-    import httpx
 
     url, sf, tenant_id, raw = make_database(tmp_path)
     base = scripted_settings().model_dump(exclude={"base_dir"})
@@ -47,8 +46,7 @@ async def pipeline_gateway(tmp_path: Path, provider: ScriptedProvider,
     app = create_app(settings, session_factory=sf, ledger=ledger, key_store=KeyStore(sf), registry=registry,
                      executor=executor)
     try:
-        async with app.router.lifespan_context(app), httpx.AsyncClient(
-                transport=httpx.ASGITransport(app=app), base_url="http://tiergate") as client:
+        async with asgi_client(app) as client:
             yield Gateway(app, client, settings, None, ledger, sf, tenant_id, raw)  # type: ignore[arg-type]
     finally:
         ledger.stop()

@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
 
-import httpx
 import pytest
 import sqlalchemy as sa
 
@@ -35,7 +34,7 @@ from gateway.resolve import resolve_model
 from gateway.routing import direct_body, resolve_execution
 from gateway.settings import settings_from_dict
 from tests.gateway.budgets_support import Caller, FakeClock, migrated_db, small_settings, sqlite_url
-from tests.gateway.gateway_harness import Gateway, make_database
+from tests.gateway.gateway_harness import Gateway, asgi_client, make_database
 from tests.gateway.scripted_models import (
     ScriptedProvider,
     harness,
@@ -186,8 +185,7 @@ async def budgeted_gateway(tmp_path: Path, provider: ScriptedProvider,
     app = create_app(settings, session_factory=sf, ledger=ledger, key_store=KeyStore(sf),
                      registry=ProviderRegistry(settings, local_provider=provider))
     try:
-        async with app.router.lifespan_context(app), httpx.AsyncClient(
-                transport=httpx.ASGITransport(app=app), base_url="http://tiergate") as client:
+        async with asgi_client(app) as client:
             yield Gateway(app, client, settings, None, ledger, sf, tenant_id, raw)  # type: ignore[arg-type]
     finally:
         ledger.stop()
