@@ -25,7 +25,7 @@ def _register() -> None:
     app.add_typer(budgets_cmd.app, name="budgets")
     from gateway.cli import ledger_bench
 
-    bench.app.command("ledger")(ledger_bench.ledger)
+    bench.app.command("ledger-sqlite")(ledger_bench.ledger)
     serve.register(app)
 
 

@@ -80,7 +80,7 @@ def engine_bench(
                            ppl_windows=ppl_windows, repeats=repeats)
 
 
-@app.command("ledger-pg")
+@app.command("ledger")
 def ledger_pg_bench(
     postgres_url: str = typer.Option("postgresql+psycopg://postgres@127.0.0.1:5432/test", envvar="TIERGATE_BENCH_POSTGRES_URL",
                                      help="A PostgreSQL database to connect to; a temporary database is created beside it and dropped."),

@@ -1,4 +1,4 @@
-"""`tiergate bench ledger-pg`: the ledger at scale on PostgreSQL, ratios measured in one run.
+"""`tiergate bench ledger`: the ledger at scale on PostgreSQL, ratios measured in one run.
 
 Part 1, serving. The real app (create_app: auth, budgets, chat flow, direct executor) answers
 chat requests from an in-process upstream that sleeps ``--upstream-ms`` per call, in two

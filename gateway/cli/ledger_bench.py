@@ -1,4 +1,4 @@
-"""`tiergate bench ledger`: ledger write throughput against a naive baseline, in one run.
+"""`tiergate bench ledger-sqlite`: ledger write throughput against a naive baseline, in one run.
 
 Baseline: what a gateway without a ledger service does — one DB transaction per upstream call
 (run off the event loop, same concurrency). Measured against it on the same fresh database:

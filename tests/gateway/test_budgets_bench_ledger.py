@@ -1,4 +1,4 @@
-"""`tiergate bench ledger-pg` end to end at a tiny size: it creates and drops its temp database,
+"""`tiergate bench ledger` end to end at a tiny size: it creates and drops its temp database,
 serves through the real app in both phases, seeds rows by COPY and checks the spend summary
 from daily_spend against the raw ledger (the command raises if they disagree)."""
 

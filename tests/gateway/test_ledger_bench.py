@@ -1,4 +1,4 @@
-"""`tiergate bench ledger` runs end to end on a tiny size and prints its ratios (no timing asserted)."""
+"""`tiergate bench ledger-sqlite` runs end to end on a tiny size and prints its ratios (no timing asserted)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ def test_bench_ledger_prints_ratios_against_the_naive_baseline() -> None:
     app = typer.Typer()
     app.command()(ledger)
     app.command("unused")(lambda: None)
-    result = CliRunner().invoke(app, ["ledger", "--n", "40", "--concurrency", "4"])
+    result = CliRunner().invoke(app, ["ledger-sqlite", "--n", "40", "--concurrency", "4"])
     assert result.exit_code == 0, result.output
     assert "(baseline)" in result.output
     assert len(re.findall(r"rows/s\s+x\d+\.\d", result.output)) == 3
