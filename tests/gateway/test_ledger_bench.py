@@ -12,7 +12,7 @@ from gateway.cli.ledger_bench import ledger
 
 def test_bench_ledger_prints_ratios_against_the_naive_baseline() -> None:
     app = typer.Typer()
-    app.command()(ledger)
+    app.command("ledger-sqlite")(ledger)
     app.command("unused")(lambda: None)
     result = CliRunner().invoke(app, ["ledger-sqlite", "--n", "40", "--concurrency", "4"])
     assert result.exit_code == 0, result.output
