@@ -51,13 +51,13 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from gateway.ledger.entries import LedgerEntry, Record, RequestRecord
 from gateway.ledger.journal import Journal, claim_writer_dir, read_segment, release_journal_dir
+from gateway.ledger.waiters import Waiter, resolve_waiter, take_waiters
 from gateway.ledger.writer import write_batch
 
 log = logging.getLogger("tiergate.ledger")
 
 Durability = Literal["process", "fsync", "none"]
 DURABILITY_LEVELS: tuple[Durability, ...] = ("process", "fsync", "none")
-_Waiter = tuple[int, asyncio.AbstractEventLoop, asyncio.Future[None]]
 
 
 class LedgerError(RuntimeError):
@@ -114,8 +114,8 @@ class Ledger:
         self._written_seq = 0
         self._durable_seq = 0       # synced
         self._applied_seq = 0
-        self._written_waiters: list[_Waiter] = []
-        self._waiters: list[_Waiter] = []  # synced waiters
+        self._written_waiters: list[Waiter] = []
+        self._waiters: list[Waiter] = []  # synced waiters
         self._db_queue: deque[_DbItem] = deque()
         self._segments: dict[int, _Segment] = {}
         self._seg_lock = threading.Lock()
@@ -308,10 +308,10 @@ class Ledger:
         with self._cond:
             self._journal_failures = 0
             self._written_seq = upto
-            done = _take_waiters(self._written_waiters, upto)
+            done = take_waiters(self._written_waiters, upto)
             self._cond.notify_all()  # wakes the sync thread
         for _, loop, fut in done:  # 'written': resumed now, before this group's fdatasync
-            _resolve(loop, fut, None)
+            resolve_waiter(loop, fut, None)
 
     def _journal_failed(self, batch: list[Record], upto: int, exc: OSError) -> None:
         log.error("ledger journal write failed (%d record(s) kept in memory, retrying)", len(batch),
@@ -320,10 +320,10 @@ class Ledger:
             self._journal_failures += 1
             self._last_error = f"journal: {exc}"
             self._buffer[:0] = batch
-            failed = _take_waiters(self._written_waiters, upto) + _take_waiters(self._waiters, upto)
+            failed = take_waiters(self._written_waiters, upto) + take_waiters(self._waiters, upto)
             delay = min(0.05 * 2 ** (self._journal_failures - 1), self._retry_max_s)
         for _, loop, fut in failed:
-            _resolve(loop, fut, LedgerError(f"ledger journal write failed: {exc}"))
+            resolve_waiter(loop, fut, LedgerError(f"ledger journal write failed: {exc}"))
         time.sleep(delay)
 
     # ---------------------------------------------------------------- sync thread
@@ -344,10 +344,10 @@ class Ledger:
             with self._cond:
                 self._sync_failures = 0
                 self._durable_seq = max(self._durable_seq, target)
-                done = _take_waiters(self._waiters, target)
+                done = take_waiters(self._waiters, target)
                 self._cond.notify_all()
             for _, loop, fut in done:
-                _resolve(loop, fut, None)
+                resolve_waiter(loop, fut, None)
 
     def _sync_failed(self, upto: int, exc: OSError) -> None:
         """A failed fdatasync: the records stay written (kill -9 safe) and queued for the DB, but
@@ -360,10 +360,10 @@ class Ledger:
             self._sync_failures += 1
             self._last_error = f"journal sync: {exc}"
             self._reseal = True
-            failed = _take_waiters(self._waiters, upto)
+            failed = take_waiters(self._waiters, upto)
             delay = min(0.05 * 2 ** (self._sync_failures - 1), self._retry_max_s)
         for _, loop, fut in failed:
-            _resolve(loop, fut, LedgerError(f"ledger journal sync failed: {exc}"))
+            resolve_waiter(loop, fut, LedgerError(f"ledger journal sync failed: {exc}"))
         time.sleep(delay)
 
     def _seal_current(self) -> None:
@@ -441,27 +441,3 @@ class Ledger:
             log.error("ledger DB write failed (attempt %d, %d batch(es) kept in the journal, retry in %.2fs)",
                       self._failures, n_items, delay, exc_info=exc)
             self._db_cond.wait_for(lambda: self._abandon_db, timeout=delay)
-
-
-def _take_waiters(waiters: list[_Waiter], upto: int) -> list[_Waiter]:
-    """Remove and return the waiters whose target is reached (call with the condition held)."""
-    done = [w for w in waiters if w[0] <= upto]
-    waiters[:] = [w for w in waiters if w[0] > upto]
-    return done
-
-
-def _resolve(loop: asyncio.AbstractEventLoop, fut: asyncio.Future[None], exc: BaseException | None) -> None:
-    def settle() -> None:
-        if fut.done():
-            return
-        if exc is None:
-            fut.set_result(None)
-        else:
-            fut.set_exception(exc)
-
-    try:
-        loop.call_soon_threadsafe(settle)
-    except RuntimeError:
-        # The waiter's event loop is closed: nobody is waiting any more. The record itself is
-        # unaffected (it is journaled, or still buffered for retry).
-        log.debug("ledger: waiter's event loop already closed")
