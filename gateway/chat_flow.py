@@ -5,6 +5,9 @@
 ``stream`` run it through the ``Executor`` and shape the answer the way OpenAI does: ``id`` is
 the gateway's request id, ``model`` echoes what the client asked for, usage is always counted
 (asked upstream even when the client did not ask, and stripped from what the client sees).
+``complete`` can be given an awaitable that ends when the client disconnects: the work is then
+cancelled (the upstream calls are dropped, budgets settled) and the request recorded as
+``cancelled`` / 499, as a stream cut short is.
 Each request gets one ``RequestRecord``, durable at ``ledger.durability`` (by default: written to
 the journal, so it survives kill -9) before the answer's last bytes leave.
 
@@ -13,13 +16,15 @@ Imports schemas, resolve, execution, ledger entries, providers and settings; no 
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Literal, Protocol, TypeVar
 
 import orjson
 
-from gateway.errors import GatewayError, InvalidRequest
+from gateway.errors import ClientClosedRequest, GatewayError, InvalidRequest
 from gateway.execution import Executor, ResolvedRequest
 from gateway.ids import fast_id
 from gateway.ledger.entries import LedgerEntry, RequestRecord
@@ -29,7 +34,7 @@ from gateway.resolve import DecideAuto, resolve_model
 from gateway.schemas import ChatCompletionRequest, parse_chat_request, upstream_body
 from gateway.settings import Settings
 
-STATUS_CLIENT_CLOSED = 499  # nginx's convention for "client went away"
+STATUS_CLIENT_CLOSED = ClientClosedRequest.status  # nginx's convention for "client went away"
 PER_MESSAGE_OVERHEAD_TOKENS = 8
 T = TypeVar("T")
 
@@ -127,7 +132,8 @@ class ChatFlow:
         try:
             return await run(rr)
         except GatewayError as err:
-            await self.finish(rr, "error", err.status, err.code)
+            status = "cancelled" if isinstance(err, ClientClosedRequest) else "error"
+            await self.finish(rr, status, err.status, err.code)
             raise
         except Exception:
             await self.finish(rr, "error", 500, "internal_error")
@@ -136,14 +142,37 @@ class ChatFlow:
             self.record_deferred(rr)
             raise
 
-    async def complete(self, rr: ResolvedRequest) -> dict[str, Any]:
-        response = await self._recorded_on_failure(rr, self.executor.complete)
+    async def complete(self, rr: ResolvedRequest, client_gone: Awaitable[object] | None = None) -> dict[str, Any]:
+        """The answer. ``client_gone``: ends when the client disconnects (raises
+        ``ClientClosedRequest`` then, after the cancelled work has billed what it spent)."""
+        run = self.executor.complete if client_gone is None else functools.partial(self._unless_gone, client_gone)
+        response = await self._recorded_on_failure(rr, run)
         response["id"] = rr.request_id
         response["model"] = rr.resolution.requested_model
         if not response.get("usage"):
             response["usage"] = rr.tally.usage.to_openai()
         await self.finish(rr, "ok", 200)
         return response
+
+    async def _unless_gone(self, client_gone: Awaitable[object], rr: ResolvedRequest) -> dict[str, Any]:
+        """``executor.complete(rr)``, cancelled once if ``client_gone`` ends first. One plain
+        ``Task.cancel`` (not a cancel scope), so the work's own cleanup — cancelled calls' ledger
+        rows, shielded budget settlements — runs to its end before this returns."""
+        work = asyncio.ensure_future(self.executor.complete(rr))
+        gone = asyncio.ensure_future(client_gone)
+        try:
+            await asyncio.wait((work, gone), return_when=asyncio.FIRST_COMPLETED)
+        finally:  # the client left, or this task was cancelled (shutdown): stop the work either way
+            gone.cancel()
+            if not work.done():
+                work.cancel()
+                await asyncio.wait((work,))
+        watch_error = gone.exception() if gone.done() and not gone.cancelled() else None
+        if not work.cancelled():
+            return work.result()  # done (or failed) before the cancel landed: that outcome stands
+        if watch_error is not None:
+            raise watch_error  # watching the connection failed: not the client's doing
+        raise ClientClosedRequest("the client closed the connection before the answer was ready")
 
     async def open_stream(self, rr: ResolvedRequest, include_usage: bool) -> ChatStream:
         """Open the upstream stream; errors before the first chunk raise (JSON error response)."""

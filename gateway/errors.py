@@ -48,6 +48,12 @@ class PayloadTooLarge(GatewayError):
     status, type, code = 413, "invalid_request_error", "payload_too_large"
 
 
+class ClientClosedRequest(GatewayError):
+    """The client went away before the answer was ready (nginx's 499; nobody reads the body)."""
+
+    status, type, code = 499, "invalid_request_error", "client_closed_request"
+
+
 class RateLimited(GatewayError):
     status, type, code = 429, "rate_limit_error", "rate_limit_exceeded"
 

@@ -1,5 +1,5 @@
 """``POST /v1/chat/completions``: thin HTTP shell around ``ChatFlow`` (auth, raw body with a
-size limit, orjson, SSE). Policy lives in chat_flow / resolve / execution.
+size limit, orjson, SSE, the client's disconnect). Policy lives in chat_flow / resolve / execution.
 """
 
 from __future__ import annotations
@@ -38,6 +38,15 @@ class SSEResponse(StreamingResponse):
                 await self._chat_stream.close()
 
 
+async def _client_gone(receive: Receive) -> None:
+    """Returns when the server reports that the client disconnected. Starlette does not cancel a
+    non-streaming handler then; after the body has been read, the next ASGI message is
+    ``http.disconnect`` (uvicorn sends it when the connection is lost, test transports only after
+    the response)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
 def _json(content: object, headers: dict[str, str] | None = None) -> Response:
     return Response(orjson.dumps(content), media_type="application/json", headers=headers)
 
@@ -64,7 +73,7 @@ async def chat_completions(request: Request) -> Response:
         headers["x-tiergate-effort-source"] = rr.tally.effort_source or rr.resolution.effort_source
         headers.update(rr.tally.response_headers)
         return SSEResponse(stream, {**headers, "cache-control": "no-cache", "x-accel-buffering": "no"})
-    response = await state.flow.complete(rr)
+    response = await state.flow.complete(rr, client_gone=_client_gone(request.receive))
     t = rr.tally
     headers.setdefault("x-tiergate-effort", t.effort or rr.resolution.tier)
     headers["x-tiergate-effort-source"] = t.effort_source or rr.resolution.effort_source

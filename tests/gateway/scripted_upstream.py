@@ -9,8 +9,10 @@ Default behaviour, deterministic so tests can check token sums:
 - streaming sends usage only when ``stream_options.include_usage`` is set.
 Scripted behaviours (``push``) apply to the next requests in order: an HTTP error with an
 optional retry-after, a timeout (hangs), a stream without usage, a slow stream (for client
-disconnects; ``disconnects`` counts streams the gateway cut).
-Every request is recorded (``requests``) with its path, headers and JSON body.
+disconnects; ``disconnects`` counts streams the gateway cut), a fixed reply ``content``, or a
+request that blocks until the gateway drops its connection (``cancelled`` counts those).
+Every request is recorded (``requests``) with its path, headers and JSON body; ``wait_for``
+waits, bounded, for a condition on them (from any thread).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import asyncio
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,6 +38,8 @@ class Behaviour:
     chunk_delay_s: float = 0.0
     n_words: int | None = None
     abort_after: int | None = None  # drop the connection after this many words (mid-stream failure)
+    content: str | None = None  # the reply's text instead of the words (usage still counts n words)
+    block: bool = False  # never answer: wait until the gateway closes the connection
 
 
 @dataclass
@@ -50,8 +55,10 @@ class ScriptedUpstream:
     requests: list[Recorded] = field(default_factory=list)
     disconnects: int = 0
     completed_streams: int = 0
+    cancelled: int = 0  # blocked requests whose connection the gateway closed
     _script: deque[Behaviour] = field(default_factory=deque)
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    _changed: threading.Condition = field(default_factory=threading.Condition)
 
     # ---------------------------------------------------------------- lifecycle
     def __enter__(self) -> ScriptedUpstream:
@@ -74,7 +81,8 @@ class ScriptedUpstream:
         self._stop_event = asyncio.Event()
         app = web.Application()
         app.router.add_post("/v1/chat/completions", self._chat)
-        runner = web.AppRunner(app, access_log=None)
+        # handler_cancellation: a handler is cancelled when its client (the gateway) drops the connection
+        runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
         await runner.setup()
         site = web.TCPSite(runner, self.host, 0)
         await site.start()
@@ -95,11 +103,29 @@ class ScriptedUpstream:
         with self._lock:
             return self._script.popleft() if self._script else Behaviour()
 
+    def wait_for(self, predicate: Callable[[ScriptedUpstream], bool], timeout_s: float = 10.0) -> bool:
+        """Block until ``predicate(self)`` holds (checked whenever a request arrives or is
+        cancelled); False if it still does not after ``timeout_s``."""
+        with self._changed:
+            return self._changed.wait_for(lambda: predicate(self), timeout_s)
+
+    def _notify(self) -> None:
+        with self._changed:
+            self._changed.notify_all()
+
     # ---------------------------------------------------------------- handler
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         body = orjson.loads(await request.read())
         self.requests.append(Recorded(request.path, dict(request.headers), body))
+        self._notify()
         b = self._next()
+        if b.block:
+            try:
+                await asyncio.Event().wait()  # only the gateway closing the connection ends this
+            except asyncio.CancelledError:
+                self.cancelled += 1
+                self._notify()
+                raise
         if b.hang_s:
             await asyncio.sleep(b.hang_s)
         if b.status is not None:
@@ -115,7 +141,7 @@ class ScriptedUpstream:
                  "completion_tokens_details": {"reasoning_tokens": 0}}
         if body.get("stream"):
             return await self._stream(request, body, b, n, usage)
-        message: dict[str, Any] = {"role": "assistant", "content": self._content(body, n)}
+        message: dict[str, Any] = {"role": "assistant", "content": self._content(body, n, b)}
         finish = "stop"
         if self._tool_call(body):
             message = {"role": "assistant", "content": None, "tool_calls": [self._tool_call(body)]}
@@ -128,7 +154,9 @@ class ScriptedUpstream:
         return web.Response(body=orjson.dumps(resp), content_type="application/json")
 
     @staticmethod
-    def _content(body: dict[str, Any], n: int) -> str:
+    def _content(body: dict[str, Any], n: int, b: Behaviour = Behaviour()) -> str:
+        if b.content is not None:
+            return b.content
         fmt = (body.get("response_format") or {}).get("type")
         if fmt in ("json_object", "json_schema"):
             return '{"answer": 42}'
@@ -189,17 +217,17 @@ UPSTREAM_KEY = "sk-upstream-secret-0123456789"
 
 def config_for(base_url: str, *, db_url: str = "sqlite:///var/tiergate.db", journal_dir: str = "var/journal",
                max_body_bytes: int = 1024 * 1024, context_window: int = 8192,
-               max_retries: int = 2, durability: str = "process") -> dict[str, Any]:
+               max_retries: int = 2, durability: str = "process", timeout_s: float = 5) -> dict[str, Any]:
     """A config.yaml dict whose every tier points at the scripted upstream (model ``up-a``, with
     ``up-b`` on the same server as the low tier's fallback)."""
     model = {"provider": "openai", "api_base": base_url, "api_key_env": UPSTREAM_KEY_ENV,
-             "max_retries": max_retries, "timeout_s": 5, "context_window": context_window,
+             "max_retries": max_retries, "timeout_s": timeout_s, "context_window": context_window,
              "price": {"input": 1.0, "output": 2.0}}
     tiers: dict[str, Any] = {t: {"model": "up-a"} for t in ("none", "minimal", "medium", "xhigh")}
     tiers["low"] = {"model": "up-a", "fallbacks": ["up-b"]}
     tiers["high"] = {"model": "up-high"}
     return {
-        "server": {"max_body_bytes": max_body_bytes, "request_timeout_s": 5},
+        "server": {"max_body_bytes": max_body_bytes, "request_timeout_s": timeout_s},
         "database": {"url_env": "TIERGATE_TEST_UNSET_DB_URL", "default_url": db_url},
         "ledger": {"journal_dir": journal_dir, "flush_interval_ms": 5, "durability": durability},
         "models": {"up-a": {**model, "model": "upstream-a"}, "up-b": {**model, "model": "upstream-b"},
