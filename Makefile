@@ -16,6 +16,7 @@ $(STAMP): requirements/constraints.txt pyproject.toml
 	$(PIP) install -q --disable-pip-version-check -c requirements/constraints.txt "torch==2.13.0"
 	$(PIP) install -q --disable-pip-version-check -c requirements/constraints.txt -e ".[dev]"
 	$(PY) -m gateway.cli.pins --check
+	$(PY) -m engine.native.build || echo "engine: native kernels not built here; the engine runs its plain-torch kernels"
 	touch $(STAMP)
 
 run: venv

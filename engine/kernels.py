@@ -10,7 +10,11 @@ float rounding (tests/engine/test_kernels.py checks 1e-5 relative and HF parity)
 The oneDNN path has no autograd formula, so it is used only when no gradient is wanted (inference mode or
 `torch.no_grad`); the training path always gets `F.linear`. Set `TIERGATE_ENGINE_ONEDNN=0` to turn it off.
 
-Must not import the model, the scheduler, or anything outside torch.
+Weights the model has packed for the native kernels (`engine.native`, attached by
+`CausalLM.use_decode_layout` as a ``_tg_packed`` attribute) go to those kernels for decode-sized
+batches (up to `NATIVE_MAX_ROWS` rows), where streaming the weights is the whole cost.
+
+Must not import the model, the scheduler, or anything outside torch and engine.native.
 """
 
 from __future__ import annotations
@@ -20,10 +24,14 @@ import os
 import torch
 import torch.nn.functional as F
 
+from engine import native
+
 # Below these sizes MKL wins: a GEMV reads the weights as fast on either library, and oneDNN's per-call
 # overhead dominates a router-sized product.
 MIN_ROWS = 2
 MIN_WEIGHT_NUMEL = 1 << 16
+# Up to this many rows the packed native kernels beat the GEMM libraries (measured by `tiergate bench engine`).
+NATIVE_MAX_ROWS = 64
 
 
 def _onednn_available() -> bool:
@@ -51,6 +59,11 @@ def use_onednn(x: torch.Tensor, weight: torch.Tensor) -> bool:
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """`F.linear(x, weight, bias)`: x [..., K], weight [N, K] (any strides) -> [..., N]."""
+    packed = getattr(weight, "_tg_packed", None)
+    if packed is not None and not torch.is_grad_enabled():
+        rows = x.reshape(-1, x.shape[-1])
+        if rows.shape[0] <= NATIVE_MAX_ROWS and native.linear_ok(rows, packed, bias):
+            return native.linear(rows, packed, bias).view(*x.shape[:-1], packed.n)
     if use_onednn(x, weight):
         return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
     return F.linear(x, weight, bias)

@@ -11,7 +11,8 @@ HF checkpoints onto these names.
 - with `ctx=None`: full causal attention over one sequence `[T]` (or a batch `[B, T]`) with no cache — the
   recomputation oracle and the training path (differentiable).
 
-Must not import the scheduler, runner, sampling, or anything web/db; torch and engine model modules only.
+Must not import the scheduler, runner, sampling, or anything web/db; torch and engine model modules (and
+engine.native, the decode kernels) only.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from engine import native
 from engine.attention import AttentionContext, PagedPlan, causal_attention, paged_attention, plan_paged
 from engine.config import ModelConfig
 from engine.kernels import linear
@@ -219,18 +221,33 @@ class CausalLM(nn.Module):
         rotary.inv_freq = inv_freq.to(self.lm_head.weight.device)
 
     def use_decode_layout(self) -> None:
-        """Re-lay weight matrices column-major (same shapes, names and values; storage is [in, out]).
+        """Lay the weights out for fast decode; names, shapes and values stay as they are.
 
-        CPU GEMV at batch 1 reads `x @ W_t` with contiguous `W_t` faster than row-major `F.linear` (it is
-        what `F.linear` on the transposed view dispatches to). Prefill GEMMs are unaffected. Parameters stay
-        tied and trainable; `.contiguous()` restores the row-major copy where a contiguous tensor is needed.
+        With the native kernels (`engine.native`, fp32 CPU): every matrix the forward multiplies by
+        (attention, dense MLPs, the stacked experts, the LM head) gets a packed copy, attached to its
+        parameter as ``_tg_packed``, that decode-sized batches stream instead; the row-major parameters
+        stay for prefill GEMMs and the routers. This holds the weights twice in memory (the packed copy
+        is what decode reads, so cache traffic is unchanged); ``TIERGATE_ENGINE_NATIVE=0`` turns it off.
+
+        Without them: matrices are re-laid column-major, since CPU GEMV at batch 1 reads `x @ W_t` with a
+        contiguous `W_t` faster than row-major `F.linear`.
+
+        Either way parameters stay tied and trainable. The packed copies are a snapshot: call this again
+        after changing weights in place.
         """
         embedding = self.model.embed_tokens.weight
+        routers = {id(layer.mlp.gate.weight) for layer in self.model.layers if isinstance(layer.mlp, SparseMoeBlock)}
+        packable = (
+            native.available() and self.lm_head.weight.dtype == torch.float32 and self.lm_head.weight.device.type == "cpu"
+        )
         with torch.no_grad():
             for p in self.parameters():
                 if p is embedding and p is not self.lm_head.weight:
                     continue  # looked up by row: column-major would make each row hidden_size strided reads
-                if p.dim() == 2 and p.stride(-1) == 1:
+                if packable:
+                    if p.dim() in (2, 3) and id(p) not in routers and p.shape[-2] >= 16:
+                        p._tg_packed = native.pack(p.data)  # type: ignore[attr-defined]
+                elif p.dim() == 2 and p.stride(-1) == 1:
                     p.data = p.data.t().contiguous().t()
                 elif p.dim() == 3 and p.stride(-1) == 1:
                     p.data = p.data.transpose(1, 2).contiguous().transpose(1, 2)

@@ -9,7 +9,7 @@ renormalising, so each token is renormalised over exactly the k it keeps.
 tokens, reading that expert's weights once per forward. `reference_moe` is the plain per-expert loop with
 its own routing, kept as the test oracle for the fast path.
 
-Must not import the model, attention, or anything outside torch and engine.kernels.
+Must not import the model, attention, or anything outside torch, engine.kernels and engine.native.
 """
 
 from __future__ import annotations
@@ -20,7 +20,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.kernels import linear
+from engine import native
+from engine.kernels import NATIVE_MAX_ROWS, linear
 
 
 @dataclass(frozen=True)
@@ -209,8 +210,14 @@ class SparseMoeBlock(nn.Module):
     def forward(self, x: torch.Tensor, experts_per_token: ExpertCount | None = None) -> torch.Tensor:
         """x [N, H] -> [N, H]."""
         count = experts_per_token or ExpertCount(self.top_k)
-        weights, ids = route(self.gate(x), count, self.normalize_topk, x.dtype)
-        out = grouped_moe(x, self.experts.gate_up_proj, self.experts.down_proj, weights, ids, count.per_token)
+        gate_up = getattr(self.experts.gate_up_proj, "_tg_packed", None)
+        down = getattr(self.experts.down_proj, "_tg_packed", None)
+        if (gate_up is not None and down is not None and not torch.is_grad_enabled()
+                and x.shape[0] <= NATIVE_MAX_ROWS and native.moe_ok(x, self.gate.weight)):
+            out = native.moe(x, self.gate.weight, gate_up, down, count.k_max, count.per_token, self.normalize_topk)
+        else:
+            weights, ids = route(self.gate(x), count, self.normalize_topk, x.dtype)
+            out = grouped_moe(x, self.experts.gate_up_proj, self.experts.down_proj, weights, ids, count.per_token)
         if self.shared_expert is not None and self.shared_expert_gate is not None:
             out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
         return out

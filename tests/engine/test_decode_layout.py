@@ -1,5 +1,7 @@
-"""`load_model`'s decode layout: projections column-major, an untied embedding table kept row-major (looked up
-by row), a tied one column-major for the LM head; values unchanged either way."""
+"""`load_model`'s decode layout. With the native kernels: every projection (and the stacked experts) carries a
+packed copy, routers and an untied embedding do not, and the parameters keep their row-major values. Without
+them: projections column-major, an untied embedding kept row-major (looked up by row), a tied one column-major
+for the LM head. Values and logits unchanged either way."""
 
 from __future__ import annotations
 
@@ -8,21 +10,48 @@ from pathlib import Path
 import pytest
 import torch
 
+from engine import native
 from engine.model import load_model
 from tests.engine.hf_tiny import build_hf_model
 
 
+@pytest.fixture(params=["native", "torch"])
+def kernels(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    if request.param == "native":
+        assert native.available(), native.reason()
+    else:
+        monkeypatch.setattr(native, "available", lambda: False)
+    return str(request.param)
+
+
 @pytest.mark.parametrize("tied", [False, True])
-def test_decode_layout_strides_and_values(tied: bool, tmp_path: Path) -> None:
+def test_decode_layout_strides_and_values(tied: bool, kernels: str, tmp_path: Path) -> None:
     build_hf_model("qwen2", seed=8, tie_word_embeddings=tied).save_pretrained(tmp_path)
     fast, _ = load_model(tmp_path)
     plain, _ = load_model(tmp_path, decode_layout=False)
     embedding = fast.model.embed_tokens.weight
     assert (fast.lm_head.weight is embedding) == tied
-    assert embedding.stride() == ((1, embedding.shape[0]) if tied else (embedding.shape[1], 1))
-    assert fast.model.layers[0].self_attn.qkv_proj.weight.stride(0) == 1
+    qkv = fast.model.layers[0].self_attn.qkv_proj.weight
+    if kernels == "native":
+        assert hasattr(qkv, "_tg_packed") and hasattr(fast.lm_head.weight, "_tg_packed")
+        assert hasattr(embedding, "_tg_packed") == tied
+        assert qkv.is_contiguous() and embedding.is_contiguous()
+    else:
+        assert not hasattr(qkv, "_tg_packed")
+        assert embedding.stride() == ((1, embedding.shape[0]) if tied else (embedding.shape[1], 1))
+        assert qkv.stride(0) == 1
     for (name, a), (_, b) in zip(fast.named_parameters(), plain.named_parameters(), strict=True):
         assert torch.equal(a, b), name
     ids = torch.tensor([3, 1, 4, 1, 5])
     with torch.inference_mode():
         torch.testing.assert_close(fast(ids, torch.arange(5)), plain(ids, torch.arange(5)), rtol=1e-5, atol=1e-5)
+
+
+def test_moe_routers_stay_unpacked_and_experts_packed(tmp_path: Path) -> None:
+    assert native.available(), native.reason()
+    build_hf_model("mixtral", seed=3).save_pretrained(tmp_path)
+    model, _ = load_model(tmp_path)
+    mlp = model.model.layers[0].mlp
+    assert not hasattr(mlp.gate.weight, "_tg_packed")
+    assert mlp.experts.gate_up_proj._tg_packed.data.shape[0] == mlp.experts.gate_up_proj.shape[0]
+    assert hasattr(mlp.experts.down_proj, "_tg_packed")

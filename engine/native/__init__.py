@@ -1,0 +1,178 @@
+"""The engine's native fp32 decode kernels (`tg_kernels.c`), loaded with ctypes.
+
+`available()` says whether they can be used here; the first call compiles the library if this
+machine has no cached build (see `engine.native.build`). When they cannot (no C compiler, a
+failed build, ``TIERGATE_ENGINE_NATIVE=0``), every caller keeps its plain-torch path, which
+computes the same thing; ``reason()`` says why.
+
+The wrappers take torch tensors, check what the kernels assume (fp32, CPU, the strides they
+index with) and return new tensors. They run with ``torch.get_num_threads()`` threads on
+PyTorch's own OpenMP pool.
+
+Must not import the model, the scheduler, or anything outside torch and the standard library.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import threading
+
+import torch
+
+from engine.native.build import BuildError, build
+
+log = logging.getLogger(__name__)
+
+ABI_VERSION = 4
+PANEL = 64  # outputs per packed panel (tg_kernels.c)
+_lock = threading.Lock()
+_lib: ctypes.CDLL | None = None
+_state: str | None = None  # None: not tried yet; "" loaded; else why not
+
+_p = ctypes.c_void_p
+_i64 = ctypes.c_int64
+_int = ctypes.c_int
+_f32 = ctypes.c_float
+
+
+def _load() -> None:
+    global _lib, _state
+    if os.environ.get("TIERGATE_ENGINE_NATIVE", "1") == "0":
+        _state = "turned off by TIERGATE_ENGINE_NATIVE=0"
+        return
+    try:
+        path = build()
+        lib = ctypes.CDLL(str(path))
+    except (BuildError, OSError) as exc:
+        _state = f"native kernels unavailable: {exc}"
+        log.warning("%s; the engine uses its plain-torch kernels", _state)
+        return
+    if lib.tg_abi_version() != ABI_VERSION:
+        _state = f"native library {path} has ABI {lib.tg_abi_version()}, expected {ABI_VERSION}"
+        log.warning("%s; the engine uses its plain-torch kernels", _state)
+        return
+    lib.tg_pack.argtypes = [_p, _i64, _i64, _i64, _p]
+    lib.tg_pack.restype = None
+    lib.tg_linear.argtypes = [_p, _i64, _i64, _i64, _p, _i64, _p, _p, _i64, _int]
+    lib.tg_linear.restype = None
+    lib.tg_moe.argtypes = [_p, _i64, _i64, _p, _i64, _p, _p, _i64, _int, _p, _int, _p, _int]
+    lib.tg_moe.restype = _int
+    lib.tg_paged_decode.argtypes = [_p, _p, _p, _p, _i64, _p, _i64, _i64, _i64, _i64, _i64, _f32, _i64, _p, _int]
+    lib.tg_paged_decode.restype = _int
+    _lib, _state = lib, ""
+
+
+def available() -> bool:
+    """True when the native kernels are loaded (building them on first use)."""
+    if _state is None:
+        with _lock:
+            if _state is None:
+                _load()
+    return _lib is not None
+
+
+def reason() -> str:
+    """Why the native kernels are not in use ('' when they are)."""
+    available()
+    return _state or ""
+
+
+def _ptr(t: torch.Tensor | None) -> int | None:
+    return None if t is None else t.data_ptr()
+
+
+class Packed:
+    """A weight matrix W[N, K] (or a stack of E of them) in the kernels' panel layout."""
+
+    __slots__ = ("data", "k", "n")
+
+    def __init__(self, data: torch.Tensor, n: int, k: int) -> None:
+        self.data, self.n, self.k = data, n, k
+
+
+def pack(weight: torch.Tensor) -> Packed:
+    """Repack W[N, K] (or [E, N, K]) into 64-output panels; the source is left as it is."""
+    assert _lib is not None
+    if weight.dtype != torch.float32 or weight.device.type != "cpu" or weight.dim() not in (2, 3):
+        raise ValueError("pack takes an fp32 CPU matrix [N, K] or stack [E, N, K]")
+    stack = weight if weight.dim() == 3 else weight[None]
+    e, n, k = stack.shape
+    panels = -(-n // PANEL)
+    data = torch.empty(e, panels * k * PANEL, dtype=torch.float32)
+    for i in range(e):
+        w = stack[i] if stack[i].stride(-1) == 1 else stack[i].contiguous()
+        _lib.tg_pack(w.data_ptr(), n, k, w.stride(0), data[i].data_ptr())
+    return Packed(data if weight.dim() == 3 else data[0], n, k)
+
+
+def linear_ok(x: torch.Tensor, packed: Packed, bias: torch.Tensor | None) -> bool:
+    """Whether `linear` takes these operands: fp32 CPU rows x [M, K] with unit stride."""
+    return (
+        x.dim() == 2
+        and x.dtype == torch.float32
+        and x.device.type == "cpu"
+        and x.stride(-1) == 1
+        and x.shape[1] == packed.k
+        and packed.data.dim() == 1
+        and (bias is None or (bias.dtype == torch.float32 and bias.is_contiguous()))
+    )
+
+
+def linear(x: torch.Tensor, packed: Packed, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x [M, K] . W^T (+ bias) -> [M, N] with W packed (see `linear_ok`)."""
+    assert _lib is not None
+    m, k = x.shape
+    n = packed.n
+    y = torch.empty(m, n, dtype=torch.float32)
+    _lib.tg_linear(x.data_ptr(), m, k, x.stride(0), packed.data.data_ptr(), n, _ptr(bias), y.data_ptr(), n,
+                   torch.get_num_threads())
+    return y
+
+
+def moe(x: torch.Tensor, router: torch.Tensor, gate_up: Packed, down: Packed, k_max: int,
+        per_token: torch.Tensor | None, normalize: bool) -> torch.Tensor:
+    """Routed experts for x [M, H] (see `tg_moe`): router [E, H]; gate_up packs [E, 2I, H], down [E, H, I]."""
+    assert _lib is not None
+    m, h = x.shape
+    x = x.contiguous()
+    router = router.contiguous()
+    ks = None if per_token is None else per_token.to(torch.int32).contiguous()
+    y = torch.empty(m, h, dtype=torch.float32)
+    rc = _lib.tg_moe(x.data_ptr(), m, h, router.data_ptr(), router.shape[0], gate_up.data.data_ptr(),
+                     down.data.data_ptr(), gate_up.n // 2, k_max, _ptr(ks), int(normalize), y.data_ptr(),
+                     torch.get_num_threads())
+    if rc != 0:
+        raise MemoryError("tg_moe could not allocate its work buffers")
+    return y
+
+
+def moe_ok(x: torch.Tensor, router: torch.Tensor) -> bool:
+    return x.dim() == 2 and x.dtype == torch.float32 and x.device.type == "cpu" and router.dtype == torch.float32
+
+
+def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
+                 context_lens: torch.Tensor, scale: float, window: int | None) -> torch.Tensor:
+    """q [B, Hq, D] against the paged cache [num_blocks, block_size, Hkv, D] -> [B, Hq, D]."""
+    assert _lib is not None
+    b, hq, d = q.shape
+    _, block_size, hkv, _ = k_cache.shape
+    q = q.contiguous()
+    tables = block_tables.to(torch.int64).contiguous()
+    lens = context_lens.to(torch.int64).contiguous()
+    out = torch.empty_like(q)
+    rc = _lib.tg_paged_decode(q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), tables.data_ptr(),
+                              tables.shape[1], lens.data_ptr(), b, hq, hkv, d, block_size, scale, window or 0,
+                              out.data_ptr(), torch.get_num_threads())
+    if rc != 0:
+        raise MemoryError("tg_paged_decode could not allocate its work buffers")
+    return out
+
+
+def paged_decode_ok(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> bool:
+    return (
+        q.dtype == torch.float32
+        and q.device.type == "cpu"
+        and all(t.dtype == torch.float32 and t.device.type == "cpu" and t.is_contiguous() for t in (k_cache, v_cache))
+    )

@@ -1,0 +1,356 @@
+/* tiergate engine: fp32 CPU kernels for the memory-bound decode path.
+ *
+ * Batch-1 and small-batch decode read every weight byte once per step and do little arithmetic with it,
+ * so speed is the rate at which weights stream from memory. Weights are repacked once (tg_pack) into
+ * 64-output panels stored front to back, which each step streams sequentially for up to MR tokens at a
+ * time with the outputs held in registers; larger batches tile the tokens over the same panel. The
+ * kernels fuse what a decode step does around those products:
+ *
+ *   tg_linear          y[M, N] = x[M, K] . W[N, K]^T (+ bias), W packed
+ *   tg_moe             router GEMV, softmax, top-k (per-token k, optional renormalisation) and the
+ *                      SwiGLU experts, each selected expert's weights read once for all its tokens
+ *   tg_paged_decode    one query per sequence against its paged K/V cache (GQA, sliding window)
+ *
+ * Work is split over output panels (linear, MoE) or (sequence, KV head) pairs (attention) with OpenMP,
+ * linked against the same libgomp as PyTorch so both share one thread pool. Every kernel takes the
+ * thread count to use; results do not depend on it (each output element is reduced by one thread in a
+ * fixed order). Accumulation is fp32 throughout; sums are reassociated (16 lanes), so results differ
+ * from PyTorch's by float rounding only.
+ *
+ * Built by engine/native/build.py with -O3 -march=native; the AVX-512 path is used when the compiler
+ * targets it, a portable loop otherwise.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <float.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#define TG_AVX512 1
+#else
+#define TG_AVX512 0
+#endif
+
+#define PANEL 64 /* outputs per packed panel: four 16-float vectors */
+#define MR 6      /* tokens per register tile (6 x 4 accumulators + 4 weight vectors fit in 32 registers) */
+
+int tg_abi_version(void) { return 4; }
+
+int tg_has_avx512(void) { return TG_AVX512; }
+
+static inline int64_t panels_of(int64_t n) { return (n + PANEL - 1) / PANEL; }
+
+/* Packed layout of a row-major W[N, K]: P[N/64][K][64], P[p][k][j] = W[64p + j][k] (zero past N). A
+ * decode step then streams each panel front to back, the access pattern hardware prefetchers serve best,
+ * and the kernel keeps 64 outputs per token in registers with no horizontal reductions. */
+void tg_pack(const float *W, int64_t N, int64_t K, int64_t ldw, float *P) {
+    for (int64_t p = 0; p < panels_of(N); p++)
+        for (int64_t k = 0; k < K; k++) {
+            float *dst = P + (p * K + k) * PANEL;
+            for (int64_t j = 0; j < PANEL; j++) {
+                int64_t n = p * PANEL + j;
+                dst[j] = n < N ? W[n * ldw + k] : 0.0f;
+            }
+        }
+}
+
+/* y[m, 0:valid] = x[m, :K] . panel (+ bias[0:valid]) for m < mt. */
+#if TG_AVX512
+static inline __attribute__((always_inline)) void tile(const float *x, int64_t ldx, const int mt, const float *p,
+                                                        int64_t K, const float *bias, float *y, int64_t ldy,
+                                                        int valid) {
+    __m512 acc[MR][4];
+    for (int m = 0; m < MR; m++)
+        for (int v = 0; v < 4; v++) acc[m][v] = _mm512_setzero_ps();
+    for (int64_t k = 0; k < K; k++) {
+        __m512 w[4];
+        for (int v = 0; v < 4; v++) w[v] = _mm512_load_ps(p + v * 16);
+        for (int m = 0; m < MR; m++) {
+            if (m < mt) {
+                __m512 xb = _mm512_set1_ps(x[m * ldx + k]);
+                for (int v = 0; v < 4; v++) acc[m][v] = _mm512_fmadd_ps(w[v], xb, acc[m][v]);
+            }
+        }
+        p += PANEL;
+    }
+    for (int v = 0; v < 4; v++) {
+        int left = valid - v * 16;
+        if (left <= 0) break;
+        __mmask16 mask = left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1u);
+        __m512 b = bias ? _mm512_maskz_loadu_ps(mask, bias + v * 16) : _mm512_setzero_ps();
+        for (int m = 0; m < MR; m++)
+            if (m < mt) _mm512_mask_storeu_ps(y + m * ldy + v * 16, mask, _mm512_add_ps(acc[m][v], b));
+    }
+}
+#else
+static inline void tile(const float *x, int64_t ldx, const int mt, const float *p, int64_t K, const float *bias,
+                        float *y, int64_t ldy, int valid) {
+    float acc[MR][PANEL];
+    for (int m = 0; m < mt; m++)
+        for (int j = 0; j < PANEL; j++) acc[m][j] = 0.0f;
+    for (int64_t k = 0; k < K; k++) {
+        for (int m = 0; m < mt; m++) {
+            float xv = x[m * ldx + k];
+#pragma omp simd
+            for (int j = 0; j < PANEL; j++) acc[m][j] += p[j] * xv;
+        }
+        p += PANEL;
+    }
+    for (int m = 0; m < mt; m++)
+        for (int j = 0; j < valid; j++) y[m * ldy + j] = acc[m][j] + (bias ? bias[j] : 0.0f);
+}
+#endif
+
+/* Panels [p_begin, p_end) of y = x . W^T (+ bias) for all M tokens, W packed by tg_pack. */
+static void gemm_panels(const float *x, int64_t M, int64_t K, int64_t ldx, const float *P, int64_t N,
+                        const float *bias, float *y, int64_t ldy, int64_t p_begin, int64_t p_end) {
+    for (int64_t p = p_begin; p < p_end; p++) {
+        const float *panel = P + p * K * PANEL;
+        int64_t n = p * PANEL;
+        int valid = (int)(N - n < PANEL ? N - n : PANEL);
+        const float *b = bias ? bias + n : NULL;
+        for (int64_t m0 = 0; m0 < M; m0 += MR) {
+            const float *xm = x + m0 * ldx;
+            float *ym = y + m0 * ldy + n;
+            switch (M - m0 < MR ? M - m0 : MR) { /* constant tile heights keep the accumulators in registers */
+            case 1: tile(xm, ldx, 1, panel, K, b, ym, ldy, valid); break;
+            case 2: tile(xm, ldx, 2, panel, K, b, ym, ldy, valid); break;
+            case 3: tile(xm, ldx, 3, panel, K, b, ym, ldy, valid); break;
+            case 4: tile(xm, ldx, 4, panel, K, b, ym, ldy, valid); break;
+            case 5: tile(xm, ldx, 5, panel, K, b, ym, ldy, valid); break;
+            default: tile(xm, ldx, MR, panel, K, b, ym, ldy, valid); break;
+            }
+        }
+    }
+}
+
+/* The panels a thread owns out of `count`: contiguous, balanced to within one. */
+static void share(int64_t count, int tid, int nth, int64_t *begin, int64_t *end) {
+    int64_t per = count / nth, extra = count % nth;
+    *begin = tid * per + (tid < extra ? tid : extra);
+    *end = *begin + per + (tid < extra ? 1 : 0);
+}
+
+static int clamp_threads(int nthreads, int64_t work) {
+    /* below ~64K multiply-adds a parallel region costs more than it saves */
+    if (nthreads < 1 || work < (1 << 16)) return 1;
+    return nthreads;
+}
+
+#ifdef _OPENMP
+#define THREAD_ID() omp_get_thread_num()
+#define THREADS() omp_get_num_threads()
+#else
+#define THREAD_ID() 0
+#define THREADS() 1
+#endif
+
+void tg_linear(const float *x, int64_t M, int64_t K, int64_t ldx, const float *P, int64_t N, const float *bias,
+               float *y, int64_t ldy, int nthreads) {
+    int nth = clamp_threads(nthreads, M * N * K);
+    if (nth == 1) {
+        gemm_panels(x, M, K, ldx, P, N, bias, y, ldy, 0, panels_of(N));
+        return;
+    }
+#pragma omp parallel num_threads(nth)
+    {
+        int64_t b, e;
+        share(panels_of(N), THREAD_ID(), THREADS(), &b, &e);
+        gemm_panels(x, M, K, ldx, P, N, bias, y, ldy, b, e);
+    }
+}
+
+/* ---------------------------------------------------------------------------------------------------
+ * Sparse MoE block for a few tokens.
+ *
+ * router [E, H] row-major; gate_up: E experts, each [2I, H] packed by tg_pack (gate rows first), one
+ * after another; down: E experts, each [H, I] packed; k_per_token [M] (each 1..k_max) or NULL (all
+ * k_max). Routing matches engine.moe.route: softmax over all experts in fp32, top-k (ties to the lower
+ * expert id), slots past a token's k weigh 0, optional renormalisation over the kept weights. Each
+ * selected expert runs once over all its tokens. y [M, H] is overwritten. Returns 0, or -1 if memory
+ * could not be allocated.
+ */
+static inline float silu(float v) { return v / (1.0f + expf(-v)); }
+
+int tg_moe(const float *x, int64_t M, int64_t H, const float *router, int64_t E, const float *gate_up,
+           const float *down, int64_t I, int k_max, const int32_t *k_per_token, int normalize, float *y,
+           int nthreads) {
+    int64_t gu_size = panels_of(2 * I) * PANEL * H, down_size = panels_of(H) * PANEL * I;
+    float *logits = malloc(sizeof(float) * M * E);
+    int32_t *sel = malloc(sizeof(int32_t) * M * k_max);
+    float *selw = malloc(sizeof(float) * M * k_max);
+    int64_t *count = calloc(E, sizeof(int64_t));
+    int64_t *offset = malloc(sizeof(int64_t) * (E + 1));
+    int64_t *tok = malloc(sizeof(int64_t) * M * k_max);
+    float *tokw = malloc(sizeof(float) * M * k_max);
+    float *rows = malloc(sizeof(float) * M * k_max * H);
+    float *act = malloc(sizeof(float) * M * k_max * 2 * I);
+    float *eout = malloc(sizeof(float) * M * k_max * H);
+    int rc = 0;
+    if (!logits || !sel || !selw || !count || !offset || !tok || !tokw || !rows || !act || !eout) {
+        rc = -1;
+        goto done;
+    }
+    for (int64_t m = 0; m < M; m++)
+        for (int64_t e = 0; e < E; e++) {
+            const float *a = x + m * H, *b = router + e * H;
+            float dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
+            for (int64_t h = 0; h < H; h++) dot += a[h] * b[h];
+            logits[m * E + e] = dot;
+        }
+    int64_t assignments = 0;
+    for (int64_t m = 0; m < M; m++) {
+        float *l = logits + m * E;
+        float mx = -FLT_MAX, sum = 0.0f;
+        for (int64_t e = 0; e < E; e++) mx = l[e] > mx ? l[e] : mx;
+        for (int64_t e = 0; e < E; e++) {
+            l[e] = expf(l[e] - mx);
+            sum += l[e];
+        }
+        for (int64_t e = 0; e < E; e++) l[e] /= sum;
+        int k = k_per_token ? k_per_token[m] : k_max;
+        float kept = 0.0f;
+        for (int s = 0; s < k_max; s++) { /* top-k_max by repeated argmax; slots past k weigh 0 */
+            int64_t best = -1;
+            for (int64_t e = 0; e < E; e++) {
+                int taken = 0;
+                for (int j = 0; j < s; j++) taken |= sel[m * k_max + j] == e;
+                if (!taken && (best < 0 || l[e] > l[best])) best = e;
+            }
+            sel[m * k_max + s] = (int32_t)best;
+            selw[m * k_max + s] = s < k ? l[best] : 0.0f;
+            kept += selw[m * k_max + s];
+        }
+        for (int s = 0; s < k; s++) {
+            if (normalize) selw[m * k_max + s] /= kept;
+            count[sel[m * k_max + s]]++;
+            assignments++;
+        }
+    }
+    offset[0] = 0;
+    for (int64_t e = 0; e < E; e++) offset[e + 1] = offset[e] + count[e];
+    memset(count, 0, sizeof(int64_t) * E); /* reused as fill cursors */
+    for (int64_t m = 0; m < M; m++) {
+        int k = k_per_token ? k_per_token[m] : k_max;
+        for (int s = 0; s < k; s++) {
+            int64_t e = sel[m * k_max + s], at = offset[e] + count[e]++;
+            tok[at] = m;
+            tokw[at] = selw[m * k_max + s];
+            memcpy(rows + at * H, x + m * H, sizeof(float) * H);
+        }
+    }
+    memset(y, 0, sizeof(float) * M * H);
+    int nth = clamp_threads(nthreads, assignments * 3 * H * I);
+#pragma omp parallel num_threads(nth)
+    {
+        int tid = THREAD_ID(), got = THREADS();
+        int64_t b, e_;
+        share(panels_of(2 * I), tid, got, &b, &e_); /* gate/up: each thread its share of every expert's panels */
+        for (int64_t e = 0; e < E; e++)
+            if (offset[e + 1] > offset[e])
+                gemm_panels(rows + offset[e] * H, offset[e + 1] - offset[e], H, H, gate_up + e * gu_size, 2 * I,
+                            NULL, act + offset[e] * 2 * I, 2 * I, b, e_);
+#pragma omp barrier
+#pragma omp for schedule(static)
+        for (int64_t a = 0; a < assignments; a++) { /* act[:, :I] = silu(gate) * up */
+            float *g = act + a * 2 * I;
+            for (int64_t i = 0; i < I; i++) g[i] = silu(g[i]) * g[I + i];
+        }
+        share(panels_of(H), tid, got, &b, &e_); /* down */
+        for (int64_t e = 0; e < E; e++)
+            if (offset[e + 1] > offset[e])
+                gemm_panels(act + offset[e] * 2 * I, offset[e + 1] - offset[e], I, 2 * I, down + e * down_size, H,
+                            NULL, eout + offset[e] * H, H, b, e_);
+#pragma omp barrier
+        share(H, tid, got, &b, &e_); /* y[t] += w * eout[a], in a fixed (expert) order per element */
+        for (int64_t a = 0; a < assignments; a++) {
+            float w = tokw[a];
+            float *dst = y + tok[a] * H;
+            const float *src = eout + a * H;
+            for (int64_t h = b; h < e_; h++) dst[h] += w * src[h];
+        }
+    }
+done:
+    free(logits);
+    free(sel);
+    free(selw);
+    free(count);
+    free(offset);
+    free(tok);
+    free(tokw);
+    free(rows);
+    free(act);
+    free(eout);
+    return rc;
+}
+
+/* ---------------------------------------------------------------------------------------------------
+ * Paged decode attention: one new query per sequence.
+ *
+ * q [B, Hq, D]; k_cache / v_cache [num_blocks, block_size, Hkv, D]; block_tables [B, width] (int64);
+ * context_lens [B] (keys 0..L-1 are valid, the last one written this step); window 0 = unlimited, else
+ * keys [L - window, L). out [B, Hq, D]. Returns 0, or -1 if memory could not be allocated.
+ */
+int tg_paged_decode(const float *q, const float *k_cache, const float *v_cache, const int64_t *block_tables,
+                    int64_t width, const int64_t *context_lens, int64_t B, int64_t Hq, int64_t Hkv, int64_t D,
+                    int64_t block_size, float scale, int64_t window, float *out, int nthreads) {
+    int64_t max_len = 0;
+    for (int64_t b = 0; b < B; b++) max_len = context_lens[b] > max_len ? context_lens[b] : max_len;
+    int64_t group = Hq / Hkv;
+    int64_t pairs = B * Hkv;
+    int nth = clamp_threads(nthreads, pairs * max_len * D * group * 2);
+    if (nth > pairs) nth = (int)pairs;
+    int failed = 0;
+#pragma omp parallel num_threads(nth)
+    {
+        float *scores = malloc(sizeof(float) * (max_len > 0 ? max_len : 1) * group);
+        if (!scores) {
+#pragma omp atomic write
+            failed = 1;
+        } else {
+#pragma omp for schedule(static)
+            for (int64_t p = 0; p < pairs; p++) {
+                int64_t b = p / Hkv, h = p % Hkv;
+                int64_t L = context_lens[b];
+                int64_t first = window > 0 && L > window ? L - window : 0;
+                const int64_t *table = block_tables + b * width;
+                for (int64_t g = 0; g < group; g++) {
+                    const float *qv = q + (b * Hq + h * group + g) * D;
+                    float *s = scores + g * max_len;
+                    float mx = -FLT_MAX;
+                    for (int64_t t = first; t < L; t++) {
+                        int64_t slot = table[t / block_size] * block_size + t % block_size;
+                        const float *kv = k_cache + (slot * Hkv + h) * D;
+                        float dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
+                        for (int64_t d = 0; d < D; d++) dot += qv[d] * kv[d];
+                        s[t] = dot * scale;
+                        mx = s[t] > mx ? s[t] : mx;
+                    }
+                    float sum = 0.0f;
+                    for (int64_t t = first; t < L; t++) {
+                        s[t] = expf(s[t] - mx);
+                        sum += s[t];
+                    }
+                    float *o = out + (b * Hq + h * group + g) * D;
+                    for (int64_t d = 0; d < D; d++) o[d] = 0.0f;
+                    float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+                    for (int64_t t = first; t < L; t++) {
+                        int64_t slot = table[t / block_size] * block_size + t % block_size;
+                        const float *vv = v_cache + (slot * Hkv + h) * D;
+                        float w = s[t] * inv;
+#pragma omp simd
+                        for (int64_t d = 0; d < D; d++) o[d] += w * vv[d];
+                    }
+                }
+            }
+        }
+        free(scores);
+    }
+    return failed ? -1 : 0;
+}
