@@ -84,7 +84,8 @@ def engine_bench(
 def ledger_pg_bench(
     postgres_url: str = typer.Option("postgresql+psycopg://postgres@127.0.0.1:5432/test", envvar="TIERGATE_BENCH_POSTGRES_URL",
                                      help="A PostgreSQL database to connect to; a temporary database is created beside it and dropped."),
-    requests: int = typer.Option(2000, help="chat requests per phase"),
+    requests: int = typer.Option(2000, help="chat requests per kind of phase (ledger off, on), split over the rounds"),
+    rounds: int = typer.Option(4, help="ABBA rounds of one ledger-off and one ledger-on phase"),
     concurrency: int = typer.Option(32),
     upstream_ms: float = typer.Option(20.0, help="simulated upstream latency per call"),
     extra_rows_per_s: float = typer.Option(2500.0, help="extra ledger rows/s recorded while serving"),
@@ -93,5 +94,5 @@ def ledger_pg_bench(
     """Ledger rows/s into PostgreSQL while serving (p99 vs ledger off) and spend-summary latency."""
     from gateway.cli.bench_ledger_pg import run
 
-    for line in run(postgres_url, requests, concurrency, upstream_ms, extra_rows_per_s, seed_rows):
+    for line in run(postgres_url, requests, concurrency, upstream_ms, extra_rows_per_s, seed_rows, rounds):
         typer.echo(line)
