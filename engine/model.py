@@ -42,7 +42,7 @@ class Attention(nn.Module):
         self.scale = self.head_dim**-0.5
         self.window = config.layer_window(layer_idx)
         self.clip_qkv = config.clip_qkv
-        self.qk_norm = config.qk_norm
+        self.qk_norm = None if config.qk_norm == "none" else config.qk_norm
         q_size, kv_size = self.n_q * self.head_dim, self.n_kv * self.head_dim
         self.split_sizes = [q_size, kv_size, kv_size]
         self.qkv_proj = nn.Linear(config.hidden_size, q_size + 2 * kv_size, bias=config.qkv_bias)
@@ -67,6 +67,13 @@ class Attention(nn.Module):
         """x [..., T, H] -> [..., T, H]."""
         lead = x.shape[:-1]
         qkv = linear(x, self.qkv_proj.weight, self.qkv_proj.bias)
+        if plan is not None and plan.decode_only and self._native_decode(qkv, kv_cache):
+            assert kv_cache is not None
+            q = native.rope_write_kv(qkv, self.n_q, self.n_kv, self.head_dim, cos, sin, kv_cache[0], kv_cache[1],
+                                     plan.ctx.slot_mapping)
+            o = native.paged_decode(q, kv_cache[0], kv_cache[1], plan.ctx.block_tables, plan.ctx.context_lens,
+                                    self.scale, self.window)
+            return linear(o.view(*lead, self.n_q * self.head_dim), self.o_proj.weight, self.o_proj.bias)
         if self.qk_norm is None:  # rotate q and k heads together: one rotary pass per layer
             if self.clip_qkv is not None:
                 qkv = qkv.clamp(-self.clip_qkv, self.clip_qkv)
@@ -94,6 +101,19 @@ class Attention(nn.Module):
         else:
             o = causal_attention(q, k, v, self.scale, self.window)
         return linear(o.reshape(*lead, self.n_q * self.head_dim), self.o_proj.weight, self.o_proj.bias)
+
+
+    def _native_decode(self, qkv: torch.Tensor, kv_cache: KVCache | None) -> bool:
+        """Decode steps of plain layers (no q/k norm or clipping) rotate, cache and attend in `engine.native`."""
+        return (
+            self.qk_norm is None
+            and self.clip_qkv is None
+            and kv_cache is not None
+            and qkv.dim() == 2
+            and not torch.is_grad_enabled()
+            and native.paged_decode_ok(qkv, kv_cache[0], kv_cache[1])
+            and native.available()
+        )
 
 
 class DecoderLayer(nn.Module):
@@ -188,9 +208,38 @@ class CausalLM(nn.Module):
             count = resolve_experts_per_token(
                 experts_per_token, input_ids.numel(), cfg.num_experts, cfg.num_experts_per_tok
             )
+        caches = kv_caches if plan is not None and kv_caches else None
+        if self._fused_residual(h):
+            return self._fused_layers(h, cos, sin, plan, caches, count)
         for i, layer in enumerate(self.model.layers):
-            h = layer(h, cos, sin, plan, kv_caches[i] if plan is not None and kv_caches else None, count)
+            h = layer(h, cos, sin, plan, caches[i] if caches else None, count)
         return self.model.norm(h)
+
+    def _fused_residual(self, h: torch.Tensor) -> bool:
+        return (
+            h.dtype == torch.float32
+            and h.device.type == "cpu"
+            and not torch.is_grad_enabled()
+            and self.model.norm.weight.dtype == torch.float32
+            and native.available()
+        )
+
+    def _fused_layers(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, plan: PagedPlan | None,
+                      caches: list[KVCache] | None, count: ExpertCount | None) -> torch.Tensor:
+        """The same layers with each residual add fused into the RMSNorm that follows it (vLLM style): the
+        residual stream ``h`` is updated in place and each sub-block's output is added on the next norm."""
+        shape = h.shape
+        residual = h.reshape(-1, shape[-1])
+        delta: torch.Tensor | None = None
+        for i, layer in enumerate(self.model.layers):
+            assert isinstance(layer, DecoderLayer)
+            first, second = layer.input_layernorm, layer.post_attention_layernorm
+            x = native.add_rmsnorm(residual, delta, first.weight, first.eps).view(shape)
+            attn = layer.self_attn(x, cos, sin, plan, caches[i] if caches else None)
+            x = native.add_rmsnorm(residual, attn.reshape(residual.shape), second.weight, second.eps)
+            delta = layer.mlp(x, count).reshape(residual.shape)
+        final = self.model.norm
+        return native.add_rmsnorm(residual, delta, final.weight, final.eps).view(shape)
 
     def compute_logits(
         self, hidden: torch.Tensor, last_token_indices: torch.Tensor | None = None

@@ -21,11 +21,11 @@ import threading
 
 import torch
 
-from engine.native.build import BuildError, build
+from engine.native import build as _build
 
 log = logging.getLogger(__name__)
 
-ABI_VERSION = 4
+ABI_VERSION = 5
 PANEL = 64  # outputs per packed panel (tg_kernels.c)
 _lock = threading.Lock()
 _lib: ctypes.CDLL | None = None
@@ -43,9 +43,9 @@ def _load() -> None:
         _state = "turned off by TIERGATE_ENGINE_NATIVE=0"
         return
     try:
-        path = build()
+        path = _build.build()
         lib = ctypes.CDLL(str(path))
-    except (BuildError, OSError) as exc:
+    except (_build.BuildError, OSError) as exc:
         _state = f"native kernels unavailable: {exc}"
         log.warning("%s; the engine uses its plain-torch kernels", _state)
         return
@@ -61,6 +61,10 @@ def _load() -> None:
     lib.tg_moe.restype = _int
     lib.tg_paged_decode.argtypes = [_p, _p, _p, _p, _i64, _p, _i64, _i64, _i64, _i64, _i64, _f32, _i64, _p, _int]
     lib.tg_paged_decode.restype = _int
+    lib.tg_add_rmsnorm.argtypes = [_p, _p, _p, _i64, _i64, _f32, _p]
+    lib.tg_add_rmsnorm.restype = None
+    lib.tg_rope_write_kv.argtypes = [_p, _i64, _i64, _i64, _i64, _p, _p, _p, _p, _p, _p]
+    lib.tg_rope_write_kv.restype = None
     _lib, _state = lib, ""
 
 
@@ -176,3 +180,28 @@ def paged_decode_ok(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         and q.device.type == "cpu"
         and all(t.dtype == torch.float32 and t.device.type == "cpu" and t.is_contiguous() for t in (k_cache, v_cache))
     )
+
+
+def add_rmsnorm(h: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """``h += delta`` in place (h [M, H] contiguous fp32), then return ``rms_norm(h) * weight``."""
+    assert _lib is not None
+    m, hidden = h.shape
+    if delta is not None:
+        delta = delta.contiguous()
+    x = torch.empty_like(h)
+    _lib.tg_add_rmsnorm(h.data_ptr(), _ptr(delta), weight.data_ptr(), m, hidden, eps, x.data_ptr())
+    return x
+
+
+def rope_write_kv(qkv: torch.Tensor, n_q: int, n_kv: int, head_dim: int, cos: torch.Tensor, sin: torch.Tensor,
+                  k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    """Rotate q/k of qkv [T, (Hq + 2 Hkv) D] with cos/sin [T, D], write k and v into the paged cache at
+    ``slots`` [T]; returns the rotated q [T, Hq, D]."""
+    assert _lib is not None
+    t = qkv.shape[0]
+    qkv, cos, sin = qkv.contiguous(), cos.contiguous(), sin.contiguous()
+    slots = slots.to(torch.int64).contiguous()
+    q = torch.empty(t, n_q, head_dim, dtype=torch.float32)
+    _lib.tg_rope_write_kv(qkv.data_ptr(), t, n_q, n_kv, head_dim, cos.data_ptr(), sin.data_ptr(), q.data_ptr(),
+                          k_cache.data_ptr(), v_cache.data_ptr(), slots.data_ptr())
+    return q

@@ -38,7 +38,7 @@
 #define PANEL 64 /* outputs per packed panel: four 16-float vectors */
 #define MR 6      /* tokens per register tile (6 x 4 accumulators + 4 weight vectors fit in 32 registers) */
 
-int tg_abi_version(void) { return 4; }
+int tg_abi_version(void) { return 5; }
 
 int tg_has_avx512(void) { return TG_AVX512; }
 
@@ -353,4 +353,50 @@ int tg_paged_decode(const float *q, const float *k_cache, const float *v_cache, 
         free(scores);
     }
     return failed ? -1 : 0;
+}
+
+/* ---------------------------------------------------------------------------------------------------
+ * The small per-layer steps around the products, fused so a decode step makes few calls.
+ */
+
+/* h [M, H] += delta (if given), then x = rmsnorm(h) * weight (fp32, as F.rms_norm). */
+void tg_add_rmsnorm(float *h, const float *delta, const float *weight, int64_t M, int64_t H, float eps, float *x) {
+    for (int64_t m = 0; m < M; m++) {
+        float *row = h + m * H, *out = x + m * H;
+        float ss = 0.0f;
+        if (delta) {
+            const float *d = delta + m * H;
+#pragma omp simd reduction(+ : ss)
+            for (int64_t i = 0; i < H; i++) {
+                row[i] += d[i];
+                ss += row[i] * row[i];
+            }
+        } else {
+#pragma omp simd reduction(+ : ss)
+            for (int64_t i = 0; i < H; i++) ss += row[i] * row[i];
+        }
+        float inv = 1.0f / sqrtf(ss / (float)H + eps);
+#pragma omp simd
+        for (int64_t i = 0; i < H; i++) out[i] = row[i] * inv * weight[i];
+    }
+}
+
+/* qkv [T, (Hq + 2 Hkv) D] (q heads, then k heads, then v heads) for T new tokens: rotate q and k with
+ * cos/sin [T, D] (Hugging Face rotate-half convention), write q to q_out [T, Hq, D] and the rotated k and
+ * the v of token t to cache slot slots[t] of k_cache / v_cache [slots, Hkv, D]. */
+void tg_rope_write_kv(const float *qkv, int64_t T, int64_t Hq, int64_t Hkv, int64_t D, const float *cos,
+                      const float *sin, float *q_out, float *k_cache, float *v_cache, const int64_t *slots) {
+    int64_t half = D / 2, width = (Hq + 2 * Hkv) * D;
+    for (int64_t t = 0; t < T; t++) {
+        const float *row = qkv + t * width, *c = cos + t * D, *s = sin + t * D;
+        for (int64_t head = 0; head < Hq + Hkv; head++) {
+            const float *src = row + head * D;
+            float *dst = head < Hq ? q_out + (t * Hq + head) * D : k_cache + (slots[t] * Hkv + head - Hq) * D;
+            for (int64_t i = 0; i < half; i++) {
+                dst[i] = src[i] * c[i] - src[i + half] * s[i];
+                dst[i + half] = src[i + half] * c[i + half] + src[i] * s[i + half];
+            }
+        }
+        memcpy(v_cache + slots[t] * Hkv * D, row + (Hq + Hkv) * D, sizeof(float) * Hkv * D);
+    }
 }

@@ -1,0 +1,144 @@
+"""The native decode kernels (`engine.native`) against the plain-torch computations they replace: packed
+products with odd sizes and biases, the fused MoE (routing, per-token k, renormalisation), paged decode
+attention (GQA, windows, scattered blocks), the fused residual RMSNorm and RoPE + cache write; the same
+results on one thread and two; and the build cache."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import engine.native.build as build
+from engine import native
+from engine.attention import AttentionContext, _decode, plan_paged, write_kv
+from engine.moe import ExpertCount, grouped_moe, route
+from engine.rope import apply_rotary
+
+
+@pytest.fixture(autouse=True)
+def _native() -> None:
+    assert native.available(), native.reason()  # the machine kinds this project runs on all have a C compiler
+
+
+@pytest.fixture(params=[1, 2])
+def threads(request: pytest.FixtureRequest) -> Iterator[int]:
+    before = torch.get_num_threads()
+    torch.set_num_threads(request.param)
+    yield int(request.param)
+    torch.set_num_threads(before)
+
+
+def _gen(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+@pytest.mark.parametrize(("m", "k", "n"), [(1, 768, 2560), (3, 100, 37), (7, 33, 64), (16, 256, 130), (64, 64, 200)])
+def test_packed_linear_equals_f_linear(m: int, k: int, n: int, threads: int) -> None:
+    x = torch.randn(m, k, generator=_gen(m))
+    w = torch.randn(n, k, generator=_gen(n))
+    b = torch.randn(n, generator=_gen(k))
+    packed = native.pack(w)
+    assert packed.data.numel() == -(-n // native.PANEL) * native.PANEL * k
+    for bias in (None, b):
+        torch.testing.assert_close(native.linear(x, packed, bias), F.linear(x, w, bias), rtol=1e-5, atol=1e-4)
+
+
+def test_pack_leaves_the_source_and_reads_any_layout() -> None:
+    w = torch.randn(70, 40, generator=_gen(1))
+    column_major = w.t().contiguous().t()
+    before = w.clone()
+    x = torch.randn(2, 40, generator=_gen(2))
+    torch.testing.assert_close(native.linear(x, native.pack(column_major)), x @ w.T, rtol=1e-5, atol=1e-5)
+    assert torch.equal(w, before)
+
+
+@pytest.mark.parametrize("tokens", [1, 2, 7, 16])
+@pytest.mark.parametrize("normalize", [True, False])
+@pytest.mark.parametrize("mixed_k", [False, True])
+def test_fused_moe_equals_route_and_grouped_moe(tokens: int, normalize: bool, mixed_k: bool, threads: int) -> None:
+    e, h, i = 8, 96, 80
+    x = torch.randn(tokens, h, generator=_gen(tokens))
+    router = torch.randn(e, h, generator=_gen(3))
+    gate_up = 0.1 * torch.randn(e, 2 * i, h, generator=_gen(4))
+    down = 0.1 * torch.randn(e, h, i, generator=_gen(5))
+    per_token = torch.randint(1, 4, (tokens,), generator=_gen(6)) if mixed_k else None
+    k_max = 3 if mixed_k else 2
+    weights, ids = route(x @ router.T, ExpertCount(k_max, per_token), normalize, x.dtype)
+    expected = grouped_moe(x, gate_up, down, weights, ids, per_token)
+    got = native.moe(x, router, native.pack(gate_up), native.pack(down), k_max, per_token, normalize)
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("window", [None, 8])
+def test_paged_decode_equals_torch_decode(window: int | None, threads: int) -> None:
+    batch, n_q, n_kv, d, block, blocks = 3, 8, 2, 32, 16, 20
+    k_cache = torch.randn(blocks, block, n_kv, d, generator=_gen(1))
+    v_cache = torch.randn(blocks, block, n_kv, d, generator=_gen(2))
+    lens = torch.tensor([5, 33, 17])
+    tables = torch.tensor([[3, -1, -1], [0, 7, 9], [11, 2, -1]])
+    q = torch.randn(batch, n_q, d, generator=_gen(3))
+    ctx = AttentionContext(False, torch.arange(batch + 1), lens, torch.zeros(batch, dtype=torch.long), tables)
+    plan = plan_paged(ctx, block)
+    with torch.inference_mode():
+        got = native.paged_decode(q, k_cache, v_cache, tables, lens, 0.17, window)
+        # the torch reference: take the torch branch of _decode by turning the native kernels off
+        native_available = native.available
+        try:
+            native.available = lambda: False  # type: ignore[assignment]
+            expected = _decode(q, k_cache, v_cache, plan, 0.17, window)
+        finally:
+            native.available = native_available  # type: ignore[assignment]
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_add_rmsnorm_updates_the_residual_and_normalises() -> None:
+    h = torch.randn(3, 200, generator=_gen(1))
+    delta = torch.randn(3, 200, generator=_gen(2))
+    weight = torch.rand(200, generator=_gen(3)) + 0.5
+    expected_h = h + delta
+    expected = F.rms_norm(expected_h, (200,), weight, 1e-6)
+    out = native.add_rmsnorm(h, delta, weight, 1e-6)
+    torch.testing.assert_close(h, expected_h)
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(native.add_rmsnorm(h, None, weight, 1e-6), expected, rtol=1e-5, atol=1e-6)
+
+
+def test_rope_write_kv_equals_apply_rotary_and_write_kv() -> None:
+    t, n_q, n_kv, d, block, blocks = 3, 4, 2, 16, 4, 6
+    qkv = torch.randn(t, (n_q + 2 * n_kv) * d, generator=_gen(1))
+    angles = torch.randn(t, d // 2, generator=_gen(2))
+    cos, sin = torch.cat((angles, angles), -1).cos(), torch.cat((angles, angles), -1).sin()
+    slots = torch.tensor([5, 17, 2])
+    caches = [torch.zeros(blocks, block, n_kv, d) for _ in range(4)]
+    q = native.rope_write_kv(qkv, n_q, n_kv, d, cos, sin, caches[0], caches[1], slots)
+    heads = qkv.view(t, n_q + 2 * n_kv, d)
+    expected_q = apply_rotary(heads[:, :n_q], cos, sin)
+    write_kv(caches[2], caches[3], apply_rotary(heads[:, n_q:n_q + n_kv], cos, sin), heads[:, n_q + n_kv:], slots)
+    torch.testing.assert_close(q, expected_q, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(caches[0], caches[2], rtol=1e-6, atol=1e-6)
+    assert torch.equal(caches[1], caches[3])
+
+
+def test_build_is_cached_per_source_and_rebuilt_elsewhere(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TIERGATE_NATIVE_CACHE", str(tmp_path))
+    first = build.build()
+    assert first.parent == tmp_path and first.is_file()
+    stamp = first.stat().st_mtime_ns
+    assert build.build() == first and first.stat().st_mtime_ns == stamp  # cached: not rebuilt
+    monkeypatch.setattr(build, "_cpu_fingerprint", lambda: "another machine")
+    assert build.build() != first  # a different CPU gets its own build
+    assert not [p for p in os.listdir(tmp_path) if p.endswith(".tmp")]
+
+
+def test_a_failed_build_says_why(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TIERGATE_NATIVE_CACHE", str(tmp_path))
+    broken = tmp_path / "broken.c"
+    broken.write_text("this is not C\n")
+    monkeypatch.setattr(build, "SOURCE", broken)
+    with pytest.raises(build.BuildError, match="failed"):
+        build.build()
