@@ -145,8 +145,7 @@ class ChatFlow:
     async def complete(self, rr: ResolvedRequest, client_gone: Awaitable[object] | None = None) -> dict[str, Any]:
         """The answer. ``client_gone``: ends when the client disconnects (raises
         ``ClientClosedRequest`` then, after the cancelled work has billed what it spent)."""
-        run = self.executor.complete if client_gone is None else functools.partial(self._unless_gone, client_gone)
-        response = await self._recorded_on_failure(rr, run)
+        response = await self._recorded_on_failure(rr, _unless_gone(self.executor.complete, client_gone))
         response["id"] = rr.request_id
         response["model"] = rr.resolution.requested_model
         if not response.get("usage"):
@@ -154,30 +153,39 @@ class ChatFlow:
         await self.finish(rr, "ok", 200)
         return response
 
-    async def _unless_gone(self, client_gone: Awaitable[object], rr: ResolvedRequest) -> dict[str, Any]:
-        """``executor.complete(rr)``, cancelled once if ``client_gone`` ends first. One plain
-        ``Task.cancel`` (not a cancel scope), so the work's own cleanup — cancelled calls' ledger
-        rows, shielded budget settlements — runs to its end before this returns."""
-        work = asyncio.ensure_future(self.executor.complete(rr))
-        gone = asyncio.ensure_future(client_gone)
-        try:
-            await asyncio.wait((work, gone), return_when=asyncio.FIRST_COMPLETED)
-        finally:  # the client left, or this task was cancelled (shutdown): stop the work either way
-            gone.cancel()
-            if not work.done():
-                work.cancel()
-                await asyncio.wait((work,))
-        watch_error = gone.exception() if gone.done() and not gone.cancelled() else None
-        if not work.cancelled():
-            return work.result()  # done (or failed) before the cancel landed: that outcome stands
-        if watch_error is not None:
-            raise watch_error  # watching the connection failed: not the client's doing
-        raise ClientClosedRequest("the client closed the connection before the answer was ready")
-
     async def open_stream(self, rr: ResolvedRequest, include_usage: bool) -> ChatStream:
         """Open the upstream stream; errors before the first chunk raise (JSON error response)."""
         chunks = await self._recorded_on_failure(rr, self.executor.stream)
         return ChatStream(self, rr, chunks, include_usage)
+
+
+def _unless_gone(run: Callable[[ResolvedRequest], Awaitable[T]],
+                 client_gone: Awaitable[object] | None) -> Callable[[ResolvedRequest], Awaitable[T]]:
+    """``run``, cancelled once if ``client_gone`` ends first (then ``ClientClosedRequest``)."""
+    if client_gone is None:
+        return run
+    return functools.partial(_run_unless_gone, run, client_gone)
+
+
+async def _run_unless_gone(run: Callable[[ResolvedRequest], Awaitable[T]], client_gone: Awaitable[object],
+                           rr: ResolvedRequest) -> T:
+    """One plain ``Task.cancel`` (not a cancel scope), so the work's own cleanup — cancelled calls'
+    ledger rows, shielded budget settlements — runs to its end before this returns or raises."""
+    work = asyncio.ensure_future(run(rr))
+    gone = asyncio.ensure_future(client_gone)
+    try:
+        await asyncio.wait((work, gone), return_when=asyncio.FIRST_COMPLETED)
+    finally:  # the client left, or this task was cancelled (shutdown): stop the work either way
+        gone.cancel()
+        if not work.done():
+            work.cancel()
+            await asyncio.wait((work,))
+    watch_error = gone.exception() if gone.done() and not gone.cancelled() else None
+    if not work.cancelled():
+        return work.result()  # done (or failed) before the cancel landed: that outcome stands
+    if watch_error is not None:
+        raise watch_error  # watching the connection failed: not the client's doing
+    raise ClientClosedRequest("the client closed the connection before the answer was ready")
 
 
 def _sse(obj: dict[str, Any]) -> bytes:
