@@ -25,7 +25,7 @@ from engine.native import build as _build
 
 log = logging.getLogger(__name__)
 
-ABI_VERSION = 5
+ABI_VERSION = 6
 PANEL = 64  # outputs per packed panel (tg_kernels.c)
 _lock = threading.Lock()
 _lib: ctypes.CDLL | None = None
@@ -65,6 +65,8 @@ def _load() -> None:
     lib.tg_add_rmsnorm.restype = None
     lib.tg_rope_write_kv.argtypes = [_p, _i64, _i64, _i64, _i64, _p, _p, _p, _p, _p, _p]
     lib.tg_rope_write_kv.restype = None
+    lib.tg_stream_sum.argtypes = [_p, _i64, _int]
+    lib.tg_stream_sum.restype = ctypes.c_double
     _lib, _state = lib, ""
 
 
@@ -205,3 +207,11 @@ def rope_write_kv(qkv: torch.Tensor, n_q: int, n_kv: int, head_dim: int, cos: to
     _lib.tg_rope_write_kv(qkv.data_ptr(), t, n_q, n_kv, head_dim, cos.data_ptr(), sin.data_ptr(), q.data_ptr(),
                           k_cache.data_ptr(), v_cache.data_ptr(), slots.data_ptr())
     return q
+
+
+def stream_sum(x: torch.Tensor) -> float:
+    """Sum of a contiguous fp32 CPU tensor, read once with ``torch.get_num_threads()`` threads."""
+    assert _lib is not None
+    if x.dtype != torch.float32 or x.device.type != "cpu" or not x.is_contiguous():
+        raise ValueError("stream_sum takes a contiguous fp32 CPU tensor")
+    return float(_lib.tg_stream_sum(x.data_ptr(), x.numel(), torch.get_num_threads()))

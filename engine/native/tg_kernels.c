@@ -38,7 +38,7 @@
 #define PANEL 64 /* outputs per packed panel: four 16-float vectors */
 #define MR 6      /* tokens per register tile (6 x 4 accumulators + 4 weight vectors fit in 32 registers) */
 
-int tg_abi_version(void) { return 5; }
+int tg_abi_version(void) { return 6; }
 
 int tg_has_avx512(void) { return TG_AVX512; }
 
@@ -399,4 +399,33 @@ void tg_rope_write_kv(const float *qkv, int64_t T, int64_t Hq, int64_t Hkv, int6
         }
         memcpy(v_cache + slots[t] * Hkv * D, row + (Hq + Hkv) * D, sizeof(float) * Hkv * D);
     }
+}
+
+/* Sum of n floats with `nthreads` threads: a streaming read at the machine's best rate, the baseline
+ * `tiergate bench engine` divides achieved weight-read bandwidth by. */
+double tg_stream_sum(const float *buf, int64_t n, int nthreads) {
+    double total = 0.0;
+    int nth = nthreads < 1 ? 1 : nthreads;
+#pragma omp parallel num_threads(nth) reduction(+ : total)
+    {
+        int64_t b, e;
+        share(n / 64, THREAD_ID(), THREADS(), &b, &e);
+#if TG_AVX512
+        __m512 s0 = _mm512_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+        for (int64_t i = b * 64; i < e * 64; i += 64) {
+            s0 = _mm512_add_ps(s0, _mm512_loadu_ps(buf + i));
+            s1 = _mm512_add_ps(s1, _mm512_loadu_ps(buf + i + 16));
+            s2 = _mm512_add_ps(s2, _mm512_loadu_ps(buf + i + 32));
+            s3 = _mm512_add_ps(s3, _mm512_loadu_ps(buf + i + 48));
+        }
+        total += _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(s0, s1), _mm512_add_ps(s2, s3)));
+#else
+        float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+        for (int64_t i = b * 64; i < e * 64; i++) s += buf[i];
+        total += s;
+#endif
+    }
+    for (int64_t i = n / 64 * 64; i < n; i++) total += buf[i];
+    return total;
 }

@@ -205,6 +205,19 @@ def test_bench_weight_bytes_count_every_parameter_when_all_experts_are_active(ti
     assert decode_weight_bytes(config, 1) == decode_weight_bytes(config, 2) - per_expert * config.num_hidden_layers
 
 
+def test_bench_step_bytes_grow_with_the_experts_a_batch_touches(tiny) -> None:
+    from engine.bench import decode_weight_bytes, expert_coverage, step_weight_bytes
+
+    _, config = tiny
+    e, k = config.num_experts, 2
+    assert expert_coverage(e, k, 1) == pytest.approx(k / e)
+    assert expert_coverage(e, e, 1) == 1.0
+    assert step_weight_bytes(config, k, 1) == pytest.approx(decode_weight_bytes(config, k))
+    every_expert = decode_weight_bytes(config, e)
+    assert decode_weight_bytes(config, k) < step_weight_bytes(config, k, 4) < step_weight_bytes(config, k, 64)
+    assert step_weight_bytes(config, k, 64) == pytest.approx(every_expert, rel=1e-3)
+
+
 async def test_async_engine_streams_concurrently_and_cleans_up(tiny) -> None:
     import asyncio
 

@@ -1,0 +1,28 @@
+"""`tiergate bench engine --quick` end to end: every figure of the issue is printed as a ratio against a
+baseline measured in the same run, with its target verdict (no speed is asserted: machines here are shared)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_bench_engine_quick_prints_every_figure() -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", "from gateway.cli import main; main()", "bench", "engine", "--quick", "--threads", "1",
+         "--repeats", "1", "--ppl-windows", "1", "--decode-tokens", "8"],
+        cwd=ROOT, capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = done.stdout
+    for figure in (r"\(a\) batch-1 generation .* ratio [\d.]+x \(target >= 2x: (meets|BELOW) target\)",
+                   r"\(b\) weights read per decode step .* fraction [\d.]+ \(target >= 0.50",
+                   r"\(c\) aggregate decode tokens/s .* 16 vs 1 stream ratio [\d.]+x",
+                   r"weight traffic: 16 streams read ~\d+ MB per step .* ceiling [\d.]+x",
+                   r"\(d\) same random MoE, batch-1 decode k=1 .* speed ratio [\d.]+x",
+                   r"\(a\) demo model batch-1 decode: .* ratio [\d.]+x",
+                   r"\(d\) demo model k=1 .* ceiling [\d.]+x.* held-out perplexity k=1 [\d.]+ vs k=2 [\d.]+"):
+        assert re.search(figure, out), f"missing {figure!r} in:\n{out}"
