@@ -97,7 +97,6 @@ class Price(_Strict):
 class EngineKnobs(_Strict):
     experts_per_token: int | None = Field(None, ge=1)
     thinking_budget_tokens: int | None = Field(None, ge=0)
-    speculative: bool = False
 
 
 class ModelSettings(_Strict):
