@@ -71,11 +71,13 @@ def build_random_moe(sizes: BenchSizes, out_dir: Path, seed: int = 0) -> Any:
 
 def measure_memory_bandwidth(gib: float = 1.0, repeats: int = 5) -> float:
     """Best-of-``repeats`` read bandwidth (bytes/s) of summing a ``gib`` GiB fp32 tensor, by the faster
-    of torch's reduction and the native streaming sum (when built), at the current thread count."""
+    of torch's reduction and the native streaming sum (when built), at the current thread count, over
+    memory backed by huge pages where the packed weights are too."""
     from engine import native
 
-    x = torch.ones(int(gib * (1 << 30)) // 4, dtype=torch.float32)
-    x.sum()  # touch every page first
+    numel = int(gib * (1 << 30)) // 4
+    x = native.empty_huge(numel) if native.available() else torch.empty(numel)  # huge pages, as the weights get
+    x.fill_(1.0)  # touch every page first
     readers: list[Callable[[], object]] = [x.sum]
     if native.available():
         readers.append(partial(native.stream_sum, x))

@@ -25,7 +25,7 @@ from engine.native import build as _build
 
 log = logging.getLogger(__name__)
 
-ABI_VERSION = 6
+ABI_VERSION = 7
 PANEL = 64  # outputs per packed panel (tg_kernels.c)
 _lock = threading.Lock()
 _lib: ctypes.CDLL | None = None
@@ -65,6 +65,8 @@ def _load() -> None:
     lib.tg_add_rmsnorm.restype = None
     lib.tg_rope_write_kv.argtypes = [_p, _i64, _i64, _i64, _i64, _p, _p, _p, _p, _p, _p]
     lib.tg_rope_write_kv.restype = None
+    lib.tg_advise_huge.argtypes = [_p, _i64]
+    lib.tg_advise_huge.restype = _int
     lib.tg_stream_sum.argtypes = [_p, _i64, _int]
     lib.tg_stream_sum.restype = ctypes.c_double
     _lib, _state = lib, ""
@@ -98,6 +100,23 @@ class Packed:
         self.data, self.n, self.k = data, n, k
 
 
+_HUGE = 2 << 20
+
+
+def empty_huge(numel: int) -> torch.Tensor:
+    """An uninitialised fp32 tensor of ``numel`` elements whose pages the kernel is asked to back with
+    transparent huge pages (before anything touches them). Decode streams the weights every step, and
+    with 4 KiB pages the TLB misses cost about a third of the bandwidth here."""
+    assert _lib is not None
+    if numel * 4 < 4 * _HUGE:
+        return torch.empty(numel, dtype=torch.float32)
+    base = torch.empty(numel + _HUGE // 4, dtype=torch.float32)
+    skip = (-base.data_ptr() % _HUGE) // 4
+    out = base[skip:skip + numel]  # 2 MiB-aligned start; `base` lives on as the view's storage
+    _lib.tg_advise_huge(out.data_ptr(), numel * 4)
+    return out
+
+
 def pack(weight: torch.Tensor) -> Packed:
     """Repack W[N, K] (or [E, N, K]) into 64-output panels; the source is left as it is."""
     assert _lib is not None
@@ -106,7 +125,7 @@ def pack(weight: torch.Tensor) -> Packed:
     stack = weight if weight.dim() == 3 else weight[None]
     e, n, k = stack.shape
     panels = -(-n // PANEL)
-    data = torch.empty(e, panels * k * PANEL, dtype=torch.float32)
+    data = empty_huge(e * panels * k * PANEL).view(e, panels * k * PANEL)
     for i in range(e):
         w = stack[i] if stack[i].stride(-1) == 1 else stack[i].contiguous()
         _lib.tg_pack(w.data_ptr(), n, k, w.stride(0), data[i].data_ptr())

@@ -25,6 +25,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <float.h>
+#include <sys/mman.h>
 #ifdef _OPENMP
 #include <omp.h>
 #endif
@@ -38,7 +39,24 @@
 #define PANEL 64 /* outputs per packed panel: four 16-float vectors */
 #define MR 6      /* tokens per register tile (6 x 4 accumulators + 4 weight vectors fit in 32 registers) */
 
-int tg_abi_version(void) { return 6; }
+int tg_abi_version(void) { return 7; }
+
+/* Ask for transparent huge pages on the 2 MiB-aligned part of [p, p + bytes) before it is first
+ * written: a decode step streams hundreds of MB of weights, and with 4 KiB pages every 4 KiB costs a
+ * TLB miss (measured here: 22 -> 32 GB/s for a batch-1 product). Returns 0, or the failing errno-ish
+ * -1 when the kernel refuses (THP off): harmless, the pages are just small. */
+int tg_advise_huge(void *p, int64_t bytes) {
+#ifdef MADV_HUGEPAGE
+    const uintptr_t huge = (uintptr_t)2 << 20;
+    uintptr_t begin = ((uintptr_t)p + huge - 1) & ~(huge - 1), end = ((uintptr_t)p + (uintptr_t)bytes) & ~(huge - 1);
+    if (end <= begin) return 0;
+    return madvise((void *)begin, end - begin, MADV_HUGEPAGE);
+#else
+    (void)p;
+    (void)bytes;
+    return -1;
+#endif
+}
 
 int tg_has_avx512(void) { return TG_AVX512; }
 
