@@ -209,6 +209,14 @@ class CausalLM(nn.Module):
                 experts_per_token, input_ids.numel(), cfg.num_experts, cfg.num_experts_per_tok
             )
         caches = kv_caches if plan is not None and kv_caches else None
+        if plan is not None and plan.decode_only and caches and h.dim() == 2 and self._fused_residual(h):
+            layers = self._native_decode_layers(caches)
+            if layers is not None:
+                norm = self.model.norm
+                return native.decode_layers(
+                    layers, h, cos, sin, plan.ctx.slot_mapping, plan.ctx.block_tables, plan.ctx.context_lens,
+                    caches[0][0].shape[1], count.k_max if count else 0, count.per_token if count else None,
+                    norm.weight, norm.eps)
         if self._fused_residual(h):
             return self._fused_layers(h, cos, sin, plan, caches, count)
         for i, layer in enumerate(self.model.layers):
@@ -223,6 +231,64 @@ class CausalLM(nn.Module):
             and self.model.norm.weight.dtype == torch.float32
             and native.available()
         )
+
+    def _native_decode_layers(self, caches: list[KVCache]) -> native.DecodeLayers | None:
+        """The layers as one native decode call, or None where a layer has a part it does not cover (q/k norm,
+        clipping, a shared expert, an unpacked weight). Built once per set of KV cache tensors."""
+        key = tuple(k.data_ptr() for k, _ in caches)
+        cached: tuple[tuple[int, ...], native.DecodeLayers | None] | None = getattr(self, "_tg_decode_layers", None)
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        built = self._build_decode_layers(caches)
+        self._tg_decode_layers = (key, built)
+        return built
+
+    def _build_decode_layers(self, caches: list[KVCache]) -> native.DecodeLayers | None:
+        specs: list[native.LayerSpec] = []
+        keep: list[torch.Tensor] = []
+
+        def ptr(t: torch.Tensor | None) -> int | None:
+            if t is None:
+                return None
+            keep.append(t)
+            return t.data_ptr()
+
+        def packed(weight: torch.Tensor) -> int | None:
+            p = getattr(weight, "_tg_packed", None)
+            return None if p is None else ptr(p.data)
+
+        for layer, (k_cache, v_cache) in zip(self.model.layers, caches, strict=True):
+            assert isinstance(layer, DecoderLayer)
+            attn, mlp = layer.self_attn, layer.mlp
+            norms = (layer.input_layernorm, layer.post_attention_layernorm)
+            if (attn.qk_norm is not None or attn.clip_qkv is not None or norms[0].eps != norms[1].eps
+                    or not all(t.dtype == torch.float32 and t.is_contiguous() for t in (k_cache, v_cache))):
+                return None
+            spec = native.LayerSpec(
+                input_norm=ptr(norms[0].weight), post_norm=ptr(norms[1].weight), eps=norms[0].eps,
+                qkv=packed(attn.qkv_proj.weight), qkv_bias=ptr(attn.qkv_proj.bias), o=packed(attn.o_proj.weight),
+                o_bias=ptr(attn.o_proj.bias), n_q=attn.n_q, n_kv=attn.n_kv, head_dim=attn.head_dim,
+                window=attn.window or 0, scale=attn.scale, k_cache=ptr(k_cache), v_cache=ptr(v_cache))
+            if isinstance(mlp, SparseMoeBlock):
+                if mlp.shared_expert is not None:
+                    return None
+                spec.router = ptr(mlp.gate.weight.contiguous())
+                spec.gate_up, spec.down = packed(mlp.experts.gate_up_proj), packed(mlp.experts.down_proj)
+                spec.num_experts = mlp.num_experts
+                spec.moe_intermediate = mlp.experts.down_proj.shape[-1]
+                spec.normalize = int(mlp.normalize_topk)
+                if not (spec.gate_up and spec.down):
+                    return None
+            else:
+                spec.mlp_gate_up, spec.mlp_down = packed(mlp.gate_up_proj.weight), packed(mlp.down_proj.weight)
+                spec.mlp_gate_up_bias, spec.mlp_down_bias = ptr(mlp.gate_up_proj.bias), ptr(mlp.down_proj.bias)
+                spec.mlp_intermediate = mlp.down_proj.weight.shape[-1]
+                if not (spec.mlp_gate_up and spec.mlp_down):
+                    return None
+            if not (spec.qkv and spec.o):
+                return None
+            specs.append(spec)
+        return native.DecodeLayers(specs, keep)
 
     def _fused_layers(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, plan: PagedPlan | None,
                       caches: list[KVCache] | None, count: ExpertCount | None) -> torch.Tensor:
@@ -284,6 +350,7 @@ class CausalLM(nn.Module):
         Either way parameters stay tied and trainable. The packed copies are a snapshot: call this again
         after changing weights in place.
         """
+        self.__dict__.pop("_tg_decode_layers", None)  # packed pointers change: rebuild the native decode layers
         embedding = self.model.embed_tokens.weight
         routers = {id(layer.mlp.gate.weight) for layer in self.model.layers if isinstance(layer.mlp, SparseMoeBlock)}
         packable = (

@@ -25,7 +25,7 @@ from engine.native import build as _build
 
 log = logging.getLogger(__name__)
 
-ABI_VERSION = 7
+ABI_VERSION = 8
 PANEL = 64  # outputs per packed panel (tg_kernels.c)
 _lock = threading.Lock()
 _lib: ctypes.CDLL | None = None
@@ -35,6 +35,22 @@ _p = ctypes.c_void_p
 _i64 = ctypes.c_int64
 _int = ctypes.c_int
 _f32 = ctypes.c_float
+
+
+class LayerSpec(ctypes.Structure):
+    """One decoder layer for `decode_layers` (mirrors ``tg_layer`` in tg_kernels.c): raw pointers into the
+    model's packed weights, norms and KV cache; NULL where a layer has no such part."""
+
+    _fields_ = [
+        ("input_norm", _p), ("post_norm", _p), ("eps", _f32),
+        ("qkv", _p), ("qkv_bias", _p), ("o", _p), ("o_bias", _p),
+        ("n_q", _i64), ("n_kv", _i64), ("head_dim", _i64), ("window", _i64), ("scale", _f32),
+        ("router", _p), ("gate_up", _p), ("down", _p), ("num_experts", _i64), ("moe_intermediate", _i64),
+        ("normalize", _int),
+        ("mlp_gate_up", _p), ("mlp_gate_up_bias", _p), ("mlp_down", _p), ("mlp_down_bias", _p),
+        ("mlp_intermediate", _i64),
+        ("k_cache", _p), ("v_cache", _p),
+    ]
 
 
 def _load() -> None:
@@ -69,6 +85,14 @@ def _load() -> None:
     lib.tg_advise_huge.restype = _int
     lib.tg_stream_sum.argtypes = [_p, _i64, _int]
     lib.tg_stream_sum.restype = ctypes.c_double
+    lib.tg_layer_size.restype = _int
+    if lib.tg_layer_size() != ctypes.sizeof(LayerSpec):
+        _state = f"native library {path} lays out tg_layer in {lib.tg_layer_size()} bytes, ctypes in {ctypes.sizeof(LayerSpec)}"
+        log.warning("%s; the engine uses its plain-torch kernels", _state)
+        return
+    lib.tg_decode_layers.argtypes = [_p, _int, _p, _i64, _i64, _p, _p, _p, _p, _i64, _p, _i64, _int, _p, _p, _f32, _p,
+                                     _int]
+    lib.tg_decode_layers.restype = _int
     _lib, _state = lib, ""
 
 
@@ -234,3 +258,35 @@ def stream_sum(x: torch.Tensor) -> float:
     if x.dtype != torch.float32 or x.device.type != "cpu" or not x.is_contiguous():
         raise ValueError("stream_sum takes a contiguous fp32 CPU tensor")
     return float(_lib.tg_stream_sum(x.data_ptr(), x.numel(), torch.get_num_threads()))
+
+
+class DecodeLayers:
+    """A model's layers as a `LayerSpec` array for `decode_layers`. It holds the tensors it points into, so
+    they live as long as it does; build a new one when the weights or the KV cache tensors change."""
+
+    def __init__(self, specs: list[LayerSpec], keep: list[torch.Tensor]) -> None:
+        self.array = (LayerSpec * len(specs))(*specs)
+        self.count = len(specs)
+        self._keep = keep
+
+
+def decode_layers(layers: DecodeLayers, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ctx_slots: torch.Tensor,
+                  block_tables: torch.Tensor, context_lens: torch.Tensor, block_size: int, k_max: int,
+                  per_token: torch.Tensor | None, final_norm: torch.Tensor, final_eps: float) -> torch.Tensor:
+    """Every layer of a decode step (one new token per sequence, h [B, H] updated in place as the
+    residual stream) and the final norm; returns the normed hidden states [B, H]."""
+    assert _lib is not None
+    b, hidden = h.shape
+    cos, sin = cos.contiguous(), sin.contiguous()
+    slots = ctx_slots.to(torch.int64).contiguous()
+    tables = block_tables.to(torch.int64).contiguous()
+    lens = context_lens.to(torch.int64).contiguous()
+    ks = None if per_token is None else per_token.to(torch.int32).contiguous()
+    out = torch.empty_like(h)
+    rc = _lib.tg_decode_layers(ctypes.addressof(layers.array), layers.count, h.data_ptr(), b, hidden, cos.data_ptr(),
+                               sin.data_ptr(), slots.data_ptr(), tables.data_ptr(), tables.shape[1], lens.data_ptr(),
+                               block_size, k_max, _ptr(ks), final_norm.data_ptr(), final_eps, out.data_ptr(),
+                               torch.get_num_threads())
+    if rc != 0:
+        raise MemoryError("tg_decode_layers could not allocate its work buffers")
+    return out

@@ -39,7 +39,7 @@
 #define PANEL 64 /* outputs per packed panel: four 16-float vectors */
 #define MR 6      /* tokens per register tile (6 x 4 accumulators + 4 weight vectors fit in 32 registers) */
 
-int tg_abi_version(void) { return 7; }
+int tg_abi_version(void) { return 8; }
 
 /* Ask for transparent huge pages on the 2 MiB-aligned part of [p, p + bytes) before it is first
  * written: a decode step streams hundreds of MB of weights, and with 4 KiB pages every 4 KiB costs a
@@ -446,4 +446,83 @@ double tg_stream_sum(const float *buf, int64_t n, int nthreads) {
     }
     for (int64_t i = n / 64 * 64; i < n; i++) total += buf[i];
     return total;
+}
+
+/* ---------------------------------------------------------------------------------------------------
+ * A whole decode step's layers in one call: for B sequences with one new token each, every layer runs
+ * RMSNorm (+ the previous sub-block's residual), packed QKV, RoPE + cache write, paged attention, packed
+ * o_proj, RMSNorm (+ residual), then the MoE block or a dense SwiGLU MLP, and finally the model's norm.
+ * The same kernels as the per-op entry points, without a trip through Python between them.
+ */
+typedef struct {
+    const float *input_norm, *post_norm;
+    float eps;
+    const float *qkv, *qkv_bias, *o, *o_bias; /* packed, bias or NULL */
+    int64_t n_q, n_kv, head_dim, window;      /* window 0: none */
+    float scale;
+    const float *router, *gate_up, *down; /* MoE: router row-major, experts packed */
+    int64_t num_experts, moe_intermediate;
+    int normalize;
+    const float *mlp_gate_up, *mlp_gate_up_bias, *mlp_down, *mlp_down_bias; /* dense MLP (router NULL) */
+    int64_t mlp_intermediate;
+    float *k_cache, *v_cache;
+} tg_layer;
+
+int tg_layer_size(void) { return (int)sizeof(tg_layer); }
+
+int tg_decode_layers(const tg_layer *layers, int n_layers, float *h, int64_t B, int64_t H, const float *cos,
+                     const float *sin, const int64_t *slots, const int64_t *tables, int64_t width,
+                     const int64_t *lens, int64_t block_size, int k_max, const int32_t *k_per_token,
+                     const float *final_norm, float final_eps, float *out, int nthreads) {
+    int64_t widest = H, mlp_widest = 0;
+    for (int l = 0; l < n_layers; l++) {
+        const tg_layer *L = &layers[l];
+        int64_t qkv_w = (L->n_q + 2 * L->n_kv) * L->head_dim;
+        widest = qkv_w > widest ? qkv_w : widest;
+        mlp_widest = 2 * L->mlp_intermediate > mlp_widest ? 2 * L->mlp_intermediate : mlp_widest;
+    }
+    float *x = malloc(sizeof(float) * B * H), *delta = malloc(sizeof(float) * B * H);
+    float *wide = malloc(sizeof(float) * B * widest), *q = malloc(sizeof(float) * B * widest);
+    float *att = malloc(sizeof(float) * B * widest);
+    float *mlp = mlp_widest ? malloc(sizeof(float) * B * mlp_widest) : NULL;
+    int rc = 0;
+    if (!x || !delta || !wide || !q || !att || (mlp_widest && !mlp)) {
+        rc = -1;
+        goto done;
+    }
+    int have_delta = 0;
+    for (int l = 0; l < n_layers && rc == 0; l++) {
+        const tg_layer *L = &layers[l];
+        int64_t D = L->head_dim, qkv_w = (L->n_q + 2 * L->n_kv) * D, q_w = L->n_q * D;
+        tg_add_rmsnorm(h, have_delta ? delta : NULL, L->input_norm, B, H, L->eps, x);
+        tg_linear(x, B, H, H, L->qkv, qkv_w, L->qkv_bias, wide, qkv_w, nthreads);
+        tg_rope_write_kv(wide, B, L->n_q, L->n_kv, D, cos, sin, q, L->k_cache, L->v_cache, slots);
+        rc = tg_paged_decode(q, L->k_cache, L->v_cache, tables, width, lens, B, L->n_q, L->n_kv, D, block_size,
+                             L->scale, L->window, att, nthreads);
+        if (rc) break;
+        tg_linear(att, B, q_w, q_w, L->o, H, L->o_bias, delta, H, nthreads);
+        tg_add_rmsnorm(h, delta, L->post_norm, B, H, L->eps, x);
+        if (L->router) {
+            rc = tg_moe(x, B, H, L->router, L->num_experts, L->gate_up, L->down, L->moe_intermediate, k_max,
+                        k_per_token, L->normalize, delta, nthreads);
+        } else {
+            int64_t I = L->mlp_intermediate;
+            tg_linear(x, B, H, H, L->mlp_gate_up, 2 * I, L->mlp_gate_up_bias, mlp, 2 * I, nthreads);
+            for (int64_t b = 0; b < B; b++) {
+                float *g = mlp + b * 2 * I;
+                for (int64_t i = 0; i < I; i++) g[i] = silu(g[i]) * g[I + i];
+            }
+            tg_linear(mlp, B, I, 2 * I, L->mlp_down, H, L->mlp_down_bias, delta, H, nthreads);
+        }
+        have_delta = 1;
+    }
+    if (rc == 0) tg_add_rmsnorm(h, have_delta ? delta : NULL, final_norm, B, H, final_eps, out);
+done:
+    free(x);
+    free(delta);
+    free(wide);
+    free(q);
+    free(att);
+    free(mlp);
+    return rc;
 }
