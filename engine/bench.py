@@ -69,6 +69,37 @@ def build_random_moe(sizes: BenchSizes, out_dir: Path, seed: int = 0) -> Any:
     return model
 
 
+def build_random_dense(sizes: BenchSizes, out_dir: Path, seed: int = 0) -> Any:
+    """A random HF ``LlamaForCausalLM`` with the MoE's active shape: its MLP is as wide as the top-k experts
+    together, so one token reads the same weight bytes as one token of the MoE."""
+    import transformers as tf
+
+    torch.manual_seed(seed)
+    cfg = tf.LlamaConfig(vocab_size=sizes.vocab, hidden_size=sizes.hidden,
+                         intermediate_size=sizes.expert_intermediate * sizes.top_k, num_hidden_layers=sizes.layers,
+                         num_attention_heads=sizes.heads, num_key_value_heads=sizes.kv_heads,
+                         max_position_embeddings=1024, bos_token_id=None, eos_token_id=None, pad_token_id=None)
+    model = tf.LlamaForCausalLM(cfg).eval()
+    model.save_pretrained(out_dir)
+    return model
+
+
+def stream_rates(engine: LLMEngine, sizes: BenchSizes, repeats: int) -> dict[int, float]:
+    """Aggregate decode tokens/s at each of ``sizes.streams`` concurrent streams (best of ``repeats``)."""
+    rates = {}
+    for streams in sizes.streams:
+        prompts = _prompts(streams, sizes.prompt_tokens, sizes.vocab, streams)
+        rates[streams] = max(engine_decode_tokens_per_s(engine, prompts, sizes.decode_tokens) for _ in range(repeats))
+    return rates
+
+
+def _bench_engine(model: Any, config: Any, sizes: BenchSizes) -> LLMEngine:
+    most = max(sizes.streams)
+    return LLMEngine(model, config, eos_token_ids=(), max_model_len=sizes.prompt_tokens + sizes.decode_tokens + 8,
+                     max_num_seqs=most, max_num_batched_tokens=max(512, most * sizes.prompt_tokens),
+                     enable_prefix_caching=False)
+
+
 def measure_memory_bandwidth(gib: float = 1.0, repeats: int = 5) -> float:
     """Best-of-``repeats`` read bandwidth (bytes/s) of summing a ``gib`` GiB fp32 tensor, by the faster
     of torch's reduction and the native streaming sum (when built), at the current thread count, over
@@ -195,10 +226,7 @@ def run_random_moe_bench(sizes: BenchSizes, log: Log, repeats: int = 3) -> None:
     total, active = model.parameter_counts()
     log(f"random MoE: {total / 1e6:.1f}M parameters, {active / 1e6:.1f}M active per token "
         f"({sizes.experts} experts, top-{sizes.top_k}, {sizes.layers} layers, hidden {sizes.hidden})")
-    max_streams = max(sizes.streams)
-    engine = LLMEngine(model, config, eos_token_ids=(), max_model_len=sizes.prompt_tokens + sizes.decode_tokens + 8,
-                       max_num_seqs=max_streams, max_num_batched_tokens=max(512, max_streams * sizes.prompt_tokens),
-                       enable_prefix_caching=False)
+    engine = _bench_engine(model, config, sizes)
     prompt = _prompts(1, sizes.prompt_tokens, sizes.vocab, 0)[0]
     n = sizes.decode_tokens
     engine_tokens_per_s(engine, [prompt], 4)  # warm-up
@@ -214,13 +242,10 @@ def run_random_moe_bench(sizes: BenchSizes, log: Log, repeats: int = 3) -> None:
     steps = max(engine_decode_tokens_per_s(engine, [prompt], n) for _ in range(repeats))
     achieved = step_bytes * steps
     log(f"(b) weights read per decode step {step_bytes / 1e6:.1f} MB x {steps:.1f} decode steps/s = "
-        f"{achieved / 1e9:.2f} GB/s; measured memory bandwidth (1 GiB fp32 sum) {bandwidth / 1e9:.2f} GB/s "
+        f"{achieved / 1e9:.2f} GB/s; measured memory bandwidth (best streaming read of 1 GiB) {bandwidth / 1e9:.2f} GB/s "
         f"-> fraction {achieved / bandwidth:.2f} (target >= 0.50: {_verdict(achieved / bandwidth, 0.5)})")
 
-    rates = {}
-    for streams in sizes.streams:
-        prompts = _prompts(streams, sizes.prompt_tokens, sizes.vocab, streams)
-        rates[streams] = max(engine_decode_tokens_per_s(engine, prompts, n) for _ in range(repeats))
+    rates = stream_rates(engine, sizes, repeats)
     one = rates[min(rates)]
     parts = ", ".join(f"{s} streams {r:.1f} tok/s ({r / one:.2f}x)" for s, r in rates.items())
     most = max(rates)
@@ -231,6 +256,15 @@ def run_random_moe_bench(sizes: BenchSizes, log: Log, repeats: int = 3) -> None:
     log(f"    weight traffic: {most} streams read ~{step_weight_bytes(config, sizes.top_k, most) / 1e6:.0f} MB per "
         f"step (every expert a token picked) vs {step_bytes / 1e6:.0f} MB for 1 -> ceiling {ceiling:.2f}x at equal "
         f"bandwidth; achieved {top / ceiling:.0%} of it")
+    with tempfile.TemporaryDirectory(prefix="tiergate-bench-") as tmp:
+        build_random_dense(sizes, Path(tmp))
+        dense, dense_config = load_model(tmp)
+    dense_rates = stream_rates(_bench_engine(dense, dense_config, sizes), sizes, repeats)
+    dense_top = dense_rates[most] / dense_rates[min(dense_rates)]
+    log(f"    control, a dense model of the same active shape ({dense.parameter_counts()[0] / 1e6:.1f}M parameters, "
+        f"every stream reads the same weights): " + ", ".join(
+            f"{s} streams {r:.1f} tok/s ({r / dense_rates[min(dense_rates)]:.2f}x)" for s, r in dense_rates.items())
+        + f" -> {most} vs 1 stream ratio {dense_top:.2f}x")
 
     speed = best_interleaved({k: partial(engine_decode_tokens_per_s, engine, [prompt], n, k) for k in (1, sizes.top_k)},
                              repeats)

@@ -22,6 +22,7 @@ def test_bench_engine_quick_prints_every_figure() -> None:
                    r"\(b\) weights read per decode step .* fraction [\d.]+ \(target >= 0.50",
                    r"\(c\) aggregate decode tokens/s .* 16 vs 1 stream ratio [\d.]+x",
                    r"weight traffic: 16 streams read ~\d+ MB per step .* ceiling [\d.]+x",
+                   r"control, a dense model of the same active shape .* 16 vs 1 stream ratio [\d.]+x",
                    r"\(d\) same random MoE, batch-1 decode k=1 .* speed ratio [\d.]+x",
                    r"\(a\) demo model batch-1 decode: .* ratio [\d.]+x",
                    r"\(d\) demo model k=1 .* ceiling [\d.]+x.* held-out perplexity k=1 [\d.]+ vs k=2 [\d.]+"):
