@@ -3,8 +3,10 @@
 One pooled ``aiohttp.ClientSession`` per process (built on first use inside the running loop,
 closed by ``aclose``), orjson in and out, connect/read timeouts, and true streaming: SSE lines
 are parsed as they arrive and the upstream connection is closed as soon as the consumer stops
-iterating (client disconnect), so the upstream stops generating. The URL and key come only from
-``ModelSettings`` (config.yaml), never from the request body.
+iterating (client disconnect), so the upstream stops generating. When the upstream connection
+breaks mid-stream, every complete line it had already delivered is still handed over (and so
+billed) before the error. The URL and key come only from ``ModelSettings`` (config.yaml), never
+from the request body.
 
 Imports aiohttp, orjson, settings, errors and providers.base only.
 """
@@ -12,7 +14,8 @@ Imports aiohttp, orjson, settings, errors and providers.base only.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+import contextlib
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import Any
 
 import aiohttp
@@ -67,6 +70,31 @@ def upstream_http_error(status: int, raw: bytes, model: ModelSettings,
     # 401/403/404 from the upstream are configuration problems, not the client's: don't retry
     # the same model, but the router may still fall back to the next one.
     return UpstreamError(f"upstream returned HTTP {status}", upstream_status=status, retryable=False)
+
+
+async def _lines(content: aiohttp.StreamReader) -> AsyncGenerator[bytes, None]:
+    """The body's lines as they arrive. When the connection breaks (reset, cut mid-body, read
+    timeout), aiohttp's readers raise the stored error ahead of the bytes it had already
+    received; those complete lines are handed over first, then the error is raised."""
+    while True:
+        try:
+            line = await content.readline()
+        except (aiohttp.ClientError, TimeoutError):
+            for received in _received_lines(content):
+                yield received
+            raise
+        if not line:
+            return
+        yield line
+
+
+def _received_lines(content: aiohttp.StreamReader) -> list[bytes]:
+    """The complete lines left in ``content``'s buffer after its error was set. Every public
+    reader raises that error first, so this reads the buffer with ``_read_nowait``, the private
+    step they all share (aiohttp 3.x; a rename fails mypy and
+    tests/gateway/test_providers_openai_compat.py). A line the break cut off is not an event."""
+    *complete, _cut = content._read_nowait(-1).split(b"\n")
+    return [line + b"\n" for line in complete]
 
 
 class OpenAICompatProvider:
@@ -130,15 +158,16 @@ class OpenAICompatProvider:
                 if resp.status >= 400:
                     raw = await resp.read()
                     raise upstream_http_error(resp.status, raw, model, resp.headers.get("Retry-After"))
-                async for line in resp.content:
-                    if not line.startswith(b"data:"):
-                        continue  # comments, event:, blank separators
-                    data = line[5:].strip()
-                    if data == b"[DONE]":
-                        finished = True
-                        break
-                    if data:
-                        yield orjson.loads(data)
+                async with contextlib.aclosing(_lines(resp.content)) as lines:
+                    async for line in lines:
+                        if not line.startswith(b"data:"):
+                            continue  # comments, event:, blank separators
+                        data = line[5:].strip()
+                        if data == b"[DONE]":
+                            finished = True
+                            break
+                        if data:
+                            yield orjson.loads(data)
                 finished = True
             except TimeoutError:
                 raise UpstreamTimeout("upstream timed out", retryable=True) from None

@@ -9,8 +9,11 @@ Default behaviour, deterministic so tests can check token sums:
 - streaming sends usage only when ``stream_options.include_usage`` is set.
 Scripted behaviours (``push``) apply to the next requests in order: an HTTP error with an
 optional retry-after, a timeout (hangs), a stream without usage, a slow stream (for client
-disconnects; ``disconnects`` counts streams the gateway cut), a fixed reply ``content``, or a
-request that blocks until the gateway drops its connection (``cancelled`` counts those).
+disconnects; ``disconnects`` counts streams the gateway cut), a stream whose connection drops
+after ``abort_after`` words (with ``burst``, the events before the drop arrive in one write
+right before it, so the gateway has read none of them when the drop lands), a fixed reply
+``content``, or a request that blocks until the gateway drops its connection (``cancelled``
+counts those).
 Every request is recorded (``requests``) with its path, headers and JSON body; ``wait_for``
 waits, bounded, for a condition on them (from any thread).
 """
@@ -38,6 +41,7 @@ class Behaviour:
     chunk_delay_s: float = 0.0
     n_words: int | None = None
     abort_after: int | None = None  # drop the connection after this many words (mid-stream failure)
+    burst: bool = False  # with abort_after: the chunks before the drop go out in one write, just before it
     content: str | None = None  # the reply's text instead of the words (usage still counts n words)
     block: bool = False  # never answer: wait until the gateway closes the connection
 
@@ -178,8 +182,14 @@ class ScriptedUpstream:
         include_usage = bool((body.get("stream_options") or {}).get("include_usage")) and not b.omit_usage
         call = self._tool_call(body)
 
+        held: list[bytes] = []  # burst: written together right before the drop
+
         async def send(obj: dict[str, Any]) -> None:
-            await resp.write(b"data: " + orjson.dumps(obj) + b"\n\n")
+            event = b"data: " + orjson.dumps(obj) + b"\n\n"
+            if b.burst and b.abort_after is not None:
+                held.append(event)
+            else:
+                await resp.write(event)
 
         try:
             await send({**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
@@ -192,6 +202,8 @@ class ScriptedUpstream:
                 for i, word in enumerate(words):
                     if b.abort_after is not None and i == b.abort_after:
                         assert request.transport is not None
+                        if held:  # these arrive with the drop: the gateway has read none of them yet
+                            await resp.write(b"".join(held))
                         request.transport.abort()  # no [DONE], no usage: a broken stream
                         return resp
                     if b.chunk_delay_s:

@@ -9,6 +9,7 @@ from typing import Any
 import orjson
 import pytest
 
+from gateway.providers.metering import count_prompt_tokens, count_text_tokens
 from tests.gateway.gateway_harness import gateway
 from tests.gateway.scripted_upstream import UPSTREAM_KEY, Behaviour, ScriptedUpstream
 
@@ -171,21 +172,33 @@ async def test_responses_wait_for_the_journal_at_the_configured_level(
         assert len(gw.ledger_rows()) == 2  # recorded either way
 
 
-async def test_upstream_failing_mid_stream_sends_an_error_event_and_bills(tmp_path: Path,
-                                                                         upstream: ScriptedUpstream) -> None:
-    upstream.push(Behaviour(n_words=50, abort_after=6))
+@pytest.mark.parametrize("burst", [False, True], ids=["chunk-by-chunk", "burst-then-drop"])
+async def test_upstream_failing_mid_stream_sends_an_error_event_and_bills(tmp_path: Path, upstream: ScriptedUpstream,
+                                                                         burst: bool) -> None:
+    # burst: the six words arrive in one write together with the dropped connection, so aiohttp
+    # holds them unread when it stores the connection error; they must still all be delivered
+    upstream.push(Behaviour(n_words=50, abort_after=6, burst=burst))
     async with gateway(tmp_path, upstream) as gw:
         r = await gw.client.post("/v1/chat/completions", headers=gw.auth, json={
             "model": "low", "messages": MSGS, "stream": True, "stream_options": {"include_usage": True}})
         events = sse_events(r.content)
         assert "[DONE]" not in events
         assert set(events[-1]) == {"error"} and events[-1]["error"]["code"] == "upstream_error"
-        text = "".join(e["choices"][0]["delta"].get("content") or "" for e in events[:-1] if e.get("choices"))
-        assert text == "w0 w1 w2 w3 w4 w5"
-        (row,) = gw.ledger_rows()
-        assert row.status == "error" and 6 <= row.completion_tokens < 50  # what was generated, counted
+        chunks = events[:-1]  # the role chunk, then one per word: each exactly once, no usage chunk
+        assert [e["choices"][0]["delta"].get("content") for e in chunks] == ["", "w0", *(f" w{i}" for i in range(1, 6))]
+        text = "".join(e["choices"][0]["delta"]["content"] for e in chunks)
+        model = gw.settings.models["up-a"]
+        sent = upstream.requests[0].body["messages"]
+        (row,) = gw.ledger_rows()  # billed: exactly what the client received, counted once
+        assert row.status == "error"
+        assert (row.prompt_tokens, row.completion_tokens) == (count_prompt_tokens(model, sent),
+                                                              count_text_tokens(model, text))
+        assert float(row.cost_usd) == pytest.approx((row.prompt_tokens * 1.0 + row.completion_tokens * 2.0) / 1e6)
         (req,) = gw.request_rows()
         assert (req.status, req.http_status) == ("error", 502)
+        assert (req.prompt_tokens, req.completion_tokens, req.cost_usd) == (
+            row.prompt_tokens, row.completion_tokens, row.cost_usd)
+        assert len(upstream.requests) == 1  # no retry after the first chunk
 
 
 async def test_call_rows_and_request_record_share_one_journal_fsync(tmp_path: Path, upstream: ScriptedUpstream,
