@@ -161,6 +161,24 @@ class PipelineSettings(_Strict):
     plan_fallback: Literal["direct", "single_step"] = "direct"
 
 
+class JobsSettings(_Strict):
+    """Batch jobs (``/v1/files``, ``/v1/batches``). ``embedded``: an asyncio runner inside each
+    gateway process works through the batches (no external server); ``celery``: the gateway
+    only enqueues, ``tiergate worker`` processes run the lines (broker URL from ``broker_url_env``,
+    else the Redis URL)."""
+
+    backend: Literal["embedded", "celery"] = "embedded"
+    broker_url_env: str = "TIERGATE_BROKER_URL"
+    concurrency: int = Field(4, ge=1, le=256)  # lines in flight per runner / per worker task
+    line_lease_s: float = Field(900.0, gt=0)  # a running line whose worker died is retried after this
+    poll_interval_s: float = Field(1.0, gt=0)
+    max_file_bytes: int = Field(100 * 1024 * 1024, gt=0)
+    max_lines: int = Field(50_000, ge=1)
+
+    def resolved_broker_url(self, redis: RedisSettings) -> str | None:
+        return os.environ.get(self.broker_url_env) or redis.resolved_url()
+
+
 class Settings(_Strict):
     server: ServerSettings = ServerSettings()
     database: DatabaseSettings = DatabaseSettings()
@@ -171,6 +189,7 @@ class Settings(_Strict):
     budgets: BudgetDefaults = BudgetDefaults()
     classifier: ClassifierSettings = ClassifierSettings()
     pipeline: PipelineSettings = PipelineSettings()
+    jobs: JobsSettings = JobsSettings()
     base_dir: str = "."
 
     @field_validator("tiers")

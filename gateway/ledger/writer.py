@@ -102,6 +102,13 @@ def _fold_requests(records: Sequence[RequestRecord]) -> list[RequestRecord]:
 
 def write_batch(session_factory: sessionmaker[Session], records: Sequence[Record]) -> BatchResult:
     """Write one batch in one transaction; raises on any database error (nothing is half-written)."""
+    with session_factory() as session, session.begin():
+        return write_records(session, records)
+
+
+def write_records(session: Session, records: Sequence[Record]) -> BatchResult:
+    """``write_batch`` inside the caller's transaction (a batch line commits its ledger rows
+    together with its result, so a line is billed exactly when it is done)."""
     entries: dict[str, LedgerEntry] = {}
     requests: list[RequestRecord] = []
     for r in records:
@@ -109,29 +116,28 @@ def write_batch(session_factory: sessionmaker[Session], records: Sequence[Record
             entries.setdefault(r.id, r)
         else:
             requests.append(r)
-    with session_factory() as session, session.begin():
-        insert = _insert_for(session)
-        conn = session.connection()
-        inserted: set[str] = set()
-        if entries:
-            table = LedgerEntryRow.__table__
-            stmt = insert(table).on_conflict_do_nothing(index_elements=["id"]).returning(table.c.id)
-            inserted = set(conn.execute(stmt, [_entry_row(e) for e in entries.values()]).scalars())
-            new_rows = daily_rows([e for i, e in entries.items() if i in inserted])
-            if new_rows:
-                ds = DailySpend.__table__
-                up = insert(ds)
-                up = up.on_conflict_do_update(
-                    index_elements=["tenant_id", "day", "model", "tier"],
-                    set_={c: ds.c[c] + up.excluded[c] for c in _SUM_COLUMNS})
-                conn.execute(up, new_rows)
-        folded = _fold_requests(requests)
-        if folded:
-            rt = Request.__table__
-            rq = insert(rt)
-            rq = rq.on_conflict_do_update(
-                index_elements=["id"],
-                set_={c.name: rq.excluded[c.name] for c in rt.columns if c.name not in ("id", "created_at")},
-                where=(rt.c.status == IN_PROGRESS) | (rq.excluded.status != IN_PROGRESS))
-            conn.execute(rq, [_request_row(r) for r in folded])
+    insert = _insert_for(session)
+    conn = session.connection()
+    inserted: set[str] = set()
+    if entries:
+        table = LedgerEntryRow.__table__
+        stmt = insert(table).on_conflict_do_nothing(index_elements=["id"]).returning(table.c.id)
+        inserted = set(conn.execute(stmt, [_entry_row(e) for e in entries.values()]).scalars())
+        new_rows = daily_rows([e for i, e in entries.items() if i in inserted])
+        if new_rows:
+            ds = DailySpend.__table__
+            up = insert(ds)
+            up = up.on_conflict_do_update(
+                index_elements=["tenant_id", "day", "model", "tier"],
+                set_={c: ds.c[c] + up.excluded[c] for c in _SUM_COLUMNS})
+            conn.execute(up, new_rows)
+    folded = _fold_requests(requests)
+    if folded:
+        rt = Request.__table__
+        rq = insert(rt)
+        rq = rq.on_conflict_do_update(
+            index_elements=["id"],
+            set_={c.name: rq.excluded[c.name] for c in rt.columns if c.name not in ("id", "created_at")},
+            where=(rt.c.status == IN_PROGRESS) | (rq.excluded.status != IN_PROGRESS))
+        conn.execute(rq, [_request_row(r) for r in folded])
     return BatchResult(len(inserted), len(entries) - len(inserted), len(folded))

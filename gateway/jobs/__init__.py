@@ -1,0 +1,1 @@
+"""Batch jobs (placeholder, filled below)."""
