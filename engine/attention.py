@@ -154,7 +154,8 @@ def _decode(
     scale: float,
     window: int | None,
 ) -> torch.Tensor:
-    if not torch.is_grad_enabled() and native.paged_decode_ok(q, k_cache, v_cache) and native.available():
+    if not (torch.is_grad_enabled() and q.requires_grad) and native.paged_decode_ok(q, k_cache, v_cache) \
+            and native.available():
         return native.paged_decode(q, k_cache, v_cache, plan.ctx.block_tables, plan.ctx.context_lens, scale, window)
     assert plan.gather_blocks is not None
     batch, n_q, head_dim = q.shape

@@ -11,8 +11,10 @@ The oneDNN path has no autograd formula, so it is used only when no gradient is 
 `torch.no_grad`); the training path always gets `F.linear`. Set `TIERGATE_ENGINE_ONEDNN=0` to turn it off.
 
 Weights the model has packed for the native kernels (`engine.native`, attached by
-`CausalLM.use_decode_layout` as a ``_tg_packed`` attribute) go to those kernels for decode-sized
-batches (up to `NATIVE_MAX_ROWS` rows), where streaming the weights is the whole cost.
+`CausalLM.use_decode_layout` as a ``_tg_packed`` attribute) always go to those kernels outside
+autograd: they stream decode-sized batches at near the memory bandwidth and tile prefill batches
+faster than the GEMM libraries here (`tiergate bench engine`). A packed weight whose row-major
+storage was released (``_tg_released``) cannot serve anything else, and says so.
 
 Must not import the model, the scheduler, or anything outside torch and engine.native.
 """
@@ -30,8 +32,6 @@ from engine import native
 # overhead dominates a router-sized product.
 MIN_ROWS = 2
 MIN_WEIGHT_NUMEL = 1 << 16
-# Up to this many rows the packed native kernels beat the GEMM libraries (measured by `tiergate bench engine`).
-NATIVE_MAX_ROWS = 64
 
 
 def _onednn_available() -> bool:
@@ -60,10 +60,25 @@ def use_onednn(x: torch.Tensor, weight: torch.Tensor) -> bool:
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """`F.linear(x, weight, bias)`: x [..., K], weight [N, K] (any strides) -> [..., N]."""
     packed = getattr(weight, "_tg_packed", None)
-    if packed is not None and not torch.is_grad_enabled():
+    if packed is not None:
         rows = x.reshape(-1, x.shape[-1])
-        if rows.shape[0] <= NATIVE_MAX_ROWS and native.linear_ok(rows, packed, bias):
+        if not wants_grad(x, weight, bias) and native.linear_ok(rows, packed, bias):
             return native.linear(rows, packed, bias).view(*x.shape[:-1], packed.n)
+        require_unpacked(weight)
     if use_onednn(x, weight):
         return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
     return F.linear(x, weight, bias)
+
+
+def require_unpacked(weight: torch.Tensor) -> None:
+    """Raise if ``weight`` only exists in the native packed layout (its row-major storage was released)."""
+    if getattr(weight, "_tg_released", False):
+        raise RuntimeError(
+            "this weight was repacked for inference and its original storage released; it serves fp32 CPU "
+            "inference only (load with `load_model(..., decode_layout=False)` to train or to use other dtypes)")
+
+
+def wants_grad(*tensors: torch.Tensor | None) -> bool:
+    """Whether autograd must see an op on ``tensors``: the native kernels build no graph, so they only run
+    when this is False (inference or no-grad mode, or nothing involved requires a gradient)."""
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)

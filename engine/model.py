@@ -110,7 +110,7 @@ class Attention(nn.Module):
             and self.clip_qkv is None
             and kv_cache is not None
             and qkv.dim() == 2
-            and not torch.is_grad_enabled()
+            and not (torch.is_grad_enabled() and qkv.requires_grad)
             and native.paged_decode_ok(qkv, kv_cache[0], kv_cache[1])
             and native.available()
         )
@@ -227,7 +227,7 @@ class CausalLM(nn.Module):
         return (
             h.dtype == torch.float32
             and h.device.type == "cpu"
-            and not torch.is_grad_enabled()
+            and not (torch.is_grad_enabled() and (h.requires_grad or any(p.requires_grad for p in self.parameters())))
             and self.model.norm.weight.dtype == torch.float32
             and native.available()
         )
@@ -335,20 +335,21 @@ class CausalLM(nn.Module):
         inv_freq, _ = compute_inv_freq(cfg.rope, cfg.head_dim, cfg.max_position_embeddings)
         rotary.inv_freq = inv_freq.to(self.lm_head.weight.device)
 
-    def use_decode_layout(self) -> None:
-        """Lay the weights out for fast decode; names, shapes and values stay as they are.
+    def use_decode_layout(self, release: bool = True) -> None:
+        """Lay the weights out for fast inference; names and shapes stay as they are.
 
         With the native kernels (`engine.native`, fp32 CPU): every matrix the forward multiplies by
-        (attention, dense MLPs, the stacked experts, the LM head) gets a packed copy, attached to its
-        parameter as ``_tg_packed``, that decode-sized batches stream instead; the row-major parameters
-        stay for prefill GEMMs and the routers. This holds the weights twice in memory (the packed copy
-        is what decode reads, so cache traffic is unchanged); ``TIERGATE_ENGINE_NATIVE=0`` turns it off.
+        (attention, dense MLPs, the stacked experts, an untied LM head) is repacked into the kernels'
+        panel layout, attached to its parameter as ``_tg_packed``, and prefill and decode both run on
+        it. With ``release`` the row-major storage is then given back, so the weights are held once: the
+        parameter keeps its shape but reads as zeros and is marked ``_tg_released``, every parameter stops
+        requiring gradients, and anything but fp32 inference through this model raises rather than
+        computing with the released storage. Routers, norms and the
+        embedding table (and an LM head tied to it) stay as they are. ``TIERGATE_ENGINE_NATIVE=0`` turns
+        all of this off.
 
-        Without them: matrices are re-laid column-major, since CPU GEMV at batch 1 reads `x @ W_t` with a
-        contiguous `W_t` faster than row-major `F.linear`.
-
-        Either way parameters stay tied and trainable. The packed copies are a snapshot: call this again
-        after changing weights in place.
+        Without them: matrices are re-laid column-major (same values, still trainable), since CPU GEMV
+        at batch 1 reads `x @ W_t` with a contiguous `W_t` faster than row-major `F.linear`.
         """
         self.__dict__.pop("_tg_decode_layers", None)  # packed pointers change: rebuild the native decode layers
         embedding = self.model.embed_tokens.weight
@@ -361,12 +362,19 @@ class CausalLM(nn.Module):
                 if p is embedding and p is not self.lm_head.weight:
                     continue  # looked up by row: column-major would make each row hidden_size strided reads
                 if packable:
+                    if getattr(p, "_tg_released", False):
+                        continue  # packed already; its values live only in the packed copy
                     if p.dim() in (2, 3) and id(p) not in routers and p.shape[-2] >= 16:
                         p._tg_packed = native.pack(p.data)  # type: ignore[attr-defined]
+                        if release and p is not embedding:
+                            p.data = torch.zeros(1, dtype=p.dtype, device=p.device).expand(p.shape)
+                            p._tg_released = True  # type: ignore[attr-defined]
                 elif p.dim() == 2 and p.stride(-1) == 1:
                     p.data = p.data.t().contiguous().t()
                 elif p.dim() == 3 and p.stride(-1) == 1:
                     p.data = p.data.transpose(1, 2).contiguous().transpose(1, 2)
+        if packable and release:
+            self.requires_grad_(False)  # an inference model now: nothing in it can be trained
 
     def parameter_counts(self) -> tuple[int, int]:
         """(total, active per token at the trained k) parameter counts; tied weights counted once."""

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine import native
-from engine.kernels import NATIVE_MAX_ROWS, linear
+from engine.kernels import linear, require_unpacked, wants_grad
 
 
 @dataclass(frozen=True)
@@ -212,10 +212,13 @@ class SparseMoeBlock(nn.Module):
         count = experts_per_token or ExpertCount(self.top_k)
         gate_up = getattr(self.experts.gate_up_proj, "_tg_packed", None)
         down = getattr(self.experts.down_proj, "_tg_packed", None)
-        if (gate_up is not None and down is not None and not torch.is_grad_enabled()
-                and x.shape[0] <= NATIVE_MAX_ROWS and native.moe_ok(x, self.gate.weight)):
+        if (gate_up is not None and down is not None
+                and not wants_grad(x, self.gate.weight, self.experts.gate_up_proj, self.experts.down_proj)
+                and native.moe_ok(x, self.gate.weight)):
             out = native.moe(x, self.gate.weight, gate_up, down, count.k_max, count.per_token, self.normalize_topk)
         else:
+            require_unpacked(self.experts.gate_up_proj)
+            require_unpacked(self.experts.down_proj)
             weights, ids = route(self.gate(x), count, self.normalize_topk, x.dtype)
             out = grouped_moe(x, self.experts.gate_up_proj, self.experts.down_proj, weights, ids, count.per_token)
         if self.shared_expert is not None and self.shared_expert_gate is not None:

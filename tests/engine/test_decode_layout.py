@@ -1,7 +1,7 @@
-"""`load_model`'s decode layout. With the native kernels: every projection (and the stacked experts) carries a
-packed copy, routers and an untied embedding do not, and the parameters keep their row-major values. Without
-them: projections column-major, an untied embedding kept row-major (looked up by row), a tied one column-major
-for the LM head. Values and logits unchanged either way."""
+"""`load_model`'s decode layout. With the native kernels: every projection (and the stacked experts) is packed
+and its row-major storage released (held once), routers and the embedding table keep theirs, and a released
+weight refuses any use but fp32 inference. Without them: projections column-major, an untied embedding kept
+row-major (looked up by row), a tied one column-major for the LM head. Logits unchanged either way."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import torch
 
 from engine import native
 from engine.model import load_model
+from engine.weights import hf_state_dict
 from tests.engine.hf_tiny import build_hf_model
 
 
@@ -35,13 +36,16 @@ def test_decode_layout_strides_and_values(tied: bool, kernels: str, tmp_path: Pa
     if kernels == "native":
         assert hasattr(qkv, "_tg_packed") and hasattr(fast.lm_head.weight, "_tg_packed")
         assert hasattr(embedding, "_tg_packed") == tied
-        assert qkv.is_contiguous() and embedding.is_contiguous()
+        assert qkv._tg_released and qkv.untyped_storage().nbytes() == 4  # held once: in the packed copy
+        assert not getattr(embedding, "_tg_released", False) and embedding.is_contiguous()
     else:
         assert not hasattr(qkv, "_tg_packed")
         assert embedding.stride() == ((1, embedding.shape[0]) if tied else (embedding.shape[1], 1))
         assert qkv.stride(0) == 1
     for (name, a), (_, b) in zip(fast.named_parameters(), plain.named_parameters(), strict=True):
-        assert torch.equal(a, b), name
+        assert a.shape == b.shape, name
+        if not getattr(a, "_tg_released", False):
+            assert torch.equal(a, b), name
     ids = torch.tensor([3, 1, 4, 1, 5])
     with torch.inference_mode():
         torch.testing.assert_close(fast(ids, torch.arange(5)), plain(ids, torch.arange(5)), rtol=1e-5, atol=1e-5)
@@ -55,3 +59,19 @@ def test_moe_routers_stay_unpacked_and_experts_packed(tmp_path: Path) -> None:
     assert not hasattr(mlp.gate.weight, "_tg_packed")
     assert mlp.experts.gate_up_proj._tg_packed.data.shape[0] == mlp.experts.gate_up_proj.shape[0]
     assert hasattr(mlp.experts.down_proj, "_tg_packed")
+
+
+def test_released_weights_refuse_training_and_other_dtypes(tmp_path: Path) -> None:
+    assert native.available(), native.reason()
+    build_hf_model("mixtral", seed=2).save_pretrained(tmp_path)
+    model, _ = load_model(tmp_path)
+    ids = torch.tensor([3, 1, 4])
+    assert not any(p.requires_grad for p in model.parameters())
+    with pytest.raises(RuntimeError, match="does not require grad"):
+        model(ids, torch.arange(3)).sum().backward()  # nothing left to train
+    with pytest.raises(RuntimeError, match="packed inference layout"):
+        hf_state_dict(model)
+    with torch.inference_mode(), pytest.raises(RuntimeError, match="repacked for inference"):
+        model.to(torch.float64)(ids, torch.arange(3))
+    trainable, _ = load_model(tmp_path, decode_layout=False)
+    trainable(ids, torch.arange(3)).sum().backward()

@@ -17,10 +17,15 @@ def _close(actual: torch.Tensor, expected: torch.Tensor) -> None:
 
 
 @pytest.fixture(scope="module")
-def qwen3(tmp_path_factory: pytest.TempPathFactory) -> CausalLM:
+def qwen3_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("qwen3_moe")
     build_hf_model("qwen3_moe", seed=11).save_pretrained(path)
-    return load_model(path)[0]
+    return path
+
+
+@pytest.fixture(scope="module")
+def qwen3(qwen3_dir: Path) -> CausalLM:
+    return load_model(qwen3_dir)[0]
 
 
 SCHEDULE = [  # sequence id -> new tokens this step
@@ -140,14 +145,16 @@ def test_bfloat16_cache_and_weights_run(tmp_path: Path) -> None:
     assert (low - high).norm() / high.norm() < 0.05
 
 
-def test_batched_no_cache_path_equals_per_sequence_and_is_differentiable(qwen3: CausalLM) -> None:
-    """The training path: input_ids [B, T] with shared positions [T], experts_per_token an int."""
+def test_batched_no_cache_path_equals_per_sequence_and_is_differentiable(qwen3: CausalLM, qwen3_dir: Path) -> None:
+    """The training path: input_ids [B, T] with shared positions [T], experts_per_token an int (inference on
+    the serving layout, gradients on the trainable one)."""
     ids = torch.randint(0, qwen3.config.vocab_size, (3, 9), generator=torch.Generator().manual_seed(8))
     positions = torch.arange(9)
     with torch.inference_mode():
         batched = qwen3(ids, positions, experts_per_token=1)
         for row in range(3):
             _close(batched[row], qwen3(ids[row], positions, experts_per_token=1))
+    qwen3, _ = load_model(qwen3_dir, decode_layout=False)
     logits = qwen3(ids, positions, None, None, experts_per_token=3)
     torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids.reshape(-1)).backward()
     grads = [p.grad for p in qwen3.parameters()]
