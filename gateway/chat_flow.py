@@ -5,9 +5,9 @@
 ``stream`` run it through the ``Executor`` and shape the answer the way OpenAI does: ``id`` is
 the gateway's request id, ``model`` echoes what the client asked for, usage is always counted
 (asked upstream even when the client did not ask, and stripped from what the client sees).
-``complete`` can be given an awaitable that ends when the client disconnects: the work is then
-cancelled (the upstream calls are dropped, budgets settled) and the request recorded as
-``cancelled`` / 499, as a stream cut short is.
+``complete`` and ``open_stream`` (until the first chunk) can be given an awaitable that ends when
+the client disconnects: the work is then cancelled (the upstream calls are dropped, budgets
+settled) and the request recorded as ``cancelled`` / 499, as a stream cut short is.
 Each request gets one ``RequestRecord``, durable at ``ledger.durability`` (by default: written to
 the journal, so it survives kill -9) before the answer's last bytes leave.
 
@@ -153,9 +153,12 @@ class ChatFlow:
         await self.finish(rr, "ok", 200)
         return response
 
-    async def open_stream(self, rr: ResolvedRequest, include_usage: bool) -> ChatStream:
-        """Open the upstream stream; errors before the first chunk raise (JSON error response)."""
-        chunks = await self._recorded_on_failure(rr, self.executor.stream)
+    async def open_stream(self, rr: ResolvedRequest, include_usage: bool,
+                          client_gone: Awaitable[object] | None = None) -> ChatStream:
+        """Open the upstream stream; errors before the first chunk raise (JSON error response).
+        ``client_gone`` as for ``complete``: a client that leaves before the first chunk cancels
+        the wait (``ClientClosedRequest``); after it, the response's own disconnect watch does."""
+        chunks = await self._recorded_on_failure(rr, _unless_gone(self.executor.stream, client_gone))
         return ChatStream(self, rr, chunks, include_usage)
 
 

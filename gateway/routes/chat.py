@@ -19,8 +19,9 @@ router = APIRouter()
 
 class SSEResponse(StreamingResponse):
     """Streams a ``ChatStream`` and always closes it — even when the client disconnects and
-    Starlette cancels the send loop — shielded so the upstream is cancelled and the
-    generated tokens billed."""
+    Starlette cancels the send loop (it watches for the disconnect while waiting on every chunk
+    under ASGI spec < 2.4, as uvicorn's HTTP servers report) — shielded so the upstream is
+    cancelled and the generated tokens billed."""
 
     def __init__(self, stream: ChatStream, headers: dict[str, str]) -> None:
         super().__init__(stream.__aiter__(), media_type="text/event-stream", headers=headers)
@@ -68,7 +69,7 @@ async def chat_completions(request: Request) -> Response:
         headers["x-tiergate-effort-score"] = f"{rr.resolution.classifier_score:.4f}"
         headers["x-tiergate-classifier-version"] = str(rr.resolution.classifier_version)
     if req.stream:
-        stream = await state.flow.open_stream(rr, req.include_usage)
+        stream = await state.flow.open_stream(rr, req.include_usage, client_gone=_client_gone(request.receive))
         headers["x-tiergate-effort"] = rr.tally.effort or rr.resolution.tier  # cost headers: usage chunk
         headers["x-tiergate-effort-source"] = rr.tally.effort_source or rr.resolution.effort_source
         headers.update(rr.tally.response_headers)

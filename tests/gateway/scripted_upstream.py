@@ -13,7 +13,7 @@ disconnects; ``disconnects`` counts streams the gateway cut), a stream whose con
 after ``abort_after`` words (with ``burst``, the events before the drop arrive in one write
 right before it, so the gateway has read none of them when the drop lands), a fixed reply
 ``content``, or a request that blocks until the gateway drops its connection (``cancelled``
-counts those).
+counts those), before answering or (``stall_after``) after some stream events.
 Every request is recorded (``requests``) with its path, headers and JSON body; ``wait_for``
 waits, bounded, for a condition on them (from any thread).
 """
@@ -44,6 +44,7 @@ class Behaviour:
     burst: bool = False  # with abort_after: the chunks before the drop go out in one write, just before it
     content: str | None = None  # the reply's text instead of the words (usage still counts n words)
     block: bool = False  # never answer: wait until the gateway closes the connection
+    stall_after: int | None = None  # stream: after this many events (0: just the headers), block as above
 
 
 @dataclass
@@ -124,12 +125,7 @@ class ScriptedUpstream:
         self._notify()
         b = self._next()
         if b.block:
-            try:
-                await asyncio.Event().wait()  # only the gateway closing the connection ends this
-            except asyncio.CancelledError:
-                self.cancelled += 1
-                self._notify()
-                raise
+            await self._until_dropped()
         if b.hang_s:
             await asyncio.sleep(b.hang_s)
         if b.status is not None:
@@ -156,6 +152,14 @@ class ScriptedUpstream:
         if not b.omit_usage:
             resp["usage"] = usage
         return web.Response(body=orjson.dumps(resp), content_type="application/json")
+
+    async def _until_dropped(self) -> None:
+        try:
+            await asyncio.Event().wait()  # only the gateway closing the connection ends this
+        except asyncio.CancelledError:
+            self.cancelled += 1
+            self._notify()
+            raise
 
     @staticmethod
     def _content(body: dict[str, Any], n: int, b: Behaviour = Behaviour()) -> str:
@@ -184,7 +188,13 @@ class ScriptedUpstream:
 
         held: list[bytes] = []  # burst: written together right before the drop
 
+        sent = 0
+
         async def send(obj: dict[str, Any]) -> None:
+            nonlocal sent
+            if sent == b.stall_after:
+                await self._until_dropped()
+            sent += 1
             event = b"data: " + orjson.dumps(obj) + b"\n\n"
             if b.burst and b.abort_after is not None:
                 held.append(event)

@@ -1,9 +1,9 @@
-"""A client that hangs up on a non-streaming ``POST /v1/chat/completions`` while the upstream call
-is in flight, through a real uvicorn server: the upstream sees its connection closed (its
-handler is cancelled), pipeline stages not yet started never start, the budget holds are
-released (nothing left held until lease expiry), and the ledger has the calls' rows plus a
-``cancelled`` / 499 / ``client_closed_request`` request record whose cost is what the budget
-was charged.
+"""A client that hangs up on ``POST /v1/chat/completions`` while the upstream call is in flight —
+non-streaming, streaming before the first chunk, streaming between chunks — through a real
+uvicorn server: the upstream sees its connection closed (its handler is cancelled), pipeline
+stages not yet started never start, the budget holds are released (nothing left held until
+lease expiry), and the ledger has the calls' rows plus a ``cancelled`` / 499 /
+``client_closed_request`` request record whose cost is what the budget was charged.
 
 The upstream timeout is two minutes and every wait is bounded at 10 s, so only the disconnect
 (not a timeout) can cancel the upstream call in time.
@@ -23,6 +23,7 @@ import orjson
 import pytest
 
 from gateway.ledger import RequestRecord
+from gateway.providers.metering import count_text_tokens
 from tests.gateway.gateway_harness import Gateway, served_gateway
 from tests.gateway.scripted_models import plan_json
 from tests.gateway.scripted_upstream import UPSTREAM_KEY, UPSTREAM_KEY_ENV, Behaviour, ScriptedUpstream
@@ -58,11 +59,12 @@ def final_records(gw: Gateway, monkeypatch: pytest.MonkeyPatch) -> tuple[list[Re
 
 
 async def hang_up_when(base: str, gw: Gateway, body: dict[str, Any],
-                       ready: Callable[[ScriptedUpstream], bool]) -> None:
-    """Send the chat request on a raw connection, wait until ``ready(upstream)``, then close it."""
+                       ready: Callable[[ScriptedUpstream], bool], received: bytes = b"") -> None:
+    """Send the chat request on a raw connection, wait until ``ready(upstream)`` and until the
+    answer so far contains ``received``, then close it."""
     url = httpx.URL(base)
     assert url.host and url.port
-    _, writer = await asyncio.open_connection(url.host, url.port)
+    reader, writer = await asyncio.open_connection(url.host, url.port)
     raw = orjson.dumps(body)
     writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: tiergate\r\n"
                  b"Authorization: Bearer " + gw.key.encode() + b"\r\n"
@@ -70,6 +72,11 @@ async def hang_up_when(base: str, gw: Gateway, body: dict[str, Any],
     await writer.drain()
     try:
         assert await asyncio.to_thread(gw.upstream.wait_for, ready, WAIT_S), "the upstream call never started"
+        answer = b""
+        while received not in answer:
+            more = await asyncio.wait_for(reader.read(65536), WAIT_S)
+            assert more, f"the answer ended before {received!r}: {answer!r}"
+            answer += more
     finally:
         writer.close()
         await writer.wait_closed()
@@ -152,3 +159,54 @@ async def test_pipeline_stops_and_bills_its_finished_stages_when_the_client_hang
             assert status["held_usd"] == 0
             assert Decimal(str(status["spent_usd"])) == pytest.approx(plan_row.cost_usd, abs=Decimal("1e-9"))
             assert len(upstream.requests) == 2  # the stages after the hang-up never started
+
+
+@pytest.mark.parametrize("waiting", [Behaviour(block=True), Behaviour(stall_after=0)],
+                         ids=["no-response-yet", "headers-but-no-chunk"])
+async def test_stream_is_cancelled_when_the_client_hangs_up_before_the_first_chunk(
+        tmp_path: Path, upstream: ScriptedUpstream, monkeypatch: pytest.MonkeyPatch, waiting: Behaviour) -> None:
+    upstream.push(waiting)
+    with served_gateway(tmp_path, upstream, timeout_s=UPSTREAM_TIMEOUT_S) as (base, gw):
+        async with gw.client:
+            await set_budget(gw)
+            records, recorded = final_records(gw, monkeypatch)
+            body = {"model": "low", "messages": MESSAGES, "max_tokens": 50, "stream": True}
+            await hang_up_when(base, gw, body, lambda up: len(up.requests) == 1)
+
+            assert await asyncio.to_thread(upstream.wait_for, lambda up: up.cancelled == 1, WAIT_S), \
+                "the upstream call was not cancelled"
+            assert await asyncio.to_thread(recorded.wait, WAIT_S), "no final request record"
+            (row,) = gw.ledger_rows()
+            assert (row.stage, row.status, row.completion_tokens) == ("direct", "cancelled", 0)
+            final = assert_cancelled_record(records, row.cost_usd)
+            assert row.request_id == final.id and final.prompt_tokens == row.prompt_tokens
+            (stored,) = gw.request_rows()
+            assert (stored.id, stored.status, stored.http_status) == (final.id, "cancelled", 499)
+            status = await budget_status(gw)
+            assert status["held_usd"] == 0
+            assert Decimal(str(status["spent_usd"])) == pytest.approx(row.cost_usd, abs=Decimal("1e-9"))
+            assert len(upstream.requests) == 1  # no retry, no fallback after the hang-up
+
+
+async def test_stream_waiting_between_chunks_is_cancelled_when_the_client_hangs_up(
+        tmp_path: Path, upstream: ScriptedUpstream, monkeypatch: pytest.MonkeyPatch) -> None:
+    upstream.push(Behaviour(stall_after=2))  # the role chunk and "w0", then nothing until dropped
+    with served_gateway(tmp_path, upstream, timeout_s=UPSTREAM_TIMEOUT_S) as (base, gw):
+        async with gw.client:
+            await set_budget(gw)
+            records, recorded = final_records(gw, monkeypatch)
+            body = {"model": "low", "messages": MESSAGES, "max_tokens": 50, "stream": True}
+            await hang_up_when(base, gw, body, lambda up: len(up.requests) == 1, received=b'"content":"w0"')
+
+            assert await asyncio.to_thread(upstream.wait_for, lambda up: up.cancelled == 1, WAIT_S), \
+                "the upstream call was not cancelled"
+            assert await asyncio.to_thread(recorded.wait, WAIT_S), "no final request record"
+            (row,) = gw.ledger_rows()
+            assert (row.stage, row.status) == ("direct", "cancelled")
+            assert row.completion_tokens == count_text_tokens(gw.settings.models["up-a"], "w0")  # what was sent
+            final = assert_cancelled_record(records, row.cost_usd)
+            assert row.request_id == final.id
+            status = await budget_status(gw)
+            assert status["held_usd"] == 0
+            assert Decimal(str(status["spent_usd"])) == pytest.approx(row.cost_usd, abs=Decimal("1e-9"))
+            assert len(upstream.requests) == 1
