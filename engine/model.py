@@ -253,9 +253,14 @@ class CausalLM(nn.Module):
             keep.append(t)
             return t.data_ptr()
 
+        element: set[bool] = set()
+
         def packed(weight: torch.Tensor) -> int | None:
             p = getattr(weight, "_tg_packed", None)
-            return None if p is None else ptr(p.data)
+            if p is None:
+                return None
+            element.add(p.bf16)
+            return ptr(p.data)
 
         for layer, (k_cache, v_cache) in zip(self.model.layers, caches, strict=True):
             assert isinstance(layer, DecoderLayer)
@@ -285,8 +290,9 @@ class CausalLM(nn.Module):
                 spec.mlp_intermediate = mlp.down_proj.weight.shape[-1]
                 if not (spec.mlp_gate_up and spec.mlp_down):
                     return None
-            if not (spec.qkv and spec.o):
-                return None
+            if not (spec.qkv and spec.o) or len(element) != 1:
+                return None  # something unpacked, or fp32 and bf16 panels mixed
+            spec.bf16 = int(element.pop())
             specs.append(spec)
         return native.DecodeLayers(specs, keep)
 
@@ -357,15 +363,22 @@ class CausalLM(nn.Module):
         packable = (
             native.available() and self.lm_head.weight.dtype == torch.float32 and self.lm_head.weight.device.type == "cpu"
         )
+        def packs(p: torch.Tensor) -> bool:
+            return (p.dim() in (2, 3) and id(p) not in routers and p.shape[-2] >= 16
+                    and not (p is embedding and p is not self.lm_head.weight))
+
         with torch.no_grad():
+            # bf16 panels when that loses nothing (a bf16 checkpoint loaded as fp32): half the bytes per step
+            bf16 = packable and all(torch.equal(p, p.bfloat16().float()) for p in self.parameters()
+                                    if packs(p) and not getattr(p, "_tg_released", False))
             for p in self.parameters():
                 if p is embedding and p is not self.lm_head.weight:
                     continue  # looked up by row: column-major would make each row hidden_size strided reads
                 if packable:
                     if getattr(p, "_tg_released", False):
                         continue  # packed already; its values live only in the packed copy
-                    if p.dim() in (2, 3) and id(p) not in routers and p.shape[-2] >= 16:
-                        p._tg_packed = native.pack(p.data)  # type: ignore[attr-defined]
+                    if packs(p):
+                        p._tg_packed = native.pack(p.data, bf16=bf16)  # type: ignore[attr-defined]
                         if release and p is not embedding:
                             p.data = torch.zeros(1, dtype=p.dtype, device=p.device).expand(p.shape)
                             p._tg_released = True  # type: ignore[attr-defined]

@@ -25,7 +25,7 @@ from engine.native import build as _build
 
 log = logging.getLogger(__name__)
 
-ABI_VERSION = 8
+ABI_VERSION = 9
 PANEL = 64  # outputs per packed panel (tg_kernels.c)
 _lock = threading.Lock()
 _lib: ctypes.CDLL | None = None
@@ -42,7 +42,7 @@ class LayerSpec(ctypes.Structure):
     model's packed weights, norms and KV cache; NULL where a layer has no such part."""
 
     _fields_ = [
-        ("input_norm", _p), ("post_norm", _p), ("eps", _f32),
+        ("input_norm", _p), ("post_norm", _p), ("eps", _f32), ("bf16", _int),
         ("qkv", _p), ("qkv_bias", _p), ("o", _p), ("o_bias", _p),
         ("n_q", _i64), ("n_kv", _i64), ("head_dim", _i64), ("window", _i64), ("scale", _f32),
         ("router", _p), ("gate_up", _p), ("down", _p), ("num_experts", _i64), ("moe_intermediate", _i64),
@@ -71,9 +71,11 @@ def _load() -> None:
         return
     lib.tg_pack.argtypes = [_p, _i64, _i64, _i64, _p]
     lib.tg_pack.restype = None
-    lib.tg_linear.argtypes = [_p, _i64, _i64, _i64, _p, _i64, _p, _p, _i64, _int]
+    lib.tg_pack_bf16.argtypes = [_p, _i64, _i64, _i64, _p]
+    lib.tg_pack_bf16.restype = None
+    lib.tg_linear.argtypes = [_p, _i64, _i64, _i64, _p, _int, _i64, _p, _p, _i64, _int]
     lib.tg_linear.restype = None
-    lib.tg_moe.argtypes = [_p, _i64, _i64, _p, _i64, _p, _p, _i64, _int, _p, _int, _p, _int]
+    lib.tg_moe.argtypes = [_p, _i64, _i64, _p, _i64, _p, _p, _int, _i64, _int, _p, _int, _p, _int]
     lib.tg_moe.restype = _int
     lib.tg_paged_decode.argtypes = [_p, _p, _p, _p, _i64, _p, _i64, _i64, _i64, _i64, _i64, _f32, _i64, _p, _int]
     lib.tg_paged_decode.restype = _int
@@ -116,12 +118,12 @@ def _ptr(t: torch.Tensor | None) -> int | None:
 
 
 class Packed:
-    """A weight matrix W[N, K] (or a stack of E of them) in the kernels' panel layout."""
+    """A weight matrix W[N, K] (or a stack of E of them) in the kernels' panel layout, fp32 or bf16 elements."""
 
-    __slots__ = ("data", "k", "n")
+    __slots__ = ("bf16", "data", "k", "n")
 
-    def __init__(self, data: torch.Tensor, n: int, k: int) -> None:
-        self.data, self.n, self.k = data, n, k
+    def __init__(self, data: torch.Tensor, n: int, k: int, bf16: bool = False) -> None:
+        self.data, self.n, self.k, self.bf16 = data, n, k, bf16
 
 
 _HUGE = 2 << 20
@@ -141,19 +143,22 @@ def empty_huge(numel: int) -> torch.Tensor:
     return out
 
 
-def pack(weight: torch.Tensor) -> Packed:
-    """Repack W[N, K] (or [E, N, K]) into 64-output panels; the source is left as it is."""
+def pack(weight: torch.Tensor, bf16: bool = False) -> Packed:
+    """Repack W[N, K] (or [E, N, K]) into 64-output panels (bf16 elements, rounded to nearest even, with
+    ``bf16``: half the bytes to stream, exact for a bf16 checkpoint); the source is left as it is."""
     assert _lib is not None
     if weight.dtype != torch.float32 or weight.device.type != "cpu" or weight.dim() not in (2, 3):
         raise ValueError("pack takes an fp32 CPU matrix [N, K] or stack [E, N, K]")
     stack = weight if weight.dim() == 3 else weight[None]
     e, n, k = stack.shape
     panels = -(-n // PANEL)
-    data = empty_huge(e * panels * k * PANEL).view(e, panels * k * PANEL)
+    per = panels * k * PANEL
+    words = -(-per // 2) if bf16 else per  # bf16 panels stored two to an fp32 word
+    data = empty_huge(e * words).view(e, words)
     for i in range(e):
         w = stack[i] if stack[i].stride(-1) == 1 else stack[i].contiguous()
-        _lib.tg_pack(w.data_ptr(), n, k, w.stride(0), data[i].data_ptr())
-    return Packed(data if weight.dim() == 3 else data[0], n, k)
+        (_lib.tg_pack_bf16 if bf16 else _lib.tg_pack)(w.data_ptr(), n, k, w.stride(0), data[i].data_ptr())
+    return Packed(data if weight.dim() == 3 else data[0], n, k, bf16)
 
 
 def linear_ok(x: torch.Tensor, packed: Packed, bias: torch.Tensor | None) -> bool:
@@ -175,8 +180,8 @@ def linear(x: torch.Tensor, packed: Packed, bias: torch.Tensor | None = None) ->
     m, k = x.shape
     n = packed.n
     y = torch.empty(m, n, dtype=torch.float32)
-    _lib.tg_linear(x.data_ptr(), m, k, x.stride(0), packed.data.data_ptr(), n, _ptr(bias), y.data_ptr(), n,
-                   torch.get_num_threads())
+    _lib.tg_linear(x.data_ptr(), m, k, x.stride(0), packed.data.data_ptr(), int(packed.bf16), n, _ptr(bias),
+                   y.data_ptr(), n, torch.get_num_threads())
     return y
 
 
@@ -184,14 +189,16 @@ def moe(x: torch.Tensor, router: torch.Tensor, gate_up: Packed, down: Packed, k_
         per_token: torch.Tensor | None, normalize: bool) -> torch.Tensor:
     """Routed experts for x [M, H] (see `tg_moe`): router [E, H]; gate_up packs [E, 2I, H], down [E, H, I]."""
     assert _lib is not None
+    if gate_up.bf16 != down.bf16:
+        raise ValueError("gate_up and down must be packed with the same element type")
     m, h = x.shape
     x = x.contiguous()
     router = router.contiguous()
     ks = None if per_token is None else per_token.to(torch.int32).contiguous()
     y = torch.empty(m, h, dtype=torch.float32)
     rc = _lib.tg_moe(x.data_ptr(), m, h, router.data_ptr(), router.shape[0], gate_up.data.data_ptr(),
-                     down.data.data_ptr(), gate_up.n // 2, k_max, _ptr(ks), int(normalize), y.data_ptr(),
-                     torch.get_num_threads())
+                     down.data.data_ptr(), int(gate_up.bf16), gate_up.n // 2, k_max, _ptr(ks), int(normalize),
+                     y.data_ptr(), torch.get_num_threads())
     if rc != 0:
         raise MemoryError("tg_moe could not allocate its work buffers")
     return y

@@ -39,7 +39,7 @@
 #define PANEL 64 /* outputs per packed panel: four 16-float vectors */
 #define MR 6      /* tokens per register tile (6 x 4 accumulators + 4 weight vectors fit in 32 registers) */
 
-int tg_abi_version(void) { return 8; }
+int tg_abi_version(void) { return 9; }
 
 /* Ask for transparent huge pages on the 2 MiB-aligned part of [p, p + bytes) before it is first
  * written: a decode step streams hundreds of MB of weights, and with 4 KiB pages every 4 KiB costs a
@@ -76,71 +76,119 @@ void tg_pack(const float *W, int64_t N, int64_t K, int64_t ldw, float *P) {
         }
 }
 
-/* y[m, 0:valid] = x[m, :K] . panel (+ bias[0:valid]) for m < mt. */
-#if TG_AVX512
-static inline __attribute__((always_inline)) void tile(const float *x, int64_t ldx, const int mt, const float *p,
-                                                        int64_t K, const float *bias, float *y, int64_t ldy,
-                                                        int valid) {
-    __m512 acc[MR][4];
-    for (int m = 0; m < MR; m++)
-        for (int v = 0; v < 4; v++) acc[m][v] = _mm512_setzero_ps();
-    for (int64_t k = 0; k < K; k++) {
-        __m512 w[4];
-        for (int v = 0; v < 4; v++) w[v] = _mm512_load_ps(p + v * 16);
-        for (int m = 0; m < MR; m++) {
-            if (m < mt) {
-                __m512 xb = _mm512_set1_ps(x[m * ldx + k]);
-                for (int v = 0; v < 4; v++) acc[m][v] = _mm512_fmadd_ps(w[v], xb, acc[m][v]);
+/* The same layout with bf16 elements (round to nearest even): half the bytes to stream. Packing a
+ * bf16 checkpoint this way is exact; the products still accumulate in fp32. */
+static inline uint16_t to_bf16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    if ((u & 0x7FFFFFFFu) > 0x7F800000u) return (uint16_t)((u >> 16) | 0x40u); /* NaN stays NaN */
+    u += 0x7FFFu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+static inline float from_bf16(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+void tg_pack_bf16(const float *W, int64_t N, int64_t K, int64_t ldw, uint16_t *P) {
+    for (int64_t p = 0; p < panels_of(N); p++)
+        for (int64_t k = 0; k < K; k++) {
+            uint16_t *dst = P + (p * K + k) * PANEL;
+            for (int64_t j = 0; j < PANEL; j++) {
+                int64_t n = p * PANEL + j;
+                dst[j] = to_bf16(n < N ? W[n * ldw + k] : 0.0f);
             }
         }
-        p += PANEL;
-    }
-    for (int v = 0; v < 4; v++) {
-        int left = valid - v * 16;
-        if (left <= 0) break;
-        __mmask16 mask = left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1u);
-        __m512 b = bias ? _mm512_maskz_loadu_ps(mask, bias + v * 16) : _mm512_setzero_ps();
-        for (int m = 0; m < MR; m++)
-            if (m < mt) _mm512_mask_storeu_ps(y + m * ldy + v * 16, mask, _mm512_add_ps(acc[m][v], b));
-    }
 }
-#else
-static inline void tile(const float *x, int64_t ldx, const int mt, const float *p, int64_t K, const float *bias,
-                        float *y, int64_t ldy, int valid) {
-    float acc[MR][PANEL];
-    for (int m = 0; m < mt; m++)
-        for (int j = 0; j < PANEL; j++) acc[m][j] = 0.0f;
-    for (int64_t k = 0; k < K; k++) {
-        for (int m = 0; m < mt; m++) {
-            float xv = x[m * ldx + k];
-#pragma omp simd
-            for (int j = 0; j < PANEL; j++) acc[m][j] += p[j] * xv;
-        }
-        p += PANEL;
-    }
-    for (int m = 0; m < mt; m++)
-        for (int j = 0; j < valid; j++) y[m * ldy + j] = acc[m][j] + (bias ? bias[j] : 0.0f);
-}
-#endif
 
-/* Panels [p_begin, p_end) of y = x . W^T (+ bias) for all M tokens, W packed by tg_pack. */
-static void gemm_panels(const float *x, int64_t M, int64_t K, int64_t ldx, const float *P, int64_t N,
+/* tile_<T>: y[m, 0:valid] = x[m, :K] . panel (+ bias[0:valid]) for m < mt, panel elements of type T. */
+#if TG_AVX512
+static inline __m512 load16_f32(const float *p) { return _mm512_load_ps(p); }
+static inline __m512 load16_bf16(const uint16_t *p) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_load_si256((const __m256i *)p)), 16));
+}
+#define DEFINE_TILE(NAME, T, LOAD16)                                                                            \
+    static inline __attribute__((always_inline)) void NAME(const float *x, int64_t ldx, const int mt,          \
+                                                            const T *p, int64_t K, const float *bias, float *y, \
+                                                            int64_t ldy, int valid) {                           \
+        __m512 acc[MR][4];                                                                                      \
+        for (int m = 0; m < MR; m++)                                                                            \
+            for (int v = 0; v < 4; v++) acc[m][v] = _mm512_setzero_ps();                                        \
+        for (int64_t k = 0; k < K; k++) {                                                                       \
+            __m512 w[4];                                                                                        \
+            for (int v = 0; v < 4; v++) w[v] = LOAD16(p + v * 16);                                              \
+            for (int m = 0; m < MR; m++) {                                                                      \
+                if (m < mt) {                                                                                   \
+                    __m512 xb = _mm512_set1_ps(x[m * ldx + k]);                                                 \
+                    for (int v = 0; v < 4; v++) acc[m][v] = _mm512_fmadd_ps(w[v], xb, acc[m][v]);               \
+                }                                                                                               \
+            }                                                                                                   \
+            p += PANEL;                                                                                         \
+        }                                                                                                       \
+        for (int v = 0; v < 4; v++) {                                                                           \
+            int left = valid - v * 16;                                                                          \
+            if (left <= 0) break;                                                                               \
+            __mmask16 mask = left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1u);                   \
+            __m512 b = bias ? _mm512_maskz_loadu_ps(mask, bias + v * 16) : _mm512_setzero_ps();                 \
+            for (int m = 0; m < MR; m++)                                                                        \
+                if (m < mt) _mm512_mask_storeu_ps(y + m * ldy + v * 16, mask, _mm512_add_ps(acc[m][v], b));     \
+        }                                                                                                       \
+    }
+#else
+static inline float elem_f32(const float *p, int j) { return p[j]; }
+static inline float elem_bf16(const uint16_t *p, int j) { return from_bf16(p[j]); }
+#define DEFINE_TILE(NAME, T, ELEM)                                                                              \
+    static inline void NAME(const float *x, int64_t ldx, const int mt, const T *p, int64_t K, const float *bias, \
+                            float *y, int64_t ldy, int valid) {                                                 \
+        float acc[MR][PANEL];                                                                                   \
+        for (int m = 0; m < mt; m++)                                                                            \
+            for (int j = 0; j < PANEL; j++) acc[m][j] = 0.0f;                                                   \
+        for (int64_t k = 0; k < K; k++) {                                                                       \
+            for (int m = 0; m < mt; m++) {                                                                      \
+                float xv = x[m * ldx + k];                                                                      \
+                _Pragma("omp simd") for (int j = 0; j < PANEL; j++) acc[m][j] += ELEM(p, j) * xv;               \
+            }                                                                                                   \
+            p += PANEL;                                                                                         \
+        }                                                                                                       \
+        for (int m = 0; m < mt; m++)                                                                            \
+            for (int j = 0; j < valid; j++) y[m * ldy + j] = acc[m][j] + (bias ? bias[j] : 0.0f);               \
+    }
+#define load16_f32 elem_f32
+#define load16_bf16 elem_bf16
+#endif
+DEFINE_TILE(tile_f32, float, load16_f32)
+DEFINE_TILE(tile_bf16, uint16_t, load16_bf16)
+
+#define TILE_HEIGHTS(TILE, PANEL_PTR)                                                                           \
+    switch (M - m0 < MR ? M - m0 : MR) { /* constant tile heights keep the accumulators in registers */       \
+    case 1: TILE(xm, ldx, 1, PANEL_PTR, K, b, ym, ldy, valid); break;                                           \
+    case 2: TILE(xm, ldx, 2, PANEL_PTR, K, b, ym, ldy, valid); break;                                           \
+    case 3: TILE(xm, ldx, 3, PANEL_PTR, K, b, ym, ldy, valid); break;                                           \
+    case 4: TILE(xm, ldx, 4, PANEL_PTR, K, b, ym, ldy, valid); break;                                           \
+    case 5: TILE(xm, ldx, 5, PANEL_PTR, K, b, ym, ldy, valid); break;                                           \
+    default: TILE(xm, ldx, MR, PANEL_PTR, K, b, ym, ldy, valid); break;                                         \
+    }
+
+/* Panels [p_begin, p_end) of y = x . W^T (+ bias) for all M tokens, W packed by tg_pack (bf16 = 0) or
+ * tg_pack_bf16 (bf16 = 1). */
+static void gemm_panels(const float *x, int64_t M, int64_t K, int64_t ldx, const void *P, int bf16, int64_t N,
                         const float *bias, float *y, int64_t ldy, int64_t p_begin, int64_t p_end) {
     for (int64_t p = p_begin; p < p_end; p++) {
-        const float *panel = P + p * K * PANEL;
         int64_t n = p * PANEL;
         int valid = (int)(N - n < PANEL ? N - n : PANEL);
         const float *b = bias ? bias + n : NULL;
         for (int64_t m0 = 0; m0 < M; m0 += MR) {
             const float *xm = x + m0 * ldx;
             float *ym = y + m0 * ldy + n;
-            switch (M - m0 < MR ? M - m0 : MR) { /* constant tile heights keep the accumulators in registers */
-            case 1: tile(xm, ldx, 1, panel, K, b, ym, ldy, valid); break;
-            case 2: tile(xm, ldx, 2, panel, K, b, ym, ldy, valid); break;
-            case 3: tile(xm, ldx, 3, panel, K, b, ym, ldy, valid); break;
-            case 4: tile(xm, ldx, 4, panel, K, b, ym, ldy, valid); break;
-            case 5: tile(xm, ldx, 5, panel, K, b, ym, ldy, valid); break;
-            default: tile(xm, ldx, MR, panel, K, b, ym, ldy, valid); break;
+            if (bf16) {
+                const uint16_t *panel = (const uint16_t *)P + p * K * PANEL;
+                TILE_HEIGHTS(tile_bf16, panel)
+            } else {
+                const float *panel = (const float *)P + p * K * PANEL;
+                TILE_HEIGHTS(tile_f32, panel)
             }
         }
     }
@@ -154,8 +202,10 @@ static void share(int64_t count, int tid, int nth, int64_t *begin, int64_t *end)
 }
 
 static int clamp_threads(int nthreads, int64_t work) {
-    /* below ~64K multiply-adds a parallel region costs more than it saves */
-    if (nthreads < 1 || work < (1 << 16)) return 1;
+    /* A parallel region waits for its slowest thread: on a busy machine a thread that lost its core holds
+     * the region for a scheduler time slice. Split only work big enough (~512K multiply-adds, ~2 MB of
+     * fp32 weights at batch 1, tens of microseconds on one core) for the gain to outweigh that risk. */
+    if (nthreads < 1 || work < (1 << 19)) return 1;
     return nthreads;
 }
 
@@ -167,26 +217,26 @@ static int clamp_threads(int nthreads, int64_t work) {
 #define THREADS() 1
 #endif
 
-void tg_linear(const float *x, int64_t M, int64_t K, int64_t ldx, const float *P, int64_t N, const float *bias,
-               float *y, int64_t ldy, int nthreads) {
+void tg_linear(const float *x, int64_t M, int64_t K, int64_t ldx, const void *P, int bf16, int64_t N,
+               const float *bias, float *y, int64_t ldy, int nthreads) {
     int nth = clamp_threads(nthreads, M * N * K);
     if (nth == 1) {
-        gemm_panels(x, M, K, ldx, P, N, bias, y, ldy, 0, panels_of(N));
+        gemm_panels(x, M, K, ldx, P, bf16, N, bias, y, ldy, 0, panels_of(N));
         return;
     }
 #pragma omp parallel num_threads(nth)
     {
         int64_t b, e;
         share(panels_of(N), THREAD_ID(), THREADS(), &b, &e);
-        gemm_panels(x, M, K, ldx, P, N, bias, y, ldy, b, e);
+        gemm_panels(x, M, K, ldx, P, bf16, N, bias, y, ldy, b, e);
     }
 }
 
 /* ---------------------------------------------------------------------------------------------------
  * Sparse MoE block for a few tokens.
  *
- * router [E, H] row-major; gate_up: E experts, each [2I, H] packed by tg_pack (gate rows first), one
- * after another; down: E experts, each [H, I] packed; k_per_token [M] (each 1..k_max) or NULL (all
+ * router [E, H] row-major; gate_up: E experts, each [2I, H] packed by tg_pack or tg_pack_bf16 (`bf16`;
+ * gate rows first), one after another; down: E experts, each [H, I] packed the same way; k_per_token [M] (each 1..k_max) or NULL (all
  * k_max). Routing matches engine.moe.route: softmax over all experts in fp32, top-k (ties to the lower
  * expert id), slots past a token's k weigh 0, optional renormalisation over the kept weights. Each
  * selected expert runs once over all its tokens. y [M, H] is overwritten. Returns 0, or -1 if memory
@@ -194,10 +244,11 @@ void tg_linear(const float *x, int64_t M, int64_t K, int64_t ldx, const float *P
  */
 static inline float silu(float v) { return v / (1.0f + expf(-v)); }
 
-int tg_moe(const float *x, int64_t M, int64_t H, const float *router, int64_t E, const float *gate_up,
-           const float *down, int64_t I, int k_max, const int32_t *k_per_token, int normalize, float *y,
+int tg_moe(const float *x, int64_t M, int64_t H, const float *router, int64_t E, const void *gate_up,
+           const void *down, int bf16, int64_t I, int k_max, const int32_t *k_per_token, int normalize, float *y,
            int nthreads) {
-    int64_t gu_size = panels_of(2 * I) * PANEL * H, down_size = panels_of(H) * PANEL * I;
+    int64_t esize = bf16 ? 2 : 4;
+    int64_t gu_size = panels_of(2 * I) * PANEL * H * esize, down_size = panels_of(H) * PANEL * I * esize;
     float *logits = malloc(sizeof(float) * M * E);
     int32_t *sel = malloc(sizeof(int32_t) * M * k_max);
     float *selw = malloc(sizeof(float) * M * k_max);
@@ -271,8 +322,9 @@ int tg_moe(const float *x, int64_t M, int64_t H, const float *router, int64_t E,
         share(panels_of(2 * I), tid, got, &b, &e_); /* gate/up: each thread its share of every expert's panels */
         for (int64_t e = 0; e < E; e++)
             if (offset[e + 1] > offset[e])
-                gemm_panels(rows + offset[e] * H, offset[e + 1] - offset[e], H, H, gate_up + e * gu_size, 2 * I,
-                            NULL, act + offset[e] * 2 * I, 2 * I, b, e_);
+                gemm_panels(rows + offset[e] * H, offset[e + 1] - offset[e], H, H,
+                            (const char *)gate_up + e * gu_size, bf16, 2 * I, NULL, act + offset[e] * 2 * I, 2 * I, b,
+                            e_);
 #pragma omp barrier
 #pragma omp for schedule(static)
         for (int64_t a = 0; a < assignments; a++) { /* act[:, :I] = silu(gate) * up */
@@ -282,8 +334,8 @@ int tg_moe(const float *x, int64_t M, int64_t H, const float *router, int64_t E,
         share(panels_of(H), tid, got, &b, &e_); /* down */
         for (int64_t e = 0; e < E; e++)
             if (offset[e + 1] > offset[e])
-                gemm_panels(act + offset[e] * 2 * I, offset[e + 1] - offset[e], I, 2 * I, down + e * down_size, H,
-                            NULL, eout + offset[e] * H, H, b, e_);
+                gemm_panels(act + offset[e] * 2 * I, offset[e + 1] - offset[e], I, 2 * I,
+                            (const char *)down + e * down_size, bf16, H, NULL, eout + offset[e] * H, H, b, e_);
 #pragma omp barrier
         share(H, tid, got, &b, &e_); /* y[t] += w * eout[a], in a fixed (expert) order per element */
         for (int64_t a = 0; a < assignments; a++) {
@@ -457,13 +509,21 @@ double tg_stream_sum(const float *buf, int64_t n, int nthreads) {
 typedef struct {
     const float *input_norm, *post_norm;
     float eps;
-    const float *qkv, *qkv_bias, *o, *o_bias; /* packed, bias or NULL */
+    int bf16;                                 /* the packed weights below are bf16 panels */
+    const void *qkv;
+    const float *qkv_bias;
+    const void *o;
+    const float *o_bias; /* packed, bias or NULL */
     int64_t n_q, n_kv, head_dim, window;      /* window 0: none */
     float scale;
-    const float *router, *gate_up, *down; /* MoE: router row-major, experts packed */
+    const float *router;          /* MoE: router row-major, experts packed */
+    const void *gate_up, *down;
     int64_t num_experts, moe_intermediate;
     int normalize;
-    const float *mlp_gate_up, *mlp_gate_up_bias, *mlp_down, *mlp_down_bias; /* dense MLP (router NULL) */
+    const void *mlp_gate_up; /* dense MLP (router NULL) */
+    const float *mlp_gate_up_bias;
+    const void *mlp_down;
+    const float *mlp_down_bias;
     int64_t mlp_intermediate;
     float *k_cache, *v_cache;
 } tg_layer;
@@ -495,24 +555,24 @@ int tg_decode_layers(const tg_layer *layers, int n_layers, float *h, int64_t B, 
         const tg_layer *L = &layers[l];
         int64_t D = L->head_dim, qkv_w = (L->n_q + 2 * L->n_kv) * D, q_w = L->n_q * D;
         tg_add_rmsnorm(h, have_delta ? delta : NULL, L->input_norm, B, H, L->eps, x);
-        tg_linear(x, B, H, H, L->qkv, qkv_w, L->qkv_bias, wide, qkv_w, nthreads);
+        tg_linear(x, B, H, H, L->qkv, L->bf16, qkv_w, L->qkv_bias, wide, qkv_w, nthreads);
         tg_rope_write_kv(wide, B, L->n_q, L->n_kv, D, cos, sin, q, L->k_cache, L->v_cache, slots);
         rc = tg_paged_decode(q, L->k_cache, L->v_cache, tables, width, lens, B, L->n_q, L->n_kv, D, block_size,
                              L->scale, L->window, att, nthreads);
         if (rc) break;
-        tg_linear(att, B, q_w, q_w, L->o, H, L->o_bias, delta, H, nthreads);
+        tg_linear(att, B, q_w, q_w, L->o, L->bf16, H, L->o_bias, delta, H, nthreads);
         tg_add_rmsnorm(h, delta, L->post_norm, B, H, L->eps, x);
         if (L->router) {
-            rc = tg_moe(x, B, H, L->router, L->num_experts, L->gate_up, L->down, L->moe_intermediate, k_max,
+            rc = tg_moe(x, B, H, L->router, L->num_experts, L->gate_up, L->down, L->bf16, L->moe_intermediate, k_max,
                         k_per_token, L->normalize, delta, nthreads);
         } else {
             int64_t I = L->mlp_intermediate;
-            tg_linear(x, B, H, H, L->mlp_gate_up, 2 * I, L->mlp_gate_up_bias, mlp, 2 * I, nthreads);
+            tg_linear(x, B, H, H, L->mlp_gate_up, L->bf16, 2 * I, L->mlp_gate_up_bias, mlp, 2 * I, nthreads);
             for (int64_t b = 0; b < B; b++) {
                 float *g = mlp + b * 2 * I;
                 for (int64_t i = 0; i < I; i++) g[i] = silu(g[i]) * g[I + i];
             }
-            tg_linear(mlp, B, I, 2 * I, L->mlp_down, H, L->mlp_down_bias, delta, H, nthreads);
+            tg_linear(mlp, B, I, 2 * I, L->mlp_down, L->bf16, H, L->mlp_down_bias, delta, H, nthreads);
         }
         have_delta = 1;
     }

@@ -75,3 +75,40 @@ def test_released_weights_refuse_training_and_other_dtypes(tmp_path: Path) -> No
         model.to(torch.float64)(ids, torch.arange(3))
     trainable, _ = load_model(tmp_path, decode_layout=False)
     trainable(ids, torch.arange(3)).sum().backward()
+
+
+@pytest.mark.parametrize("family", ["mixtral", "llama"])
+def test_a_bf16_checkpoint_packs_to_bf16_panels_and_decodes_the_same(family: str, tmp_path: Path) -> None:
+    """Weights that are exact in bf16 (a bf16 checkpoint) stream as bf16 panels: half the bytes, same logits as
+    the fp32 computation, through prefill and the one-call decode path."""
+    from tests.engine.hf_tiny import PagedSequences
+
+    assert native.available(), native.reason()
+    hf = build_hf_model(family, seed=6)
+    with torch.no_grad():
+        for p in hf.parameters():
+            p.copy_(p.bfloat16().float())
+    hf.save_pretrained(tmp_path)
+    fast, config = load_model(tmp_path)
+    plain, _ = load_model(tmp_path, decode_layout=False)
+    assert fast.model.layers[0].self_attn.qkv_proj.weight._tg_packed.bf16
+    prompt = torch.randint(0, config.vocab_size, (7,), generator=torch.Generator().manual_seed(1))
+    fast_seqs, plain_seqs = PagedSequences(16, 4, seed=2), PagedSequences(16, 4, seed=2)
+    fast_kv, plain_kv = fast.allocate_kv_cache(16, 4), plain.allocate_kv_cache(16, 4)
+    ids = prompt
+    with torch.inference_mode():
+        for step in range(6):
+            n = len(prompt) if step == 0 else 1
+            ctx, pos = fast_seqs.step({0: n})
+            got = fast(ids, pos, ctx, fast_kv)[-1]
+            ctx, pos = plain_seqs.step({0: n})
+            expected = plain(ids, pos, ctx, plain_kv)[-1]
+            torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
+            ids = got.argmax()[None]
+
+
+def test_weights_not_exact_in_bf16_stay_fp32_panels(tmp_path: Path) -> None:
+    assert native.available(), native.reason()
+    build_hf_model("mixtral", seed=7).save_pretrained(tmp_path)
+    model, _ = load_model(tmp_path)
+    assert not model.lm_head.weight._tg_packed.bf16

@@ -142,3 +142,28 @@ def test_a_failed_build_says_why(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     monkeypatch.setattr(build, "SOURCE", broken)
     with pytest.raises(build.BuildError, match="failed"):
         build.build()
+
+
+@pytest.mark.parametrize(("m", "k", "n"), [(1, 768, 2560), (3, 100, 37), (16, 256, 130)])
+def test_bf16_panels_equal_f_linear_on_the_rounded_weights(m: int, k: int, n: int, threads: int) -> None:
+    x = torch.randn(m, k, generator=_gen(m))
+    w = torch.randn(n, k, generator=_gen(n))
+    b = torch.randn(n, generator=_gen(k))
+    packed = native.pack(w, bf16=True)
+    assert packed.bf16 and packed.data.numel() * 4 == -(-n // native.PANEL) * native.PANEL * k * 2  # half the bytes
+    rounded = w.bfloat16().float()
+    for bias in (None, b):
+        torch.testing.assert_close(native.linear(x, packed, bias), F.linear(x, rounded, bias), rtol=1e-5, atol=1e-4)
+
+
+def test_bf16_moe_equals_the_fp32_kernel_on_bf16_exact_weights() -> None:
+    e, h, i, tokens = 8, 64, 96, 5
+    x = torch.randn(tokens, h, generator=_gen(1))
+    router = torch.randn(e, h, generator=_gen(2))
+    gate_up = (0.1 * torch.randn(e, 2 * i, h, generator=_gen(3))).bfloat16().float()
+    down = (0.1 * torch.randn(e, h, i, generator=_gen(4))).bfloat16().float()
+    fp32 = native.moe(x, router, native.pack(gate_up), native.pack(down), 2, None, True)
+    bf16 = native.moe(x, router, native.pack(gate_up, bf16=True), native.pack(down, bf16=True), 2, None, True)
+    torch.testing.assert_close(bf16, fp32, rtol=1e-6, atol=1e-6)
+    with pytest.raises(ValueError, match="same element type"):
+        native.moe(x, router, native.pack(gate_up, bf16=True), native.pack(down), 2, None, True)
