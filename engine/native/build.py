@@ -1,7 +1,7 @@
 """Compile `tg_kernels.c` into a shared library for this machine, once, and cache it.
 
 The library is built with the system C compiler (``$CC`` or ``cc``) at ``-O3 -march=native``
-and OpenMP; the cache key covers the source, the flags, the compiler's version and the CPU's
+(``TIERGATE_NATIVE_MARCH`` picks another target) and OpenMP; the cache key covers the source, the flags, the compiler's version and the CPU's
 feature flags, so a cache copied to another machine is rebuilt rather than run with
 instructions that machine lacks. Builds write to a temporary file and rename it into place,
 so concurrent processes never load a half-written library.
@@ -26,7 +26,13 @@ import tempfile
 from pathlib import Path
 
 SOURCE = Path(__file__).with_name("tg_kernels.c")
-FLAGS = ("-O3", "-march=native", "-fopenmp", "-fPIC", "-shared", "-std=c11", "-Wall", "-Werror")
+BASE_FLAGS = ("-O3", "-fopenmp", "-fPIC", "-shared", "-std=c11", "-Wall", "-Werror")
+
+
+def flags() -> tuple[str, ...]:
+    """Compiler flags: ``-march=native`` unless ``TIERGATE_NATIVE_MARCH`` names a target (for a library built
+    on one machine to run on others, e.g. ``x86-64-v3``; the kernels use AVX-512 only when it is targeted)."""
+    return (*BASE_FLAGS, f"-march={os.environ.get('TIERGATE_NATIVE_MARCH') or 'native'}")
 
 
 class BuildError(RuntimeError):
@@ -67,7 +73,7 @@ def cache_dir() -> Path:
 def library_path(cc: str) -> Path:
     version = subprocess.run([cc, "--version"], capture_output=True, text=True, check=False).stdout
     key = hashlib.sha256()
-    for part in (SOURCE.read_bytes(), " ".join(FLAGS).encode(), version.encode(), _cpu_fingerprint().encode()):
+    for part in (SOURCE.read_bytes(), " ".join(flags()).encode(), version.encode(), _cpu_fingerprint().encode()):
         key.update(part)
         key.update(b"\0")
     return cache_dir() / f"tg_kernels-{key.hexdigest()[:16]}.so"
@@ -84,7 +90,7 @@ def build() -> Path:
     fd, tmp = tempfile.mkstemp(prefix=target.stem + ".", suffix=".tmp", dir=target.parent)
     os.close(fd)
     try:
-        done = subprocess.run([cc, *FLAGS, str(SOURCE), "-o", tmp, "-lm"], capture_output=True, text=True,
+        done = subprocess.run([cc, *flags(), str(SOURCE), "-o", tmp, "-lm"], capture_output=True, text=True,
                               check=False)
         if done.returncode != 0:
             raise BuildError(f"{cc} failed ({done.returncode}): {done.stderr.strip()[-2000:]}")

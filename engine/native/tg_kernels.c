@@ -247,6 +247,7 @@ static inline float silu(float v) { return v / (1.0f + expf(-v)); }
 int tg_moe(const float *x, int64_t M, int64_t H, const float *router, int64_t E, const void *gate_up,
            const void *down, int bf16, int64_t I, int k_max, const int32_t *k_per_token, int normalize, float *y,
            int nthreads) {
+    if (M <= 0) return 0;
     int64_t esize = bf16 ? 2 : 4;
     int64_t gu_size = panels_of(2 * I) * PANEL * H * esize, down_size = panels_of(H) * PANEL * I * esize;
     float *logits = malloc(sizeof(float) * M * E);
@@ -534,6 +535,7 @@ int tg_decode_layers(const tg_layer *layers, int n_layers, float *h, int64_t B, 
                      const float *sin, const int64_t *slots, const int64_t *tables, int64_t width,
                      const int64_t *lens, int64_t block_size, int k_max, const int32_t *k_per_token,
                      const float *final_norm, float final_eps, float *out, int nthreads) {
+    if (B <= 0) return 0;
     int64_t widest = H, mlp_widest = 0;
     for (int l = 0; l < n_layers; l++) {
         const tg_layer *L = &layers[l];

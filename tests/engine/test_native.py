@@ -167,3 +167,33 @@ def test_bf16_moe_equals_the_fp32_kernel_on_bf16_exact_weights() -> None:
     torch.testing.assert_close(bf16, fp32, rtol=1e-6, atol=1e-6)
     with pytest.raises(ValueError, match="same element type"):
         native.moe(x, router, native.pack(gate_up, bf16=True), native.pack(down), 2, None, True)
+
+
+def test_the_portable_build_without_avx512_computes_the_same(tmp_path: Path) -> None:
+    """The kernels' non-AVX-512 code path (what a machine without AVX-512 compiles), built for x86-64-v3 and
+    checked against torch in a fresh process."""
+    import platform
+    import subprocess
+    import sys
+
+    if platform.machine() not in ("x86_64", "AMD64"):
+        pytest.skip("x86-64-v3 is an x86 target")
+    check = (
+        "import torch, torch.nn.functional as F\n"
+        "from engine import native\n"
+        "assert native.available(), native.reason()\n"
+        "assert native._lib.tg_has_avx512() == 0\n"
+        "g = torch.Generator().manual_seed(0)\n"
+        "x, w, b = torch.randn(5, 70, generator=g), torch.randn(130, 70, generator=g), torch.randn(130, generator=g)\n"
+        "for bf16 in (False, True):\n"
+        "    ref = F.linear(x, w.bfloat16().float() if bf16 else w, b)\n"
+        "    torch.testing.assert_close(native.linear(x, native.pack(w, bf16=bf16), b), ref, rtol=1e-5, atol=1e-4)\n"
+        "h = torch.randn(3, 70, generator=g)\n"
+        "torch.testing.assert_close(native.add_rmsnorm(h.clone(), None, torch.ones(70), 1e-6),\n"
+        "                           F.rms_norm(h, (70,), torch.ones(70), 1e-6), rtol=1e-5, atol=1e-6)\n"
+        "print('ok')\n"
+    )
+    env = {**os.environ, "TIERGATE_NATIVE_MARCH": "x86-64-v3", "TIERGATE_NATIVE_CACHE": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-c", check], env=env, capture_output=True, text=True, timeout=300,
+                          check=False, cwd=Path(__file__).resolve().parents[2])
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
