@@ -2,8 +2,8 @@
 
 The library is built with the system C compiler (``$CC`` or ``cc``) at ``-O3 -march=native``
 (``TIERGATE_NATIVE_MARCH`` picks another target) and OpenMP; the cache key covers the source, the flags, the compiler's version and the CPU's
-feature flags, so a cache copied to another machine is rebuilt rather than run with
-instructions that machine lacks. Builds write to a temporary file and rename it into place,
+feature flags (for ``-march=native`` builds), so a cache copied to another machine is rebuilt
+rather than run with instructions that machine lacks. Builds write to a temporary file and rename it into place,
 so concurrent processes never load a half-written library.
 
 Cache folder: ``$TIERGATE_NATIVE_CACHE``, else ``~/.cache/tiergate/native``, else a folder
@@ -73,7 +73,9 @@ def cache_dir() -> Path:
 def library_path(cc: str) -> Path:
     version = subprocess.run([cc, "--version"], capture_output=True, text=True, check=False).stdout
     key = hashlib.sha256()
-    for part in (SOURCE.read_bytes(), " ".join(flags()).encode(), version.encode(), _cpu_fingerprint().encode()):
+    native = "-march=native" in flags()  # only a native build depends on this CPU; a named target runs anywhere
+    for part in (SOURCE.read_bytes(), " ".join(flags()).encode(), version.encode(),
+                 (_cpu_fingerprint() if native else "").encode()):
         key.update(part)
         key.update(b"\0")
     return cache_dir() / f"tg_kernels-{key.hexdigest()[:16]}.so"
