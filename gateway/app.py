@@ -20,12 +20,14 @@ from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from gateway.budget_execution import BudgetedExecutor  # also registers the budgets tables on Base
+from gateway.budget_execution import BudgetedExecutor  # noqa: F401  (registers the budgets tables on Base)
 from gateway.budgets import build_budget_runtime
 from gateway.chat_flow import ChatFlow
+from gateway.chat_runtime import budgeted, build_pipeline_executor
 from gateway.deps import GatewayState, KeyStoreLike
 from gateway.errors import GatewayError, InvalidRequest, NotFound
-from gateway.execution import DirectExecutor, Executor
+from gateway.execution import Executor
+from gateway.jobs.backends import start_jobs
 from gateway.providers.base import ChatProvider
 from gateway.providers.metering import warm_up
 from gateway.providers.openai_compat import SessionFactory
@@ -70,7 +72,7 @@ async def _unexpected_error(_: Request, err: Exception) -> Response:
 
 def _routers(app: FastAPI) -> None:
     from gateway.routes import admin as admin_routes
-    from gateway.routes import budgets, chat, feedback, health, models
+    from gateway.routes import batches, budgets, chat, feedback, files, health, models
 
     app.include_router(health.router)
     app.include_router(budgets.router)
@@ -78,6 +80,8 @@ def _routers(app: FastAPI) -> None:
     app.include_router(chat.router)
     app.include_router(feedback.router)
     app.include_router(admin_routes.router)
+    app.include_router(files.router)
+    app.include_router(batches.router)
 
 
 def _freeze_startup_heap(stack: AsyncExitStack) -> None:
@@ -148,17 +152,8 @@ def create_app(settings: Settings, *, session_factory: Any = None, ledger: Any =
             warm = asyncio.ensure_future(asyncio.to_thread(warm_up, list(settings.models.values())))
             execu = executor
             if execu is None:
-                from gateway.pipeline.executor import PipelineExecutor
-
-                async def soft_budget(req: Any) -> bool:
-                    return bool((await budget_rt.budgets.status(req)).soft_exceeded)
-
-                from gateway.perceive import FeedbackRecorder
-
-                execu = PipelineExecutor(settings, reg, led, DirectExecutor(settings, reg, led),
-                                         soft_budget_exceeded=soft_budget,
-                                         feedback_sink=FeedbackRecorder(sf, settings))
-            execu = BudgetedExecutor(settings, execu, budget_rt.budgets, budget_rt.rate_limiter)
+                execu = build_pipeline_executor(settings, reg, led, budget_rt, sf)
+            execu = budgeted(settings, execu, budget_rt)
             decide = decide_auto
             if decide is None:  # the classifier's Perceiver (hot-reloads its artifact); None without one
                 from gateway.perceive import build_perceiver
@@ -166,8 +161,12 @@ def create_app(settings: Settings, *, session_factory: Any = None, ledger: Any =
                 perceiver = await asyncio.to_thread(build_perceiver, settings)
                 decide = perceiver.decide if perceiver is not None else None
             flow = ChatFlow(settings, execu, led, decide_auto=decide)
+            # Batch jobs: an in-process runner (embedded) or a Celery producer (celery).
+            jobs = await start_jobs(settings, stack, session_factory=sf, registry=reg, budget_runtime=budget_rt,
+                                    decide_auto=decide, executor=executor)
             app.state.tiergate = GatewayState(settings=settings, flow=flow, keys=keys, ledger=led,
-                                              registry=reg, session_factory=sf, extras={"budgets": budget_rt})
+                                              registry=reg, session_factory=sf,
+                                              extras={"budgets": budget_rt, "jobs": jobs})
             if freeze_heap:
                 _freeze_startup_heap(stack)
             yield

@@ -17,6 +17,7 @@ from sqlalchemy.orm import Mapped, mapped_column
 from gateway.db.models import ID, Base, utcnow
 
 TS = sa.DateTime(timezone=True)
+JSON = sa.JSON(none_as_null=True)  # Python None is SQL NULL, not the JSON text null
 
 
 class FileObject(Base):
@@ -29,7 +30,7 @@ class FileObject(Base):
     tenant_id: Mapped[str] = mapped_column(ID)
     purpose: Mapped[str] = mapped_column(sa.String(32))
     filename: Mapped[str] = mapped_column(sa.String(255))
-    bytes: Mapped[int] = mapped_column(sa.BigInteger)
+    size: Mapped[int] = mapped_column("bytes", sa.BigInteger)
     content: Mapped[bytes] = mapped_column(sa.LargeBinary)
     created_at: Mapped[datetime] = mapped_column(TS, default=utcnow)
 
@@ -46,7 +47,7 @@ class Batch(Base):
     input_file_id: Mapped[str] = mapped_column(ID)
     completion_window: Mapped[str] = mapped_column(sa.String(8))
     status: Mapped[str] = mapped_column(sa.String(16))
-    meta: Mapped[Any | None] = mapped_column("metadata", sa.JSON, nullable=True)
+    meta: Mapped[Any | None] = mapped_column("metadata", JSON, nullable=True)
     output_file_id: Mapped[str | None] = mapped_column(ID, nullable=True)
     error_file_id: Mapped[str | None] = mapped_column(ID, nullable=True)
     total: Mapped[int] = mapped_column(sa.Integer)
@@ -76,6 +77,6 @@ class BatchLine(Base):
     attempts: Mapped[int] = mapped_column(sa.Integer, default=0)
     lease_until: Mapped[datetime | None] = mapped_column(TS, nullable=True)
     status_code: Mapped[int | None] = mapped_column(sa.Integer, nullable=True)
-    response: Mapped[Any | None] = mapped_column(sa.JSON, nullable=True)
-    error: Mapped[Any | None] = mapped_column(sa.JSON, nullable=True)
+    response: Mapped[Any | None] = mapped_column(JSON, nullable=True)
+    error: Mapped[Any | None] = mapped_column(JSON, nullable=True)
     finished_at: Mapped[datetime | None] = mapped_column(TS, nullable=True)

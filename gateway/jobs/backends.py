@@ -1,0 +1,93 @@
+"""Where batch lines run: wiring for the two ``jobs.backend`` settings.
+
+- ``embedded`` (default): ``start_jobs`` starts a ``BatchRunner`` in the gateway's event loop
+  for the app's lifetime; creating a batch wakes it.
+- ``celery``: creating a batch enqueues ``tiergate.run_batch(batch_id)``; ``tiergate worker``
+  processes run it (``drain_batch``: the same ``BatchWork`` over their own providers, budgets
+  and database connections).
+
+Batch lines run through their own ``ChatFlow`` whose ledger is a ``LineLedger`` (see
+gateway.jobs.batch), behind the budgets but not the per-minute rate limits (a batch is
+throttled by ``jobs.concurrency`` instead). Imports celery only inside the celery branch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from contextlib import AsyncExitStack
+from dataclasses import dataclass
+from typing import Any
+
+from gateway.chat_flow import ChatFlow
+from gateway.chat_runtime import budgeted, build_pipeline_executor
+from gateway.execution import Executor
+from gateway.jobs.batch import BatchWork
+from gateway.jobs.capture import LineLedger
+from gateway.jobs.runner import BatchRunner
+from gateway.resolve import DecideAuto
+from gateway.settings import Settings
+
+
+@dataclass
+class JobsBackend:
+    submit: Callable[[str], Awaitable[None]]  # a batch was created: run it
+    runner: BatchRunner | None = None  # the embedded runner
+
+
+def build_batch_work(settings: Settings, session_factory: Any, registry: Any, budget_runtime: Any,
+                     decide_auto: DecideAuto | None, *, inner: Executor | None = None) -> BatchWork:
+    capture = LineLedger()
+    if inner is None:
+        inner = build_pipeline_executor(settings, registry, capture, budget_runtime, session_factory)
+    flow = ChatFlow(settings, budgeted(settings, inner, budget_runtime, rate_limited=False), capture,
+                    decide_auto=decide_auto)
+    return BatchWork(flow, capture, session_factory, lease_s=settings.jobs.line_lease_s)
+
+
+async def start_jobs(settings: Settings, stack: AsyncExitStack, *, session_factory: Any, registry: Any,
+                     budget_runtime: Any, decide_auto: DecideAuto | None,
+                     executor: Executor | None = None) -> JobsBackend:
+    """The backend for the app's lifespan; stopped (lines in flight handed back) by ``stack``."""
+    if settings.jobs.backend == "celery":
+        from gateway.jobs.celery_app import RUN_BATCH, make_celery
+
+        celery = make_celery(settings)
+        stack.callback(celery.close)
+
+        async def enqueue(batch_id: str) -> None:
+            await asyncio.to_thread(celery.send_task, RUN_BATCH, args=[batch_id])
+
+        return JobsBackend(enqueue)
+    work = build_batch_work(settings, session_factory, registry, budget_runtime, decide_auto, inner=executor)
+    runner = BatchRunner(work, concurrency=settings.jobs.concurrency, poll_interval_s=settings.jobs.poll_interval_s)
+    runner.start()
+    stack.push_async_callback(runner.stop)
+
+    async def wake(_: str) -> None:
+        runner.wake()
+
+    return JobsBackend(wake, runner)
+
+
+async def drain_batch(settings: Settings, batch_id: str, *, decide_auto: DecideAuto | None = None) -> None:
+    """Run one batch to its end in this process (a Celery worker's task): builds the database
+    engine, providers and budgets, runs up to ``jobs.concurrency`` lines at once (sharing the
+    batch with any other worker), and closes everything."""
+    from gateway.budgets import build_budget_runtime
+    from gateway.db.session import engine_from_settings, make_session_factory
+    from gateway.providers.registry import ProviderRegistry
+
+    async with AsyncExitStack() as stack:
+        engine = engine_from_settings(settings)
+        stack.callback(engine.dispose)
+        sf = make_session_factory(engine)
+        registry = ProviderRegistry(settings)
+        stack.push_async_callback(registry.aclose)
+        budget_rt = build_budget_runtime(settings, sf)
+        await budget_rt.start()
+        stack.push_async_callback(budget_rt.stop)
+        work = build_batch_work(settings, sf, registry, budget_rt, decide_auto)
+        runner = BatchRunner(work, concurrency=settings.jobs.concurrency,
+                             poll_interval_s=settings.jobs.poll_interval_s, batch_id=batch_id)
+        await runner.run_until_final()

@@ -1,0 +1,119 @@
+"""``BatchWork``: running batch lines through the live chat flow, exactly once each.
+
+A claimed line runs as a request of the batch creator's tenant and key through the same
+``ChatFlow`` as ``POST /v1/chat/completions`` (tier routing including ``model: "auto"``, budget
+reserve/settle, one ledger row per upstream call), with the line's fixed request id
+``batch_req_<batch hex>_<line no>`` (so ledger rows name their batch). The flow's ledger is a
+``LineLedger``: the line's rows reach the database in the same transaction as its result
+(``store.finish_line``). A line the budget refuses fails with the 429 body; the batch goes on.
+A line interrupted by shutdown is handed back (pending) with what it spent billed; a worker
+killed mid-line leaves a lease that expires, and the line runs again, billed once.
+
+Used by the embedded runner and the Celery task alike; knows nothing of FastAPI or Celery.
+Imports chat_flow, errors, the jobs store and capture.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, TypeVar
+
+from sqlalchemy.orm import Session, sessionmaker
+
+from gateway.chat_flow import ChatFlow
+from gateway.errors import GatewayError
+from gateway.jobs import store
+from gateway.jobs.capture import LineLedger
+from gateway.jobs.store import ClaimedLine, LeaseLost, LineOutcome, utc_now
+
+log = logging.getLogger("tiergate.jobs")
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class LinePrincipal:
+    """The batch creator, as the chat flow sees a caller."""
+
+    tenant_id: str
+    key_id: str
+    allow_prompt_storage: bool = False
+
+
+class BatchWork:
+    def __init__(self, flow: ChatFlow, capture: LineLedger, session_factory: sessionmaker[Session], *,
+                 lease_s: float, clock: Callable[[], datetime] = utc_now) -> None:
+        self.flow, self.capture, self.session_factory = flow, capture, session_factory
+        self.lease_s, self.clock = lease_s, clock
+
+    async def _db(self, fn: Callable[[Session], T]) -> T:
+        def run() -> T:
+            with self.session_factory() as session:
+                return fn(session)
+        return await asyncio.to_thread(run)
+
+    async def claim(self, limit: int, batch_id: str | None = None) -> list[ClaimedLine]:
+        now = self.clock()
+        return await self._db(lambda s: store.claim_lines(s, now=now, lease_s=self.lease_s, limit=limit,
+                                                          batch_id=batch_id))
+
+    async def _answer(self, claim: ClaimedLine) -> LineOutcome:
+        try:
+            rr, _ = self.flow.prepare(LinePrincipal(claim.tenant_id, claim.key_id or ""), claim.body)
+            rr = dataclasses.replace(rr, request_id=claim.request_id, key_id=claim.key_id)
+            return LineOutcome(200, await self.flow.complete(rr))
+        except GatewayError as err:
+            return LineOutcome(err.status, err.body(), {"code": err.code, "message": err.message})
+        except Exception as err:  # recorded by the flow as a 500; the line fails, its spend is billed
+            log.error("batch line %s failed: %s", claim.request_id, type(err).__name__)
+            body = {"error": {"message": "The server had an error while processing this request.",
+                              "type": "server_error", "param": None, "code": "internal_error"}}
+            return LineOutcome(500, body, {"code": "internal_error", "message": body["error"]["message"]})
+
+    async def run_line(self, claim: ClaimedLine) -> None:
+        """Run one claimed line and commit its outcome with its ledger rows. Cancelled (shutdown):
+        the line goes back to pending, what it spent is billed. Database errors propagate (the
+        line keeps its lease and is retried when it expires)."""
+        try:
+            outcome = await self._answer(claim)
+        except asyncio.CancelledError:
+            rows = self.capture.take(claim.request_id)
+            await asyncio.shield(self._db(lambda s: _commit(s, store.release_line, claim, rows)))
+            raise
+        rows = self.capture.take(claim.request_id)
+        now = self.clock()
+        try:
+            await asyncio.shield(self._db(lambda s: _commit(s, store.finish_line, claim, outcome, rows, now)))
+        except LeaseLost:
+            log.warning("batch line %s: lease lost, this attempt's result is dropped", claim.request_id)
+
+    async def release(self, claim: ClaimedLine) -> None:
+        """Hand a claimed line back unrun."""
+        await self._db(lambda s: _commit(s, store.release_line, claim, []))
+
+    async def finalize(self, batch_id: str) -> str | None:
+        now = self.clock()
+        return await self._db(lambda s: store.finalize_if_done(s, batch_id, now))
+
+    async def sweep(self) -> list[str]:
+        """Finalize every open batch that has nothing left to run (expiring overdue ones)."""
+        done = []
+        for batch_id in await self._db(store.open_batch_ids):
+            if await self.finalize(batch_id):
+                done.append(batch_id)
+        return done
+
+    async def is_open(self, batch_id: str) -> bool:
+        def check(s: Session) -> bool:
+            batch = s.get(store.Batch, batch_id)
+            return batch is not None and batch.status in store.OPEN
+        return await self._db(check)
+
+
+def _commit(session: Session, write: Callable[..., Any], *args: Any) -> None:
+    with session.begin():
+        write(session, *args)

@@ -1,0 +1,264 @@
+"""Batches and their lines in the database: create, claim, finish, cancel, finalize.
+
+A line is claimed with an optimistic, fenced update (its ``attempts`` counter must still be what
+the claimer read), so two runners — threads, processes or hosts — never run the same attempt; a
+line whose lease ran out (its worker died) is claimable again. ``finish_line`` writes the
+line's result and its ledger rows in the caller's transaction, fenced on the attempt: a line is
+done, and billed, exactly once. ``finalize_if_done`` writes the output and error files when no
+line is left to run and moves the batch to its final status, once.
+
+Plain functions on a Session with an explicit ``now``; imports the jobs tables, files, the
+ledger writer and errors. Knows nothing of FastAPI or Celery.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import orjson
+import sqlalchemy as sa
+from sqlalchemy.orm import Session
+
+from gateway.errors import InvalidRequest, NotFound
+from gateway.ids import fast_id
+from gateway.jobs.files import create_file, unix
+from gateway.jobs.models import Batch, BatchLine
+from gateway.jobs.validate import ENDPOINTS, LineSpec
+from gateway.ledger.entries import Record
+from gateway.ledger.writer import write_records
+
+ACTIVE = ("validating", "in_progress")
+OPEN = (*ACTIVE, "cancelling")  # lines may still be running
+FINAL = ("completed", "failed", "expired", "cancelled")
+WINDOWS = {"24h": timedelta(hours=24)}
+
+
+class LeaseLost(RuntimeError):
+    """The line's lease expired and another attempt took it over: this attempt's result is dropped."""
+
+
+@dataclass(frozen=True)
+class ClaimedLine:
+    batch_id: str
+    custom_id: str
+    request_id: str
+    attempt: int
+    tenant_id: str
+    key_id: str | None
+    body: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class LineOutcome:
+    status_code: int
+    body: dict[str, Any]  # the chat.completion, or the OpenAI error body
+    error: dict[str, Any] | None = None  # {"code", "message"} when the line failed
+
+
+def utc_now() -> datetime:
+    return datetime.now(UTC)
+
+
+def _aware(ts: datetime) -> datetime:
+    return ts if ts.tzinfo else ts.replace(tzinfo=UTC)
+
+
+def check_batch_params(endpoint: str, completion_window: str) -> None:
+    if completion_window not in WINDOWS:
+        raise InvalidRequest("completion_window must be '24h'", param="completion_window", code="invalid_value")
+    if endpoint not in ENDPOINTS:
+        raise InvalidRequest(f"endpoint must be one of {', '.join(ENDPOINTS)}", param="endpoint",
+                             code="invalid_value")
+
+
+def create_batch(session: Session, tenant_id: str, key_id: str | None, input_file_id: str, endpoint: str,
+                 completion_window: str, metadata: dict[str, str] | None, lines: Sequence[LineSpec],
+                 now: datetime) -> Batch:
+    check_batch_params(endpoint, completion_window)
+    hexid = fast_id()
+    batch = Batch(id="batch_" + hexid, tenant_id=tenant_id, key_id=key_id, endpoint=endpoint,
+                  input_file_id=input_file_id, completion_window=completion_window, status="validating",
+                  meta=metadata, total=len(lines), created_at=now, expires_at=now + WINDOWS[completion_window])
+    session.add(batch)
+    session.flush()
+    session.execute(sa.insert(BatchLine), [
+        {"batch_id": batch.id, "custom_id": s.custom_id, "line_no": s.line_no,
+         "request_id": f"batch_req_{hexid}_{s.line_no}", "body": s.body, "state": "pending", "attempts": 0}
+        for s in lines])
+    return batch
+
+
+def get_batch(session: Session, tenant_id: str, batch_id: str) -> Batch:
+    batch = session.get(Batch, batch_id)
+    if batch is None or batch.tenant_id != tenant_id:
+        raise NotFound(f"No such Batch object: {batch_id}", param="batch_id")
+    return batch
+
+
+def list_batches(session: Session, tenant_id: str, *, limit: int, after: str | None) -> list[Batch]:
+    q = sa.select(Batch).where(Batch.tenant_id == tenant_id)
+    if after is not None:
+        cursor = session.get(Batch, after)
+        if cursor is None or cursor.tenant_id != tenant_id:
+            raise NotFound(f"No such Batch object: {after}", param="after")
+        key, mark = sa.tuple_(Batch.created_at, Batch.id), sa.tuple_(cursor.created_at, cursor.id)
+        q = q.where(key < mark)
+    return list(session.scalars(q.order_by(Batch.created_at.desc(), Batch.id.desc()).limit(limit)))
+
+
+def line_counts(session: Session, batch_ids: Sequence[str]) -> dict[str, dict[str, int]]:
+    """Per batch: completed (done, 2xx) and failed (done with an error, or never run) line counts."""
+    ok = sa.and_(BatchLine.state == "done", BatchLine.status_code == 200)
+    failed = sa.or_(BatchLine.state.in_(("cancelled", "expired")),
+                    sa.and_(BatchLine.state == "done", BatchLine.status_code != 200))
+    q = (sa.select(BatchLine.batch_id, sa.func.count().filter(ok), sa.func.count().filter(failed))
+         .where(BatchLine.batch_id.in_(batch_ids)).group_by(BatchLine.batch_id))
+    return {b: {"completed": c, "failed": f} for b, c, f in session.execute(q)}
+
+
+def batch_json(batch: Batch, counts: dict[str, int] | None) -> dict[str, Any]:
+    counts = counts or {"completed": 0, "failed": 0}
+    return {
+        "id": batch.id, "object": "batch", "endpoint": batch.endpoint, "errors": None,
+        "input_file_id": batch.input_file_id, "completion_window": batch.completion_window,
+        "status": batch.status, "output_file_id": batch.output_file_id, "error_file_id": batch.error_file_id,
+        "created_at": unix(batch.created_at), "in_progress_at": unix(batch.in_progress_at),
+        "expires_at": unix(batch.expires_at), "finalizing_at": unix(batch.finalizing_at),
+        "completed_at": unix(batch.completed_at), "failed_at": unix(batch.failed_at),
+        "expired_at": unix(batch.expired_at), "cancelling_at": unix(batch.cancelling_at),
+        "cancelled_at": unix(batch.cancelled_at),
+        "request_counts": {"total": batch.total, **counts}, "metadata": batch.meta}
+
+
+def claim_lines(session: Session, *, now: datetime, lease_s: float, limit: int,
+                batch_id: str | None = None) -> list[ClaimedLine]:
+    """Claim up to ``limit`` runnable lines (pending, or running with an expired lease) of active
+    batches, oldest batch first; commits. Moves their batches from validating to in_progress."""
+    runnable = sa.or_(BatchLine.state == "pending",
+                      sa.and_(BatchLine.state == "running", BatchLine.lease_until < now))
+    q = (sa.select(BatchLine.batch_id, BatchLine.custom_id, BatchLine.request_id, BatchLine.attempts,
+                   BatchLine.body, Batch.tenant_id, Batch.key_id)
+         .join(Batch, Batch.id == BatchLine.batch_id)
+         .where(Batch.status.in_(ACTIVE), runnable)
+         .order_by(Batch.created_at, BatchLine.batch_id, BatchLine.line_no).limit(limit))
+    if batch_id is not None:
+        q = q.where(Batch.id == batch_id)
+    candidates = list(session.execute(q))
+    claimed: list[ClaimedLine] = []
+    lease_until = now + timedelta(seconds=lease_s)
+    for b_id, custom_id, request_id, attempts, body, tenant_id, key_id in candidates:
+        res = session.execute(
+            sa.update(BatchLine)
+            .where(BatchLine.batch_id == b_id, BatchLine.custom_id == custom_id,
+                   BatchLine.attempts == attempts, runnable)
+            .values(state="running", attempts=attempts + 1, lease_until=lease_until))
+        if res.rowcount == 1:  # type: ignore[attr-defined]
+            claimed.append(ClaimedLine(b_id, custom_id, request_id, attempts + 1, tenant_id, key_id, body))
+    started = {c.batch_id for c in claimed}
+    if started:
+        session.execute(sa.update(Batch).where(Batch.id.in_(started), Batch.status == "validating")
+                        .values(status="in_progress", in_progress_at=now))
+    session.commit()
+    return claimed
+
+
+def _fenced(claim: ClaimedLine) -> Any:
+    return sa.update(BatchLine).where(
+        BatchLine.batch_id == claim.batch_id, BatchLine.custom_id == claim.custom_id,
+        BatchLine.state == "running", BatchLine.attempts == claim.attempt)
+
+
+def finish_line(session: Session, claim: ClaimedLine, outcome: LineOutcome, records: Sequence[Record],
+                now: datetime) -> None:
+    """Mark the line done with its outcome and write its ledger rows, in the caller's transaction;
+    ``LeaseLost`` (nothing written) when another attempt owns the line."""
+    res = session.execute(_fenced(claim).values(
+        state="done", lease_until=None, status_code=outcome.status_code, response=outcome.body,
+        error=outcome.error, finished_at=now))
+    if res.rowcount != 1:  # type: ignore[attr-defined]
+        raise LeaseLost(f"{claim.request_id}: attempt {claim.attempt} no longer owns the line")
+    write_records(session, records)
+
+
+def release_line(session: Session, claim: ClaimedLine, records: Sequence[Record]) -> None:
+    """Give an interrupted attempt's line back (pending), billing what it spent; in the caller's
+    transaction. A line another attempt owns is left alone (and nothing is billed twice)."""
+    cancelling = sa.select(Batch.status).where(Batch.id == claim.batch_id).scalar_subquery() == "cancelling"
+    state = sa.case((cancelling, "cancelled"), else_="pending")  # a cancelled batch starts no line again
+    res = session.execute(_fenced(claim).values(state=state, lease_until=None))
+    if res.rowcount == 1:  # type: ignore[attr-defined]
+        write_records(session, records)
+
+
+def cancel_batch(session: Session, batch: Batch, now: datetime) -> None:
+    """Stop new lines: pending ones become cancelled; running ones finish. In the caller's transaction."""
+    if batch.status not in ACTIVE:
+        raise InvalidRequest(f"Cannot cancel a batch with status '{batch.status}'.", param="batch_id",
+                             code="invalid_state")
+    batch.status, batch.cancelling_at = "cancelling", now
+    session.execute(sa.update(BatchLine).where(BatchLine.batch_id == batch.id, BatchLine.state == "pending")
+                    .values(state="cancelled"))
+
+
+def open_batch_ids(session: Session) -> list[str]:
+    return list(session.scalars(sa.select(Batch.id).where(Batch.status.in_(OPEN)).order_by(Batch.created_at)))
+
+
+def _unsettled(session: Session, batch_id: str) -> int:
+    return session.scalar(sa.select(sa.func.count()).select_from(BatchLine).where(
+        BatchLine.batch_id == batch_id, BatchLine.state.in_(("pending", "running")))) or 0
+
+
+def _result_line(line: BatchLine) -> bytes:
+    response = None if line.status_code is None else {
+        "status_code": line.status_code, "request_id": line.request_id, "body": line.response}
+    if line.state == "cancelled":
+        error: dict[str, Any] | None = {"code": "batch_cancelled", "message": "The batch was cancelled before "
+                                        "this request ran."}
+    elif line.state == "expired":
+        error = {"code": "batch_expired", "message": "The batch expired before this request ran."}
+    else:
+        error = line.error
+    return orjson.dumps({"id": line.request_id, "custom_id": line.custom_id, "response": response,
+                         "error": error})
+
+
+def finalize_if_done(session: Session, batch_id: str, now: datetime) -> str | None:
+    """When no line of the batch is left to run (expiring pending lines of an overdue batch first),
+    write its output / error files and set its final status; commits. Returns the final status,
+    or None when lines remain or another finalizer got there first."""
+    batch = session.get(Batch, batch_id)
+    if batch is None or batch.status not in OPEN:
+        return None
+    if batch.status in ACTIVE and now >= _aware(batch.expires_at):
+        session.execute(sa.update(BatchLine).where(BatchLine.batch_id == batch_id, BatchLine.state == "pending")
+                        .values(state="expired"))
+        session.commit()
+    if _unsettled(session, batch_id):
+        session.rollback()
+        return None
+    seen = batch.status
+    final = "cancelled" if seen == "cancelling" else "expired" if now >= _aware(batch.expires_at) else "completed"
+    # Claim the finalization first (a write: serialises concurrent finalizers on SQLite too).
+    res = session.execute(sa.update(Batch).where(Batch.id == batch_id, Batch.status == seen)
+                          .values(status="finalizing", finalizing_at=now))
+    if res.rowcount != 1 or _unsettled(session, batch_id):  # type: ignore[attr-defined]
+        session.rollback()
+        return None
+    lines = list(session.scalars(sa.select(BatchLine).where(BatchLine.batch_id == batch_id)
+                                 .order_by(BatchLine.line_no)))
+    ok = [_result_line(x) for x in lines if x.state == "done" and x.status_code == 200]
+    bad = [_result_line(x) for x in lines if not (x.state == "done" and x.status_code == 200)]
+    values: dict[str, Any] = {"status": final, f"{final}_at": now}
+    if ok:
+        values["output_file_id"] = create_file(session, batch.tenant_id, f"{batch_id}_output.jsonl",
+                                               "batch_output", b"\n".join(ok) + b"\n", now).id
+    if bad:
+        values["error_file_id"] = create_file(session, batch.tenant_id, f"{batch_id}_error.jsonl",
+                                              "batch_output", b"\n".join(bad) + b"\n", now).id
+    session.execute(sa.update(Batch).where(Batch.id == batch_id).values(**values))
+    session.commit()
+    return final

@@ -1,0 +1,94 @@
+"""``/v1/batches``: create (validates the input file's JSONL first), retrieve, list, cancel.
+The work itself runs in the jobs backend (embedded runner or Celery); this module only reads
+and writes batch rows. Imports deps, errors and gateway.jobs.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Depends
+from pydantic import BaseModel, ConfigDict, Field
+from sqlalchemy.orm import Session
+from starlette.concurrency import run_in_threadpool
+
+from gateway.chat_flow import PrincipalLike
+from gateway.deps import GatewayState, gateway_state, principal
+from gateway.errors import InvalidRequest
+from gateway.jobs import store
+from gateway.jobs.files import get_file
+from gateway.jobs.validate import parse_batch_file
+
+router = APIRouter()
+
+
+class BatchCreate(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    input_file_id: str = Field(..., min_length=1, max_length=64)
+    endpoint: str
+    completion_window: str
+    metadata: dict[str, str] | None = Field(None, max_length=16)
+
+
+def _json(session: Session, batch: store.Batch) -> dict[str, Any]:
+    return store.batch_json(batch, store.line_counts(session, [batch.id]).get(batch.id))
+
+
+def _create(state: GatewayState, who: PrincipalLike, body: BatchCreate) -> dict[str, Any]:
+    store.check_batch_params(body.endpoint, body.completion_window)
+    with state.session_factory() as session, session.begin():
+        f = get_file(session, who.tenant_id, body.input_file_id, param="input_file_id")
+        if f.purpose != "batch":
+            raise InvalidRequest("the input file's purpose must be 'batch'", param="input_file_id")
+        lines = parse_batch_file(f.content, body.endpoint, state.settings.jobs.max_lines)
+        batch = store.create_batch(session, who.tenant_id, who.key_id, f.id, body.endpoint,
+                                   body.completion_window, body.metadata, lines, store.utc_now())
+        return store.batch_json(batch, None)
+
+
+@router.post("/v1/batches")
+async def create_batch(body: BatchCreate, state: GatewayState = Depends(gateway_state),
+                       who: PrincipalLike = Depends(principal)) -> Any:
+    created = await run_in_threadpool(_create, state, who, body)
+    await state.extras["jobs"].submit(created["id"])
+    return created
+
+
+@router.get("/v1/batches/{batch_id}")
+async def retrieve_batch(batch_id: str, state: GatewayState = Depends(gateway_state),
+                         who: PrincipalLike = Depends(principal)) -> Any:
+    def read() -> dict[str, Any]:
+        with state.session_factory() as session:
+            return _json(session, store.get_batch(session, who.tenant_id, batch_id))
+    return await run_in_threadpool(read)
+
+
+@router.get("/v1/batches")
+async def list_batches(after: str | None = None, limit: int = 20, state: GatewayState = Depends(gateway_state),
+                       who: PrincipalLike = Depends(principal)) -> Any:
+    if not 1 <= limit <= 100:
+        raise InvalidRequest("limit must be between 1 and 100", param="limit")
+
+    def read() -> dict[str, Any]:
+        with state.session_factory() as session:
+            batches = store.list_batches(session, who.tenant_id, limit=limit + 1, after=after)
+            counts = store.line_counts(session, [b.id for b in batches[:limit]])
+            data = [store.batch_json(b, counts.get(b.id)) for b in batches[:limit]]
+        return {"object": "list", "data": data, "has_more": len(batches) > limit,
+                "first_id": data[0]["id"] if data else None, "last_id": data[-1]["id"] if data else None}
+    return await run_in_threadpool(read)
+
+
+@router.post("/v1/batches/{batch_id}/cancel")
+async def cancel_batch(batch_id: str, state: GatewayState = Depends(gateway_state),
+                       who: PrincipalLike = Depends(principal)) -> Any:
+    """Pending lines are cancelled at once; running ones finish; the batch then becomes cancelled
+    (right here when nothing is running)."""
+    def cancel() -> dict[str, Any]:
+        with state.session_factory() as session:
+            with session.begin():
+                store.cancel_batch(session, store.get_batch(session, who.tenant_id, batch_id), store.utc_now())
+            store.finalize_if_done(session, batch_id, store.utc_now())
+            return _json(session, store.get_batch(session, who.tenant_id, batch_id))
+    return await run_in_threadpool(cancel)

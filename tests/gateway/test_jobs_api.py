@@ -1,0 +1,213 @@
+"""Files and Batches API through the app (scripted upstream, SQLite, real ledger and budgets):
+file CRUD and tenant scoping, input validation errors in OpenAI's shape, a batch run to the end
+(output lines, request counts, ledger rows and budget spend that add up), a budget that denies
+lines mid-batch, and cancel."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from decimal import Decimal
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+
+from gateway.auth import generate_key, hash_key
+from gateway.db.models import LedgerEntryRow, Request
+from gateway.db.queries import add_api_key, create_tenant
+from tests.gateway.jobs_support import create_batch, file_lines, jobs_gateway, jsonl, line, upload, wait_final
+from tests.gateway.scripted_upstream import UPSTREAM_KEY, UPSTREAM_KEY_ENV, Behaviour, ScriptedUpstream
+
+ADMIN = "admin-secret-for-tests"
+MSGS = [{"role": "user", "content": "one two three four"}]
+
+
+@pytest.fixture
+def upstream(monkeypatch: pytest.MonkeyPatch) -> Iterator[ScriptedUpstream]:
+    monkeypatch.setenv(UPSTREAM_KEY_ENV, UPSTREAM_KEY)
+    monkeypatch.setenv("TIERGATE_ADMIN_KEY", ADMIN)
+    with ScriptedUpstream() as up:
+        yield up
+
+
+async def test_files_crud_and_tenant_scope(tmp_path: Path, upstream: ScriptedUpstream) -> None:
+    async with jobs_gateway(tmp_path, upstream) as gw:
+        content = jsonl([line("a", {"model": "low", "messages": MSGS})])
+        r = await upload(gw.client, gw.auth, content)
+        assert r.status_code == 200, r.text
+        f = r.json()
+        assert f["object"] == "file" and f["id"].startswith("file-") and f["bytes"] == len(content)
+        assert f["purpose"] == "batch" and f["filename"] == "in.jsonl" and isinstance(f["created_at"], int)
+        assert (await gw.client.get(f"/v1/files/{f['id']}", headers=gw.auth)).json() == f
+        assert (await gw.client.get(f"/v1/files/{f['id']}/content", headers=gw.auth)).content == content
+        listed = (await gw.client.get("/v1/files", headers=gw.auth)).json()
+        assert listed["object"] == "list" and [x["id"] for x in listed["data"]] == [f["id"]]
+
+        with gw.session_factory() as s, s.begin():  # another tenant sees none of it
+            other = create_tenant(s, "other")
+            raw = generate_key()
+            add_api_key(s, other.id, raw, hash_key(raw))
+        them = {"Authorization": f"Bearer {raw}"}
+        r = await gw.client.get(f"/v1/files/{f['id']}", headers=them)
+        assert r.status_code == 404 and r.json()["error"]["type"] == "invalid_request_error"
+        assert (await gw.client.get("/v1/files", headers=them)).json()["data"] == []
+        assert (await create_batch(gw.client, them, f["id"])).status_code == 404
+        assert (await gw.client.delete(f"/v1/files/{f['id']}", headers=them)).status_code == 404
+
+        r = await gw.client.delete(f"/v1/files/{f['id']}", headers=gw.auth)
+        assert r.json() == {"id": f["id"], "object": "file", "deleted": True}
+        assert (await gw.client.get(f"/v1/files/{f['id']}", headers=gw.auth)).status_code == 404
+        assert (await gw.client.get("/v1/files")).status_code == 401
+
+        r = await upload(gw.client, gw.auth, content, purpose="fine-tune")
+        assert r.status_code == 400 and r.json()["error"]["param"] == "purpose"
+        r = await gw.client.post("/v1/files", headers=gw.auth, data={"purpose": "batch"})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "file"
+
+
+@pytest.mark.parametrize(("lines", "param", "needle"), [
+    ([b"{not json"], None, "line 1: not valid JSON"),
+    ([line("a", {"model": "low", "messages": MSGS}), line("a", {"model": "low", "messages": MSGS})],
+     "custom_id", "line 2"),
+    ([line("a", {"model": "low", "messages": MSGS}, url="/v1/embeddings")], "url", "line 1"),
+    ([{"custom_id": "a", "method": "GET", "url": "/v1/chat/completions", "body": {}}], "method", "line 1"),
+    ([line("a", {"model": "low"})], "body.messages", "line 1"),
+    ([line("a", {"model": "low", "messages": MSGS, "stream": True})], "body.stream", "line 1"),
+    ([{"method": "POST", "url": "/v1/chat/completions", "body": {}}], "custom_id", "line 1"),
+    ([b""], "input_file_id", "no requests"),
+])
+async def test_invalid_input_files_are_refused(tmp_path: Path, upstream: ScriptedUpstream, lines: list[object],
+                                               param: str | None, needle: str) -> None:
+    async with jobs_gateway(tmp_path, upstream) as gw:
+        f = (await upload(gw.client, gw.auth, jsonl(lines))).json()
+        r = await create_batch(gw.client, gw.auth, f["id"])
+        assert r.status_code == 400, r.text
+        err = r.json()["error"]
+        assert err["type"] == "invalid_request_error" and err["param"] == param and needle in err["message"]
+        assert (await gw.client.get("/v1/batches", headers=gw.auth)).json()["data"] == []
+        assert upstream.requests == []
+
+
+async def test_invalid_batch_requests(tmp_path: Path, upstream: ScriptedUpstream) -> None:
+    async with jobs_gateway(tmp_path, upstream, jobs={"max_lines": 2}) as gw:
+        three = jsonl([line(str(i), {"model": "low", "messages": MSGS}) for i in range(3)])
+        f = (await upload(gw.client, gw.auth, three)).json()
+        r = await create_batch(gw.client, gw.auth, f["id"])
+        assert r.status_code == 400 and r.json()["error"]["param"] == "input_file_id"
+        r = await create_batch(gw.client, gw.auth, f["id"], completion_window="1h")
+        assert r.status_code == 400 and r.json()["error"]["param"] == "completion_window"
+        r = await create_batch(gw.client, gw.auth, f["id"], endpoint="/v1/embeddings")
+        assert r.status_code == 400 and r.json()["error"]["param"] == "endpoint"
+        r = await create_batch(gw.client, gw.auth, "file-nope")
+        assert r.status_code == 404 and r.json()["error"]["param"] == "input_file_id"
+        r = await gw.client.post("/v1/batches", headers=gw.auth, json={"endpoint": "/v1/chat/completions"})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "input_file_id"
+        assert (await gw.client.get("/v1/batches/batch_nope", headers=gw.auth)).status_code == 404
+
+
+async def test_batch_runs_every_line_once_and_bills_it(tmp_path: Path, upstream: ScriptedUpstream) -> None:
+    async with jobs_gateway(tmp_path, upstream) as gw:
+        admin = {"Authorization": f"Bearer {ADMIN}"}
+        r = await gw.client.put(f"/admin/budgets/tenants/{gw.tenant_id}", headers=admin,
+                                json={"period": "day", "limit_usd": "1"})
+        assert r.status_code == 200, r.text
+        n = 7
+        lines = [line(f"req-{i}", {"model": "low", "messages": MSGS, "max_tokens": 1 + i}) for i in range(n)]
+        f = (await upload(gw.client, gw.auth, jsonl(lines))).json()
+        r = await create_batch(gw.client, gw.auth, f["id"], metadata={"job": "nightly"})
+        assert r.status_code == 200, r.text
+        created = r.json()
+        assert created["object"] == "batch" and created["id"].startswith("batch_")
+        assert created["status"] == "validating" and created["request_counts"] == {"total": n, "completed": 0,
+                                                                                    "failed": 0}
+        batch = await wait_final(gw.client, gw.auth, created["id"])
+        assert batch["status"] == "completed" and batch["metadata"] == {"job": "nightly"}
+        assert batch["request_counts"] == {"total": n, "completed": n, "failed": 0}
+        assert batch["error_file_id"] is None and batch["in_progress_at"] and batch["completed_at"]
+        out = await file_lines(gw.client, gw.auth, batch["output_file_id"])
+        assert [o["custom_id"] for o in out] == [f"req-{i}" for i in range(n)]  # input order
+        for i, o in enumerate(out):
+            assert o["error"] is None and o["id"].startswith("batch_req_")
+            assert o["response"]["status_code"] == 200 and o["response"]["request_id"] == o["id"]
+            body = o["response"]["body"]
+            assert body["object"] == "chat.completion" and body["id"] == o["id"] and body["model"] == "low"
+            assert body["choices"][0]["message"]["content"] == " ".join(f"w{k}" for k in range(1 + i))
+            assert body["usage"]["completion_tokens"] == 1 + i
+        assert len(upstream.requests) == n
+
+        rows = gw.ledger_rows()
+        by_request = {r.request_id: r for r in rows}
+        assert len(rows) == n and set(by_request) == {o["id"] for o in out}
+        assert all(r.request_id.startswith("batch_req_" + created["id"].removeprefix("batch_")) for r in rows)
+        assert sum(r.completion_tokens for r in rows) == sum(range(1, n + 1))
+        with gw.session_factory() as s:
+            requests = list(s.scalars(sa.select(Request)))
+        assert len(requests) == n and all(q.status == "ok" and q.key_id for q in requests)
+        status = (await gw.client.get(f"/admin/budgets/tenants/{gw.tenant_id}", headers=admin)).json()["status"]
+        assert Decimal(str(status["spent_usd"])) == sum((r.cost_usd for r in rows), Decimal(0)) > 0
+        assert status["held_usd"] == 0
+
+        listed = (await gw.client.get("/v1/batches", headers=gw.auth)).json()
+        assert [b["id"] for b in listed["data"]] == [created["id"]] and listed["has_more"] is False
+        files = (await gw.client.get("/v1/files?purpose=batch_output", headers=gw.auth)).json()["data"]
+        assert [x["id"] for x in files] == [batch["output_file_id"]]
+        r = await gw.client.post(f"/v1/batches/{created['id']}/cancel", headers=gw.auth)
+        assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_state"
+
+
+async def test_budget_denies_lines_mid_batch_and_the_batch_goes_on(tmp_path: Path,
+                                                                  upstream: ScriptedUpstream) -> None:
+    cost = Decimal(11 * 1 + 4 * 2) / Decimal(10**6)  # worst case == actual: 11 prompt, 4 completion tokens
+    async with jobs_gateway(tmp_path, upstream) as gw:
+        admin = {"Authorization": f"Bearer {ADMIN}"}
+        r = await gw.client.put(f"/admin/budgets/tenants/{gw.tenant_id}", headers=admin,
+                                json={"period": "day", "limit_usd": str(cost * Decimal("3.5"))})
+        assert r.status_code == 200, r.text
+        lines = [line(f"q{i}", {"model": "low", "messages": MSGS, "max_tokens": 4}) for i in range(8)]
+        f = (await upload(gw.client, gw.auth, jsonl(lines))).json()
+        batch = await wait_final(gw.client, gw.auth, (await create_batch(gw.client, gw.auth, f["id"])).json()["id"])
+        assert batch["status"] == "completed"
+        assert batch["request_counts"] == {"total": 8, "completed": 3, "failed": 5}
+        out = await file_lines(gw.client, gw.auth, batch["output_file_id"])
+        errors = await file_lines(gw.client, gw.auth, batch["error_file_id"])
+        assert sorted(o["custom_id"] for o in out + errors) == sorted(f"q{i}" for i in range(8))
+        for e in errors:
+            assert e["error"]["code"] == "budget_exceeded"
+            assert e["response"]["status_code"] == 429
+            assert e["response"]["body"]["error"]["type"] == "insufficient_quota"
+        assert len(upstream.requests) == 3  # denied lines never reached the upstream
+        rows = gw.ledger_rows()
+        assert len(rows) == 3 and sum((r.cost_usd for r in rows), Decimal(0)) == 3 * cost
+        status = (await gw.client.get(f"/admin/budgets/tenants/{gw.tenant_id}", headers=admin)).json()["status"]
+        assert Decimal(str(status["spent_usd"])) == 3 * cost and status["held_usd"] == 0
+        with gw.session_factory() as s:
+            denied = s.scalar(sa.select(sa.func.count()).select_from(Request).where(Request.http_status == 429))
+        assert denied == 5
+
+
+async def test_cancel_stops_new_lines_and_finalises_with_what_is_done(tmp_path: Path,
+                                                                      upstream: ScriptedUpstream) -> None:
+    async with jobs_gateway(tmp_path, upstream, jobs={"concurrency": 1}, timeout_s=2, max_retries=0) as gw:
+        upstream.push(Behaviour(n_words=2), Behaviour(block=True))  # the 2nd line hangs until timed out
+        lines = [line(f"c{i}", {"model": "up-a", "messages": MSGS}) for i in range(6)]
+        f = (await upload(gw.client, gw.auth, jsonl(lines))).json()
+        batch_id = (await create_batch(gw.client, gw.auth, f["id"])).json()["id"]
+        assert await asyncio.to_thread(upstream.wait_for, lambda up: len(up.requests) >= 2)
+        r = await gw.client.post(f"/v1/batches/{batch_id}/cancel", headers=gw.auth)
+        assert r.status_code == 200 and r.json()["status"] in ("cancelling", "cancelled")
+        batch = await wait_final(gw.client, gw.auth, batch_id)
+        assert batch["status"] == "cancelled" and batch["cancelled_at"] and batch["cancelling_at"]
+        out = await file_lines(gw.client, gw.auth, batch["output_file_id"])
+        errors = await file_lines(gw.client, gw.auth, batch["error_file_id"])
+        assert sorted(o["custom_id"] for o in out + errors) == [f"c{i}" for i in range(6)]  # each exactly once
+        assert out[0]["custom_id"] == "c0"
+        cancelled = [e for e in errors if e["error"]["code"] == "batch_cancelled"]
+        assert cancelled and all(e["response"] is None for e in cancelled)
+        ran = len(upstream.requests)
+        assert ran < 6  # cancelled lines never reached the upstream
+        counts = batch["request_counts"]
+        assert counts["total"] == 6 and counts["completed"] + counts["failed"] == 6
+        assert len(gw.ledger_rows()) == ran  # every upstream call billed once
+        with gw.session_factory() as s:
+            assert s.scalar(sa.select(sa.func.count()).select_from(LedgerEntryRow)) == ran
