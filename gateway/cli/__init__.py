@@ -27,6 +27,9 @@ def _register() -> None:
 
     bench.app.command("ledger-sqlite")(ledger_bench.ledger)
     serve.register(app)
+    from gateway.cli import worker
+
+    worker.register(app)
 
 
 def main() -> None:
