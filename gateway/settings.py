@@ -169,6 +169,7 @@ class JobsSettings(_Strict):
 
     backend: Literal["embedded", "celery"] = "embedded"
     broker_url_env: str = "TIERGATE_BROKER_URL"
+    queue: str = "tiergate-batches"  # the Celery queue the gateway sends to and workers consume
     concurrency: int = Field(4, ge=1, le=256)  # lines in flight per runner / per worker task
     line_lease_s: float = Field(900.0, gt=0)  # a running line whose worker died is retried after this
     poll_interval_s: float = Field(1.0, gt=0)

@@ -19,6 +19,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 PG_URL = os.environ.get("TIERGATE_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 REDIS_URL = os.environ.get("TIERGATE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+RABBITMQ_URL = os.environ.get("TIERGATE_TEST_RABBITMQ_URL", "amqp://guest:guest@127.0.0.1:5672//")
 
 
 def _reachable(url: str, default_port: int) -> bool:
@@ -61,6 +62,13 @@ def redis_url() -> str:
     if not _reachable(REDIS_URL, 6379):
         _unavailable("Redis")
     return REDIS_URL
+
+
+@pytest.fixture
+def rabbitmq_url() -> str:
+    if not _reachable(RABBITMQ_URL, 5672):
+        _unavailable("RabbitMQ")
+    return RABBITMQ_URL
 
 
 @pytest.fixture

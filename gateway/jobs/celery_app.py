@@ -26,6 +26,7 @@ def make_celery(settings: Settings) -> Celery:
         task_acks_late=True, task_reject_on_worker_lost=True, worker_prefetch_multiplier=1,
         task_serializer="json", accept_content=["json"], task_ignore_result=True,
         broker_connection_retry_on_startup=True, worker_hijack_root_logger=False,
+        task_default_queue=settings.jobs.queue,
     )
 
     decide: list[DecideAuto | None] = []  # the classifier, loaded by the first task of a process
