@@ -1,1 +1,14 @@
-"""Batch jobs (placeholder, filled below)."""
+"""Batch jobs: the OpenAI Files + Batch API's work, run exactly once per line.
+
+- ``models``: the ``files``, ``batches`` and ``batch_lines`` tables.
+- ``files`` / ``validate`` / ``store``: plain functions on a Session (tenant-scoped files, JSONL
+  validation, line claims with leases, fenced finish, cancel, finalize).
+- ``capture.LineLedger`` and ``batch.BatchWork``: a line through the live chat flow, its ledger
+  rows committed with its result.
+- ``runner.BatchRunner``: bounded concurrency over the database; ``backends``: the embedded
+  runner or the Celery producer for the app, ``drain_batch`` for workers.
+- ``celery_app`` / ``tasks``: the Celery app (built by a factory) and its thin task bodies.
+
+Nothing is imported here: ``gateway.db.migrate`` imports ``gateway.jobs.models`` alone, and the
+batch logic must never pull in FastAPI or Celery (import-linter contract).
+"""
