@@ -203,9 +203,11 @@ static void share(int64_t count, int tid, int nth, int64_t *begin, int64_t *end)
 
 static int clamp_threads(int nthreads, int64_t work) {
     /* A parallel region waits for its slowest thread: on a busy machine a thread that lost its core holds
-     * the region for a scheduler time slice. Split only work big enough (~512K multiply-adds, ~2 MB of
-     * fp32 weights at batch 1, tens of microseconds on one core) for the gain to outweigh that risk. */
-    if (nthreads < 1 || work < (1 << 19)) return 1;
+     * the region for a scheduler time slice (measured here with another job on the second core: the demo
+     * model's batch-1 decode fell from ~2,000 to ~200 tok/s with its one 1M multiply-add region split).
+     * Split only work big enough (~2M multiply-adds: 8 MB of fp32 weights at batch 1, ~250 us on one
+     * core) for the gain to outweigh that risk. */
+    if (nthreads < 1 || work < (1 << 21)) return 1;
     return nthreads;
 }
 
