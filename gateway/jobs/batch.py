@@ -2,12 +2,15 @@
 
 A claimed line runs as a request of the batch creator's tenant and key through the same
 ``ChatFlow`` as ``POST /v1/chat/completions`` (tier routing including ``model: "auto"``, budget
-reserve/settle, one ledger row per upstream call), with the line's fixed request id
-``batch_req_<batch hex>_<line no>`` (so ledger rows name their batch). The flow's ledger is a
-``LineLedger``: the line's rows reach the database in the same transaction as its result
-(``store.finish_line``). A line the budget refuses fails with the 429 body; the batch goes on.
-A line interrupted by shutdown is handed back (pending) with what it spent billed; a worker
-killed mid-line leaves a lease that expires, and the line runs again, billed once.
+reserve/settle, one ledger row per upstream call), under the attempt's request id
+``batch_req_<batch hex>_<line no>`` (``_a<n>`` appended for retries, so ledger rows name their
+batch and attempt). The flow's ledger is a ``LineLedger``: an attempt's rows reach the database
+in the same transaction as its result (``store.finish_line``). A line the budget refuses fails
+with the 429 body; the batch goes on. A line interrupted by shutdown is handed back (pending)
+with what it spent billed; a worker killed mid-line leaves a lease that expires, and the line
+runs again. An attempt still running when its lease expired is billed when it ends, as a
+``superseded`` request if another attempt finished the line first (the budgets, which settled
+its call live, then agree with the ledger).
 
 Used by the embedded runner and the Celery task alike; knows nothing of FastAPI or Celery.
 Imports chat_flow, errors, the jobs store and capture.
@@ -29,7 +32,7 @@ from gateway.chat_flow import ChatFlow
 from gateway.errors import GatewayError
 from gateway.jobs import store
 from gateway.jobs.capture import LineLedger
-from gateway.jobs.store import ClaimedLine, LeaseLost, LineOutcome, utc_now
+from gateway.jobs.store import ClaimedLine, LineOutcome, utc_now
 
 log = logging.getLogger("tiergate.jobs")
 T = TypeVar("T")
@@ -75,9 +78,10 @@ class BatchWork:
             return LineOutcome(500, body, {"code": "internal_error", "message": body["error"]["message"]})
 
     async def run_line(self, claim: ClaimedLine) -> None:
-        """Run one claimed line and commit its outcome with its ledger rows. Cancelled (shutdown):
-        the line goes back to pending, what it spent is billed. Database errors propagate (the
-        line keeps its lease and is retried when it expires)."""
+        """Run one claimed line and commit its ledger rows, with its outcome unless another attempt
+        finished the line first (then they are billed as superseded). Cancelled (shutdown): the
+        line goes back to pending, what it spent is billed. Database errors propagate (the line
+        keeps its lease and is retried when it expires)."""
         try:
             outcome = await self._answer(claim)
         except asyncio.CancelledError:
@@ -86,10 +90,10 @@ class BatchWork:
             raise
         rows = self.capture.take(claim.request_id)
         now = self.clock()
-        try:
-            await asyncio.shield(self._db(lambda s: _commit(s, store.finish_line, claim, outcome, rows, now)))
-        except LeaseLost:
-            log.warning("batch line %s: lease lost, this attempt's result is dropped", claim.request_id)
+        kept = await asyncio.shield(self._db(lambda s: _commit(s, store.finish_line, claim, outcome, rows, now)))
+        if not kept:
+            log.warning("batch line %s: another attempt finished the line first; this one is billed as "
+                        "superseded, its result dropped", claim.request_id)
 
     async def release(self, claim: ClaimedLine) -> None:
         """Hand a claimed line back unrun."""
@@ -114,6 +118,6 @@ class BatchWork:
         return await self._db(check)
 
 
-def _commit(session: Session, write: Callable[..., Any], *args: Any) -> None:
+def _commit(session: Session, write: Callable[..., T], *args: Any) -> T:
     with session.begin():
-        write(session, *args)
+        return write(session, *args)

@@ -1,8 +1,9 @@
 """Tables of the batch jobs: uploaded/produced files, batches, and one row per batch line.
 
 A line's row is its durable state machine: ``pending`` → ``running`` (with ``lease_until`` and
-an ``attempts`` fencing counter) → ``done`` (its HTTP status and response or error kept), or
-``cancelled`` / ``expired`` when the batch stopped before it ran. Subclasses the shared
+an ``attempts`` fencing counter) → ``done`` (its HTTP status and response or error kept, and
+``result_request_id``: the attempt they came from), or ``cancelled`` / ``expired`` when the
+batch stopped before it ran. Subclasses the shared
 ``Base``; imports only SQLAlchemy and gateway.db.models.
 """
 
@@ -48,6 +49,7 @@ class Batch(Base):
     completion_window: Mapped[str] = mapped_column(sa.String(8))
     status: Mapped[str] = mapped_column(sa.String(16))
     meta: Mapped[Any | None] = mapped_column("metadata", JSON, nullable=True)
+    errors: Mapped[Any | None] = mapped_column(JSON, nullable=True)  # OpenAI's errors.data, when it failed
     output_file_id: Mapped[str | None] = mapped_column(ID, nullable=True)
     error_file_id: Mapped[str | None] = mapped_column(ID, nullable=True)
     total: Mapped[int] = mapped_column(sa.Integer)
@@ -80,3 +82,4 @@ class BatchLine(Base):
     response: Mapped[Any | None] = mapped_column(JSON, nullable=True)
     error: Mapped[Any | None] = mapped_column(JSON, nullable=True)
     finished_at: Mapped[datetime | None] = mapped_column(TS, nullable=True)
+    result_request_id: Mapped[str | None] = mapped_column(ID, nullable=True)  # the attempt whose result is kept

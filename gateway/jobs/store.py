@@ -2,9 +2,13 @@
 
 A line is claimed with an optimistic, fenced update (its ``attempts`` counter must still be what
 the claimer read), so two runners — threads, processes or hosts — never run the same attempt; a
-line whose lease ran out (its worker died) is claimable again. ``finish_line`` writes the
-line's result and its ledger rows in the caller's transaction, fenced on the attempt: a line is
-done, and billed, exactly once. ``finalize_if_done`` writes the output and error files when no
+line whose lease ran out (its worker died, or its call is slower than the lease) is claimable
+again. Each attempt runs under its own request id (``attempt_request_id``), so its ledger rows
+and request record are its own. ``finish_line`` writes an attempt's ledger rows in the caller's
+transaction, always: the upstream compute happened. The first attempt to finish a line that is
+still pending or running makes it done with its result (``result_request_id`` names it); any
+other attempt is billed as a ``superseded`` request and its result is not kept, so the output
+has exactly one result per line. ``finalize_if_done`` writes the output and error files when no
 line is left to run and moves the batch to its final status, once.
 
 Plain functions on a Session with an explicit ``now``; imports the jobs tables, files, the
@@ -13,6 +17,7 @@ ledger writer and errors. Knows nothing of FastAPI or Celery.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -27,24 +32,29 @@ from gateway.ids import fast_id
 from gateway.jobs.files import create_file, unix
 from gateway.jobs.models import Batch, BatchLine
 from gateway.jobs.validate import ENDPOINTS, LineSpec
-from gateway.ledger.entries import Record
+from gateway.ledger.entries import Record, RequestRecord
 from gateway.ledger.writer import write_records
 
 ACTIVE = ("validating", "in_progress")
 OPEN = (*ACTIVE, "cancelling")  # lines may still be running
 FINAL = ("completed", "failed", "expired", "cancelled")
 WINDOWS = {"24h": timedelta(hours=24)}
+# The request status of an attempt whose line another attempt finished (or owns): its spend is
+# billed like any request's (ledger rows, daily_spend, budgets), its result is not in the output.
+SUPERSEDED = "superseded"
 
 
-class LeaseLost(RuntimeError):
-    """The line's lease expired and another attempt took it over: this attempt's result is dropped."""
+def attempt_request_id(line_request_id: str, attempt: int) -> str:
+    """The request id an attempt runs (and is billed) under: the line's own for the first attempt,
+    ``<line's>_a<n>`` for a retry."""
+    return line_request_id if attempt == 1 else f"{line_request_id}_a{attempt}"
 
 
 @dataclass(frozen=True)
 class ClaimedLine:
     batch_id: str
     custom_id: str
-    request_id: str
+    request_id: str  # this attempt's (attempt_request_id)
     attempt: int
     tenant_id: str
     key_id: str | None
@@ -122,7 +132,8 @@ def line_counts(session: Session, batch_ids: Sequence[str]) -> dict[str, dict[st
 def batch_json(batch: Batch, counts: dict[str, int] | None) -> dict[str, Any]:
     counts = counts or {"completed": 0, "failed": 0}
     return {
-        "id": batch.id, "object": "batch", "endpoint": batch.endpoint, "errors": None,
+        "id": batch.id, "object": "batch", "endpoint": batch.endpoint,
+        "errors": {"object": "list", "data": batch.errors} if batch.errors else None,
         "input_file_id": batch.input_file_id, "completion_window": batch.completion_window,
         "status": batch.status, "output_file_id": batch.output_file_id, "error_file_id": batch.error_file_id,
         "created_at": unix(batch.created_at), "in_progress_at": unix(batch.in_progress_at),
@@ -156,7 +167,8 @@ def claim_lines(session: Session, *, now: datetime, lease_s: float, limit: int,
                    BatchLine.attempts == attempts, runnable)
             .values(state="running", attempts=attempts + 1, lease_until=lease_until))
         if res.rowcount == 1:  # type: ignore[attr-defined]
-            claimed.append(ClaimedLine(b_id, custom_id, request_id, attempts + 1, tenant_id, key_id, body))
+            claimed.append(ClaimedLine(b_id, custom_id, attempt_request_id(request_id, attempts + 1),
+                                       attempts + 1, tenant_id, key_id, body))
     started = {c.batch_id for c in claimed}
     if started:
         session.execute(sa.update(Batch).where(Batch.id.in_(started), Batch.status == "validating")
@@ -171,26 +183,36 @@ def _fenced(claim: ClaimedLine) -> Any:
         BatchLine.state == "running", BatchLine.attempts == claim.attempt)
 
 
+def superseded(records: Sequence[Record]) -> list[Record]:
+    """``records`` with every request record's status set to ``superseded`` (ledger rows unchanged)."""
+    return [dataclasses.replace(r, status=SUPERSEDED) if isinstance(r, RequestRecord) else r for r in records]
+
+
 def finish_line(session: Session, claim: ClaimedLine, outcome: LineOutcome, records: Sequence[Record],
-                now: datetime) -> None:
-    """Mark the line done with its outcome and write its ledger rows, in the caller's transaction;
-    ``LeaseLost`` (nothing written) when another attempt owns the line."""
-    res = session.execute(_fenced(claim).values(
+                now: datetime) -> bool:
+    """Write the attempt's ledger rows and, if the line is still pending or running (this is the
+    first attempt to finish it), make it done with ``outcome``; in the caller's transaction.
+    False: another attempt finished the line (or it was cancelled or expired), so this one's rows
+    are written as a ``superseded`` request and its outcome is not kept."""
+    res = session.execute(sa.update(BatchLine).where(
+        BatchLine.batch_id == claim.batch_id, BatchLine.custom_id == claim.custom_id,
+        BatchLine.state.in_(("pending", "running"))).values(
         state="done", lease_until=None, status_code=outcome.status_code, response=outcome.body,
-        error=outcome.error, finished_at=now))
-    if res.rowcount != 1:  # type: ignore[attr-defined]
-        raise LeaseLost(f"{claim.request_id}: attempt {claim.attempt} no longer owns the line")
-    write_records(session, records)
+        error=outcome.error, finished_at=now, result_request_id=claim.request_id))
+    kept = res.rowcount == 1  # type: ignore[attr-defined]
+    write_records(session, records if kept else superseded(records))
+    return kept
 
 
 def release_line(session: Session, claim: ClaimedLine, records: Sequence[Record]) -> None:
     """Give an interrupted attempt's line back (pending), billing what it spent; in the caller's
-    transaction. A line another attempt owns is left alone (and nothing is billed twice)."""
+    transaction. A line another attempt owns is left alone, and this attempt's spend is still
+    billed, as a ``superseded`` request."""
     cancelling = sa.select(Batch.status).where(Batch.id == claim.batch_id).scalar_subquery() == "cancelling"
     state = sa.case((cancelling, "cancelled"), else_="pending")  # a cancelled batch starts no line again
     res = session.execute(_fenced(claim).values(state=state, lease_until=None))
-    if res.rowcount == 1:  # type: ignore[attr-defined]
-        write_records(session, records)
+    owned = res.rowcount == 1  # type: ignore[attr-defined]
+    write_records(session, records if owned else superseded(records))
 
 
 def cancel_batch(session: Session, batch: Batch, now: datetime) -> None:
@@ -201,6 +223,24 @@ def cancel_batch(session: Session, batch: Batch, now: datetime) -> None:
     batch.status, batch.cancelling_at = "cancelling", now
     session.execute(sa.update(BatchLine).where(BatchLine.batch_id == batch.id, BatchLine.state == "pending")
                     .values(state="cancelled"))
+
+
+def fail_batch(session: Session, batch_id: str, code: str, message: str, now: datetime) -> bool:
+    """Move a batch that has not started (``validating``) to ``failed`` with one error; commits.
+    False when it had already started or ended (then it is left alone: it is not stuck)."""
+    res = session.execute(sa.update(Batch).where(Batch.id == batch_id, Batch.status == "validating").values(
+        status="failed", failed_at=now, errors=[{"code": code, "message": message, "param": None, "line": None}]))
+    session.commit()
+    return res.rowcount == 1  # type: ignore[no-any-return, attr-defined]
+
+
+def runnable_batch_ids(session: Session, now: datetime) -> list[str]:
+    """Active batches with a line that no one is running: pending, or running with an expired lease."""
+    runnable = sa.or_(BatchLine.state == "pending",
+                      sa.and_(BatchLine.state == "running", BatchLine.lease_until < now))
+    q = (sa.select(Batch.id).where(Batch.status.in_(ACTIVE), sa.exists().where(
+        BatchLine.batch_id == Batch.id, runnable)).order_by(Batch.created_at, Batch.id))
+    return list(session.scalars(q))
 
 
 def open_batch_ids(session: Session) -> list[str]:
@@ -214,7 +254,8 @@ def _unsettled(session: Session, batch_id: str) -> int:
 
 def _result_line(line: BatchLine) -> bytes:
     response = None if line.status_code is None else {
-        "status_code": line.status_code, "request_id": line.request_id, "body": line.response}
+        "status_code": line.status_code, "request_id": line.result_request_id or line.request_id,
+        "body": line.response}
     if line.state == "cancelled":
         error: dict[str, Any] | None = {"code": "batch_cancelled", "message": "The batch was cancelled before "
                                         "this request ran."}

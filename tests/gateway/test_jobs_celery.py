@@ -87,6 +87,6 @@ async def test_celery_worker_killed_mid_batch(tmp_path: Path, upstream: Scripted
         with gw.session_factory() as s:
             rows = list(s.scalars(sa.select(LedgerEntryRow)))
             requests = list(s.scalars(sa.select(Request)))
-        assert len(rows) == N and {r.request_id for r in rows} == {o["id"] for o in out}
+        assert len(rows) == N and {r.request_id for r in rows} == {o["response"]["request_id"] for o in out}
         assert sum(r.completion_tokens for r in rows) == sum(range(1, N + 1))
         assert len(requests) == N and all(q.status == "ok" for q in requests)

@@ -87,7 +87,7 @@ def test_kill9_mid_batch_runs_every_line_exactly_once(tmp_path: Path, upstream: 
         rows = list(s.scalars(sa.select(LedgerEntryRow)))
         requests = list(s.scalars(sa.select(Request)))
     engine.dispose()
-    assert len(rows) == N and {r.request_id for r in rows} == {o["id"] for o in out}  # once each
+    assert len(rows) == N and {r.request_id for r in rows} == {o["response"]["request_id"] for o in out}  # once each
     assert all(r.status == "ok" for r in rows)
     assert sum(r.completion_tokens for r in rows) == sum(range(1, N + 1))
     assert len(requests) == N and all(q.status == "ok" for q in requests)

@@ -1,61 +1,139 @@
 """The batch line state machine on a real SQLite database: claims are exclusive, an expired
-lease makes a line claimable again, and a stale attempt can neither finish the line nor bill
-it (its ledger rows are written only with its result)."""
+lease makes a line claimable again, each attempt has its own request id, the first attempt to
+finish a line keeps its result, and every attempt is billed — a late one as a superseded request."""
 
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-import pytest
+import orjson
 import sqlalchemy as sa
+from sqlalchemy.orm import Session, sessionmaker
 
-from gateway.db.models import Base, LedgerEntryRow
+from gateway.db.models import Base, DailySpend, LedgerEntryRow, Request
 from gateway.db.session import make_engine, make_session_factory
 from gateway.jobs import store
-from gateway.jobs.models import BatchLine
+from gateway.jobs.models import Batch, BatchLine, FileObject
 from gateway.jobs.validate import LineSpec
-from gateway.ledger.entries import LedgerEntry, new_entry_id
+from gateway.ledger.entries import LedgerEntry, Record, RequestRecord, new_entry_id
 from gateway.providers.base import Usage
 
 T0 = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 
 
-def _row(request_id: str) -> LedgerEntry:
-    return LedgerEntry(id=new_entry_id(), request_id=request_id, tenant_id="t", key_id="k", stage="direct",
-                       tier="low", model="m", usage=Usage(prompt_tokens=3, completion_tokens=2), cost_usd=1e-6,
-                       baseline_cost_usd=2e-6)
+def _rows(request_id: str) -> list[Record]:
+    """What one attempt's call leaves in the line ledger: a ledger entry and its request record."""
+    entry = LedgerEntry(id=new_entry_id(), request_id=request_id, tenant_id="t", key_id="k", stage="direct",
+                        tier="low", model="m", usage=Usage(prompt_tokens=3, completion_tokens=2), cost_usd=1e-6,
+                        baseline_cost_usd=2e-6)
+    return [entry, RequestRecord(id=request_id, tenant_id="t", key_id="k", requested_model="low", status="ok",
+                                 http_status=200, cost_usd=1e-6, baseline_cost_usd=2e-6)]
 
 
-def test_expired_lease_is_reclaimed_and_the_stale_attempt_bills_nothing(tmp_path: Path) -> None:
+def _statuses(s: Session) -> dict[str, str]:
+    return {rid: status for rid, status in s.execute(sa.select(Request.id, Request.status))}
+
+
+def _db(tmp_path: Path) -> tuple[sa.Engine, sessionmaker[Session]]:
     engine = make_engine(f"sqlite:///{tmp_path / 'j.db'}")
     Base.metadata.create_all(engine)
-    sf = make_session_factory(engine)
+    return engine, make_session_factory(engine)
+
+
+def test_expired_lease_is_reclaimed_and_every_attempt_is_billed_once(tmp_path: Path) -> None:
+    engine, sf = _db(tmp_path)
     specs = [LineSpec(1, "a", {"model": "low", "messages": []}), LineSpec(2, "b", {"model": "low", "messages": []})]
     with sf() as s, s.begin():
         batch_id = store.create_batch(s, "t", "k", "file-x", "/v1/chat/completions", "24h", None, specs, T0).id
     with sf() as s:
         first = store.claim_lines(s, now=T0, lease_s=60, limit=1)
         assert [c.custom_id for c in first] == ["a"] and first[0].attempt == 1
+        line_a = s.scalar(sa.select(BatchLine.request_id).where(BatchLine.custom_id == "a"))
+        assert first[0].request_id == line_a  # the first attempt runs under the line's own id
         assert [c.custom_id for c in store.claim_lines(s, now=T0, lease_s=60, limit=5)] == ["b"]
         assert store.claim_lines(s, now=T0 + timedelta(seconds=59), lease_s=60, limit=5) == []
         retry = store.claim_lines(s, now=T0 + timedelta(seconds=61), lease_s=60, limit=5)
         assert [(c.custom_id, c.attempt) for c in retry] == [("a", 2), ("b", 2)]
+        assert retry[0].request_id == f"{line_a}_a2"  # a retry has its own
     ok = store.LineOutcome(200, {"object": "chat.completion"})
-    with sf() as s, pytest.raises(store.LeaseLost), s.begin():  # the first attempt came back late
-        store.finish_line(s, first[0], ok, [_row(first[0].request_id)], T0)
-    with sf() as s:
-        assert s.scalar(sa.select(sa.func.count()).select_from(LedgerEntryRow)) == 0
-    for claim in retry:
-        with sf() as s, s.begin():
-            store.finish_line(s, claim, ok, [_row(claim.request_id)], T0)
-    with sf() as s, pytest.raises(store.LeaseLost), s.begin():  # done is final: never finished twice
-        store.finish_line(s, retry[0], ok, [_row(retry[0].request_id)], T0)
+    with sf() as s, s.begin():  # the first attempt of a comes back late, but first: it finishes the line
+        assert store.finish_line(s, first[0], ok, _rows(first[0].request_id), T0) is True
+    with sf() as s, s.begin():  # the retry of a finishes second: billed, superseded, result not kept
+        assert store.finish_line(s, retry[0], store.LineOutcome(200, {"late": True}), _rows(retry[0].request_id),
+                                 T0) is False
+    with sf() as s, s.begin():
+        assert store.finish_line(s, retry[1], ok, _rows(retry[1].request_id), T0) is True
+    with sf() as s, s.begin():  # the same attempt's rows written twice: never billed twice
+        assert store.finish_line(s, retry[0], ok, _rows(retry[0].request_id)[1:], T0) is False
     with sf() as s:
         rows = list(s.scalars(sa.select(LedgerEntryRow)))
-        assert sorted(r.request_id for r in rows) == sorted(c.request_id for c in retry)
+        assert sorted(r.request_id for r in rows) == sorted([first[0].request_id, retry[0].request_id,
+                                                             retry[1].request_id])
+        assert s.scalar(sa.select(sa.func.sum(DailySpend.requests))) == 3
+        statuses = _statuses(s)
+        assert statuses == {first[0].request_id: "ok", retry[0].request_id: store.SUPERSEDED,
+                            retry[1].request_id: "ok"}
         assert store.claim_lines(s, now=T0 + timedelta(hours=1), lease_s=60, limit=5) == []
         assert store.finalize_if_done(s, batch_id, T0) == "completed"
         assert store.finalize_if_done(s, batch_id, T0) is None  # once
-        assert all(x.state == "done" for x in s.scalars(sa.select(BatchLine)))
+        lines = {x.custom_id: x for x in s.scalars(sa.select(BatchLine))}
+        assert all(x.state == "done" for x in lines.values())
+        assert lines["a"].response == {"object": "chat.completion"}  # the first finished result
+        assert lines["a"].result_request_id == first[0].request_id
+        assert lines["b"].result_request_id == retry[1].request_id
+        out = s.scalar(sa.select(FileObject.content).join(Batch, Batch.output_file_id == FileObject.id))
+    assert out is not None
+    results = [orjson.loads(x) for x in out.splitlines()]
+    assert [(r["custom_id"], r["id"], r["response"]["request_id"]) for r in results] == [
+        ("a", line_a, first[0].request_id), ("b", retry[1].request_id.removesuffix("_a2"), retry[1].request_id)]
+    engine.dispose()
+
+
+def test_an_interrupted_attempt_is_billed_whether_or_not_it_owns_the_line(tmp_path: Path) -> None:
+    engine, sf = _db(tmp_path)
+    specs = [LineSpec(1, "a", {"model": "low", "messages": []})]
+    with sf() as s, s.begin():
+        store.create_batch(s, "t", "k", "file-x", "/v1/chat/completions", "24h", None, specs, T0)
+    with sf() as s:
+        stale = store.claim_lines(s, now=T0, lease_s=60, limit=5)[0]
+        owner = store.claim_lines(s, now=T0 + timedelta(seconds=61), lease_s=60, limit=5)[0]
+    with sf() as s, s.begin():  # shutdown cancels the stale attempt: the line stays the owner's
+        store.release_line(s, stale, _rows(stale.request_id))
+    with sf() as s:
+        assert s.scalar(sa.select(BatchLine.state)) == "running"
+        assert s.scalar(sa.select(BatchLine.attempts)) == 2
+    with sf() as s, s.begin():  # the owner is cancelled too: the line goes back to pending
+        store.release_line(s, owner, _rows(owner.request_id))
+    with sf() as s:
+        assert s.scalar(sa.select(BatchLine.state)) == "pending"
+        assert _statuses(s) == {
+            stale.request_id: store.SUPERSEDED, owner.request_id: "ok"}
+        assert s.scalar(sa.select(sa.func.count()).select_from(LedgerEntryRow)) == 2
+        again = store.claim_lines(s, now=T0 + timedelta(seconds=62), lease_s=60, limit=5)
+        assert [(c.attempt, c.request_id) for c in again] == [(3, f"{stale.request_id}_a3")]
+    engine.dispose()
+
+
+def test_fail_batch_fails_only_a_batch_that_has_not_started(tmp_path: Path) -> None:
+    engine, sf = _db(tmp_path)
+    specs = [LineSpec(1, "a", {"model": "low", "messages": []})]
+    with sf() as s, s.begin():
+        waiting = store.create_batch(s, "t", "k", "file-x", "/v1/chat/completions", "24h", None, specs, T0).id
+        started = store.create_batch(s, "t", "k", "file-y", "/v1/chat/completions", "24h", None, specs, T0).id
+    with sf() as s:
+        both = sorted([waiting, started])  # same created_at: by id
+        assert store.runnable_batch_ids(s, T0) == both
+        assert [c.batch_id for c in store.claim_lines(s, now=T0, lease_s=60, limit=1, batch_id=started)] == [started]
+        assert store.runnable_batch_ids(s, T0) == [waiting]  # the started one's line has a live lease
+        assert store.runnable_batch_ids(s, T0 + timedelta(seconds=61)) == both
+        assert store.fail_batch(s, waiting, "queue_unavailable", "broker down", T0) is True
+        assert store.fail_batch(s, started, "queue_unavailable", "broker down", T0) is False
+        failed = store.get_batch(s, "t", waiting)
+        body = store.batch_json(failed, None)
+        assert body["status"] == "failed" and body["failed_at"] is not None
+        assert body["errors"] == {"object": "list", "data": [
+            {"code": "queue_unavailable", "message": "broker down", "param": None, "line": None}]}
+        assert store.claim_lines(s, now=T0, lease_s=60, limit=5, batch_id=waiting) == []  # never runs
+        assert store.runnable_batch_ids(s, T0 + timedelta(seconds=61)) == [started]
     engine.dispose()
