@@ -4,7 +4,11 @@
   for the app's lifetime; creating a batch wakes it.
 - ``celery``: creating a batch enqueues ``tiergate.run_batch(batch_id)``; ``tiergate worker``
   processes run it (``drain_batch``: the same ``BatchWork`` over their own providers, budgets
-  and database connections).
+  and database connections). When the broker cannot take the task, ``submit`` raises
+  ``QueueUnavailable`` (the route fails the batch and answers 503). At start-up the gateway
+  enqueues every active batch that has a line no one is running (a gateway that died between
+  creating a batch and enqueueing it leaves one); a task for a batch that is already being
+  worked on only joins in, since lines are claimed in the database.
 
 Batch lines run through their own ``ChatFlow`` whose ledger is a ``LineLedger`` (see
 gateway.jobs.batch), behind the budgets but not the per-minute rate limits (a batch is
@@ -14,6 +18,7 @@ throttled by ``jobs.concurrency`` instead). Imports celery only inside the celer
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
@@ -21,12 +26,22 @@ from typing import Any
 
 from gateway.chat_flow import ChatFlow
 from gateway.chat_runtime import budgeted, build_pipeline_executor
+from gateway.errors import GatewayError
 from gateway.execution import Executor
+from gateway.jobs import store
 from gateway.jobs.batch import BatchWork
 from gateway.jobs.capture import LineLedger
 from gateway.jobs.runner import BatchRunner
 from gateway.resolve import DecideAuto
 from gateway.settings import Settings
+
+log = logging.getLogger("tiergate.jobs")
+
+
+class QueueUnavailable(GatewayError):
+    """The jobs broker did not take a batch's task."""
+
+    status, type, code = 503, "server_error", "queue_unavailable"
 
 
 @dataclass
@@ -56,8 +71,13 @@ async def start_jobs(settings: Settings, stack: AsyncExitStack, *, session_facto
         stack.callback(celery.close)
 
         async def enqueue(batch_id: str) -> None:
-            await asyncio.to_thread(celery.send_task, RUN_BATCH, args=[batch_id])
+            try:
+                await asyncio.to_thread(celery.send_task, RUN_BATCH, args=[batch_id])
+            except Exception as err:  # kombu's OperationalError, OSError, ...: the task is not queued
+                raise QueueUnavailable(f"The batch queue is unavailable ({type(err).__name__}); "
+                                       f"batch {batch_id} was not started.") from err
 
+        await requeue_runnable(session_factory, enqueue)
         return JobsBackend(enqueue)
     work = build_batch_work(settings, session_factory, registry, budget_runtime, decide_auto, inner=executor)
     runner = BatchRunner(work, concurrency=settings.jobs.concurrency, poll_interval_s=settings.jobs.poll_interval_s)
@@ -68,6 +88,24 @@ async def start_jobs(settings: Settings, stack: AsyncExitStack, *, session_facto
         runner.wake()
 
     return JobsBackend(wake, runner)
+
+
+async def requeue_runnable(session_factory: Any, enqueue: Callable[[str], Awaitable[None]]) -> list[str]:
+    """Enqueue every active batch with a line no one is running; returns those enqueued. A broker
+    that is down is logged and skipped (the batches stay as they are until the next start)."""
+    def runnable() -> list[str]:
+        with session_factory() as session:
+            return store.runnable_batch_ids(session, store.utc_now())
+
+    queued = []
+    for batch_id in await asyncio.to_thread(runnable):
+        try:
+            await enqueue(batch_id)
+        except QueueUnavailable as err:
+            log.error("batch %s not re-enqueued at start-up: %s", batch_id, err.message)
+            break
+        queued.append(batch_id)
+    return queued
 
 
 async def drain_batch(settings: Settings, batch_id: str, *, decide_auto: DecideAuto | None = None) -> None:

@@ -16,6 +16,7 @@ from gateway.chat_flow import PrincipalLike
 from gateway.deps import GatewayState, gateway_state, principal
 from gateway.errors import InvalidRequest
 from gateway.jobs import store
+from gateway.jobs.backends import QueueUnavailable
 from gateway.jobs.files import get_file
 from gateway.jobs.validate import parse_batch_file
 
@@ -47,11 +48,22 @@ def _create(state: GatewayState, who: PrincipalLike, body: BatchCreate) -> dict[
         return store.batch_json(batch, None)
 
 
+def _fail(state: GatewayState, batch_id: str, err: QueueUnavailable) -> None:
+    with state.session_factory() as session:
+        store.fail_batch(session, batch_id, err.code or "queue_unavailable", err.message, store.utc_now())
+
+
 @router.post("/v1/batches")
 async def create_batch(body: BatchCreate, state: GatewayState = Depends(gateway_state),
                        who: PrincipalLike = Depends(principal)) -> Any:
+    """Commit the batch, then hand it to the jobs backend; when the backend cannot take it the
+    batch is marked failed (its ``errors`` say why) and the client gets a 503 to retry."""
     created = await run_in_threadpool(_create, state, who, body)
-    await state.extras["jobs"].submit(created["id"])
+    try:
+        await state.extras["jobs"].submit(created["id"])
+    except QueueUnavailable as err:
+        await run_in_threadpool(_fail, state, created["id"], err)
+        raise
     return created
 
 

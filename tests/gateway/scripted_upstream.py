@@ -45,6 +45,7 @@ class Behaviour:
     content: str | None = None  # the reply's text instead of the words (usage still counts n words)
     block: bool = False  # never answer: wait until the gateway closes the connection
     stall_after: int | None = None  # stream: after this many events (0: just the headers), block as above
+    hold_until_requests: int | None = None  # answer only once this many requests have arrived (10 s at most)
 
 
 @dataclass
@@ -124,6 +125,9 @@ class ScriptedUpstream:
         self.requests.append(Recorded(request.path, dict(request.headers), body))
         self._notify()
         b = self._next()
+        if b.hold_until_requests is not None:
+            n_held = b.hold_until_requests
+            await asyncio.to_thread(self.wait_for, lambda up: len(up.requests) >= n_held)
         if b.block:
             await self._until_dropped()
         if b.hang_s:

@@ -1,12 +1,14 @@
 """Files and Batches API through the app (scripted upstream, SQLite, real ledger and budgets):
 file CRUD and tenant scoping, input validation errors in OpenAI's shape, a batch run to the end
 (output lines, request counts, ledger rows and budget spend that add up), a budget that denies
-lines mid-batch, and cancel."""
+lines mid-batch, cancel, an attempt slower than its lease (both attempts billed, one result), a
+broker that refuses connections (503, the batch failed) and the start-up re-enqueue."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+import socket
+from collections.abc import Callable, Iterator
 from decimal import Decimal
 from pathlib import Path
 
@@ -16,6 +18,10 @@ import sqlalchemy as sa
 from gateway.auth import generate_key, hash_key
 from gateway.db.models import LedgerEntryRow, Request
 from gateway.db.queries import add_api_key, create_tenant
+from gateway.jobs import store
+from gateway.jobs.backends import QueueUnavailable, requeue_runnable
+from gateway.jobs.validate import LineSpec
+from tests.gateway.gateway_harness import make_database
 from tests.gateway.jobs_support import create_batch, file_lines, jobs_gateway, jsonl, line, upload, wait_final
 from tests.gateway.scripted_upstream import UPSTREAM_KEY, UPSTREAM_KEY_ENV, Behaviour, ScriptedUpstream
 
@@ -211,3 +217,86 @@ async def test_cancel_stops_new_lines_and_finalises_with_what_is_done(tmp_path: 
         assert len(gw.ledger_rows()) == ran  # every upstream call billed once
         with gw.session_factory() as s:
             assert s.scalar(sa.select(sa.func.count()).select_from(LedgerEntryRow)) == ran
+
+
+async def _until(check: Callable[[], bool], polls: int = 500) -> bool:
+    """``check()`` once it holds, polled every 20 ms (at most ``polls`` times)."""
+    for _ in range(polls):
+        if check():
+            return True
+        await asyncio.sleep(0.02)
+    return check()
+
+
+async def test_an_attempt_slower_than_its_lease_is_billed_and_one_result_is_kept(
+        tmp_path: Path, upstream: ScriptedUpstream) -> None:
+    async with jobs_gateway(tmp_path, upstream, jobs={"line_lease_s": 0.5}) as gw:
+        admin = {"Authorization": f"Bearer {ADMIN}"}
+        r = await gw.client.put(f"/admin/budgets/tenants/{gw.tenant_id}", headers=admin,
+                                json={"period": "day", "limit_usd": "1"})
+        assert r.status_code == 200, r.text
+        upstream.push(Behaviour(hold_until_requests=2))  # the first attempt answers once the retry has asked
+        f = (await upload(gw.client, gw.auth, jsonl([line("slow", {"model": "low", "messages": MSGS,
+                                                                  "max_tokens": 3})]))).json()
+        batch = await wait_final(gw.client, gw.auth, (await create_batch(gw.client, gw.auth, f["id"])).json()["id"])
+        assert batch["status"] == "completed"
+        assert batch["request_counts"] == {"total": 1, "completed": 1, "failed": 0}
+
+        def billed() -> bool:  # the attempt that lost the race may be written just after the batch completed
+            return len(gw.request_rows()) == len(upstream.requests) >= 2
+        assert await _until(billed), (len(gw.request_rows()), len(upstream.requests))
+        out = await file_lines(gw.client, gw.auth, batch["output_file_id"])
+        assert [o["custom_id"] for o in out] == ["slow"]  # one result for the line
+        rows, requests = gw.ledger_rows(), gw.request_rows()
+        assert len(rows) == len(requests) == len(upstream.requests)  # every attempt billed, once
+        assert {r.request_id for r in rows} == {q.id for q in requests}
+        assert {q.id for q in requests} >= {out[0]["id"], out[0]["id"] + "_a2"}
+        kept = [q.id for q in requests if q.status == "ok"]
+        assert kept == [out[0]["response"]["request_id"]]
+        assert all(q.status == "superseded" for q in requests if q.id not in kept)
+        assert out[0]["response"]["body"]["id"] == kept[0]
+        assert all(r.completion_tokens == 3 for r in rows)
+        status = (await gw.client.get(f"/admin/budgets/tenants/{gw.tenant_id}", headers=admin)).json()["status"]
+        assert Decimal(str(status["spent_usd"])) == sum((r.cost_usd for r in rows), Decimal(0)) > 0
+        assert status["held_usd"] == 0
+
+
+async def test_a_broker_that_refuses_connections_fails_the_batch_with_a_503(
+        tmp_path: Path, upstream: ScriptedUpstream, monkeypatch: pytest.MonkeyPatch) -> None:
+    with socket.socket() as probe:  # a port nothing listens on: connections are refused
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    monkeypatch.setenv("TIERGATE_BROKER_URL", f"amqp://guest:guest@127.0.0.1:{port}//")
+    async with jobs_gateway(tmp_path, upstream, jobs={"backend": "celery"}) as gw:
+        f = (await upload(gw.client, gw.auth, jsonl([line("a", {"model": "low", "messages": MSGS})]))).json()
+        r = await create_batch(gw.client, gw.auth, f["id"])
+        assert r.status_code == 503, r.text
+        err = r.json()["error"]
+        assert err["type"] == "server_error" and err["code"] == "queue_unavailable"
+        assert "batch queue is unavailable" in err["message"]
+        [batch] = (await gw.client.get("/v1/batches", headers=gw.auth)).json()["data"]
+        assert batch["id"] in err["message"]
+        assert batch["status"] == "failed" and batch["failed_at"] is not None  # not stuck in validating
+        assert batch["errors"]["data"][0]["code"] == "queue_unavailable"
+        assert upstream.requests == []
+
+
+async def test_start_up_requeues_batches_no_one_is_running(tmp_path: Path) -> None:
+    _, sf, tenant_id, _ = make_database(tmp_path)
+    specs = [LineSpec(1, "a", {"model": "low", "messages": MSGS})]
+    with sf() as s, s.begin():
+        stuck = store.create_batch(s, tenant_id, None, "file-x", "/v1/chat/completions", "24h", None, specs,
+                                   store.utc_now()).id
+    sent: list[str] = []
+
+    async def enqueue(batch_id: str) -> None:
+        sent.append(batch_id)
+
+    assert await requeue_runnable(sf, enqueue) == [stuck] and sent == [stuck]
+
+    async def broker_down(batch_id: str) -> None:
+        raise QueueUnavailable("The batch queue is unavailable (OperationalError).")
+
+    assert await requeue_runnable(sf, broker_down) == []  # logged; the batch stays for the next start
+    with sf() as s:
+        assert store.get_batch(s, tenant_id, stuck).status == "validating"
