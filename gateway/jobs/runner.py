@@ -87,8 +87,13 @@ class BatchRunner:
         try:
             return await asyncio.shield(pending)
         except asyncio.CancelledError:
-            claimed = await pending
-            await asyncio.gather(*(self.work.release(c) for c in claimed))
+            # The cancel must go on whatever the claim did: swallowing it here (a failed claim's error in its
+            # place) would leave the loop running and ``stop`` waiting on it for ever.
+            try:
+                claimed = await pending
+                await asyncio.gather(*(self.work.release(c) for c in claimed))
+            except Exception as err:  # not handed back: their leases expire and the lines run again
+                log.error("batch runner: claim not handed back on stop: %s: %s", type(err).__name__, err)
             raise
 
     async def _run(self, claim: ClaimedLine) -> None:
