@@ -39,8 +39,12 @@ class BatchRunner:
         """Stop claiming; lines in flight are cancelled and handed back (billed for what they spent)."""
         if self._task is not None:
             self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
+            try:
                 await self._task
+            except asyncio.CancelledError:
+                current = asyncio.current_task()
+                if current is not None and current.cancelling():
+                    raise  # stop() itself was cancelled, not just the loop it ended
         await self._cancel_inflight()
 
     async def run_until_final(self) -> None:

@@ -39,7 +39,10 @@ async def _stop_during_claim(work: _Work) -> None:
     stopping = asyncio.create_task(runner.stop())
     await asyncio.sleep(0)  # let stop() deliver the cancel while the claim is still running
     work.release_claim.set()
-    await asyncio.wait_for(stopping, 5)  # a swallowed cancel would leave this waiting for ever
+    done, _ = await asyncio.wait({stopping}, timeout=10)
+    assert stopping in done, "stop() never returned: the runner loop swallowed its cancel and ran on"
+    stopping.result()
+    assert runner._task is not None and runner._task.cancelled()
 
 
 async def test_stop_ends_even_when_the_claim_in_flight_fails() -> None:
