@@ -163,7 +163,7 @@ def create_app(settings: Settings, *, session_factory: Any = None, ledger: Any =
             flow = ChatFlow(settings, execu, led, decide_auto=decide)
             # Batch jobs: an in-process runner (embedded) or a Celery producer (celery).
             jobs = await start_jobs(settings, stack, session_factory=sf, registry=reg, budget_runtime=budget_rt,
-                                    decide_auto=decide, executor=executor)
+                                    decide_auto=decide, ledger=led, executor=executor)
             app.state.tiergate = GatewayState(settings=settings, flow=flow, keys=keys, ledger=led,
                                               registry=reg, session_factory=sf,
                                               extras={"budgets": budget_rt, "jobs": jobs})

@@ -3,8 +3,8 @@
 - ``models``: the ``files``, ``batches`` and ``batch_lines`` tables.
 - ``files`` / ``validate`` / ``store``: plain functions on a Session (tenant-scoped files, JSONL
   validation, line claims with leases, fenced finish, cancel, finalize).
-- ``capture.LineLedger`` and ``batch.BatchWork``: a line through the live chat flow, its ledger
-  rows committed with its result.
+- ``capture.AttemptLedger`` and ``batch.BatchWork``: a line through the live chat flow, its call
+  rows journaled by the ledger as they happen, its result committed (fenced) afterwards.
 - ``runner.BatchRunner``: bounded concurrency over the database; ``backends``: the embedded
   runner or the Celery producer for the app, ``drain_batch`` for workers.
 - ``celery_app`` / ``tasks``: the Celery app (built by a factory) and its thin task bodies.

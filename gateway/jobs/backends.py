@@ -10,9 +10,12 @@
   creating a batch and enqueueing it leaves one); a task for a batch that is already being
   worked on only joins in, since lines are claimed in the database.
 
-Batch lines run through their own ``ChatFlow`` whose ledger is a ``LineLedger`` (see
-gateway.jobs.batch), behind the budgets but not the per-minute rate limits (a batch is
-throttled by ``jobs.concurrency`` instead). Imports celery only inside the celery branch.
+Batch lines run through their own ``ChatFlow`` whose ledger is an ``AttemptLedger`` over the
+process's real ledger (the app's; a worker starts its own on ``ledger.journal_dir``, and a
+worker that dies leaves its journal to be replayed by the next process that starts a ledger
+there — see gateway.jobs.batch), behind the budgets but not the per-minute rate limits (a
+batch is throttled by ``jobs.concurrency`` instead). Imports celery only inside the celery
+branch.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from gateway.errors import GatewayError
 from gateway.execution import Executor
 from gateway.jobs import store
 from gateway.jobs.batch import BatchWork
-from gateway.jobs.capture import LineLedger
+from gateway.jobs.capture import AttemptLedger, JournaledLedger
 from gateway.jobs.runner import BatchRunner
 from gateway.resolve import DecideAuto
 from gateway.settings import Settings
@@ -51,8 +54,9 @@ class JobsBackend:
 
 
 def build_batch_work(settings: Settings, session_factory: Any, registry: Any, budget_runtime: Any,
-                     decide_auto: DecideAuto | None, *, inner: Executor | None = None) -> BatchWork:
-    capture = LineLedger()
+                     decide_auto: DecideAuto | None, *, ledger: JournaledLedger,
+                     inner: Executor | None = None) -> BatchWork:
+    capture = AttemptLedger(ledger)
     if inner is None:
         inner = build_pipeline_executor(settings, registry, capture, budget_runtime, session_factory)
     flow = ChatFlow(settings, budgeted(settings, inner, budget_runtime, rate_limited=False), capture,
@@ -61,9 +65,10 @@ def build_batch_work(settings: Settings, session_factory: Any, registry: Any, bu
 
 
 async def start_jobs(settings: Settings, stack: AsyncExitStack, *, session_factory: Any, registry: Any,
-                     budget_runtime: Any, decide_auto: DecideAuto | None,
+                     budget_runtime: Any, decide_auto: DecideAuto | None, ledger: JournaledLedger,
                      executor: Executor | None = None) -> JobsBackend:
-    """The backend for the app's lifespan; stopped (lines in flight handed back) by ``stack``."""
+    """The backend for the app's lifespan; stopped (lines in flight handed back) by ``stack``.
+    ``ledger``: the app's, started before and stopped after this backend."""
     if settings.jobs.backend == "celery":
         from gateway.jobs.celery_app import RUN_BATCH, make_celery
 
@@ -79,7 +84,8 @@ async def start_jobs(settings: Settings, stack: AsyncExitStack, *, session_facto
 
         await requeue_runnable(session_factory, enqueue)
         return JobsBackend(enqueue)
-    work = build_batch_work(settings, session_factory, registry, budget_runtime, decide_auto, inner=executor)
+    work = build_batch_work(settings, session_factory, registry, budget_runtime, decide_auto, ledger=ledger,
+                            inner=executor)
     runner = BatchRunner(work, concurrency=settings.jobs.concurrency, poll_interval_s=settings.jobs.poll_interval_s)
     runner.start()
     stack.push_async_callback(runner.stop)
@@ -110,22 +116,28 @@ async def requeue_runnable(session_factory: Any, enqueue: Callable[[str], Awaita
 
 async def drain_batch(settings: Settings, batch_id: str, *, decide_auto: DecideAuto | None = None) -> None:
     """Run one batch to its end in this process (a Celery worker's task): builds the database
-    engine, providers and budgets, runs up to ``jobs.concurrency`` lines at once (sharing the
-    batch with any other worker), and closes everything."""
+    engine, the ledger (replaying journal segments a dead process left), providers and
+    budgets, runs up to ``jobs.concurrency`` lines at once (sharing the batch with any other
+    worker), and closes everything (the ledger last: what it cannot commit stays journaled)."""
     from gateway.budgets import build_budget_runtime
     from gateway.db.session import engine_from_settings, make_session_factory
+    from gateway.ledger import Ledger
     from gateway.providers.registry import ProviderRegistry
 
     async with AsyncExitStack() as stack:
         engine = engine_from_settings(settings)
         stack.callback(engine.dispose)
         sf = make_session_factory(engine)
+        ledger = Ledger(sf, settings.resolve_path(settings.ledger.journal_dir),
+                        flush_interval_ms=settings.ledger.flush_interval_ms, batch_size=settings.ledger.batch_size)
+        ledger.start()
+        stack.push_async_callback(ledger.astop)
         registry = ProviderRegistry(settings)
         stack.push_async_callback(registry.aclose)
         budget_rt = build_budget_runtime(settings, sf)
         await budget_rt.start()
         stack.push_async_callback(budget_rt.stop)
-        work = build_batch_work(settings, sf, registry, budget_rt, decide_auto)
+        work = build_batch_work(settings, sf, registry, budget_rt, decide_auto, ledger=ledger)
         runner = BatchRunner(work, concurrency=settings.jobs.concurrency,
                              poll_interval_s=settings.jobs.poll_interval_s, batch_id=batch_id)
         await runner.run_until_final()

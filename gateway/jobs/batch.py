@@ -4,11 +4,14 @@ A claimed line runs as a request of the batch creator's tenant and key through t
 ``ChatFlow`` as ``POST /v1/chat/completions`` (tier routing including ``model: "auto"``, budget
 reserve/settle, one ledger row per upstream call), under the attempt's request id
 ``batch_req_<batch hex>_<line no>`` (``_a<n>`` appended for retries, so ledger rows name their
-batch and attempt). The flow's ledger is a ``LineLedger``: an attempt's rows reach the database
-in the same transaction as its result (``store.finish_line``). A line the budget refuses fails
-with the 429 body; the batch goes on. A line interrupted by shutdown is handed back (pending)
-with what it spent billed; a worker killed mid-line leaves a lease that expires, and the line
-runs again. An attempt still running when its lease expired is billed when it ends, as a
+batch and attempt). The flow's ledger is an ``AttemptLedger``: each upstream call's row goes to
+the real ledger's journal as the call finishes, as a live request's does, and is written there
+(survives kill -9) before the line's result commits; the result commit (``store.finish_line``,
+fenced: the first attempt to finish keeps the line) carries only the attempt's request record,
+with its final status. A line the budget refuses fails with the 429 body; the batch goes on. A
+line interrupted by shutdown is handed back (pending) with what it spent billed; a worker killed
+mid-line leaves a lease that expires, and the line runs again, its killed attempt's calls billed
+from the journal. An attempt still running when its lease expired is billed when it ends, as a
 ``superseded`` request if another attempt finished the line first (the budgets, which settled
 its call live, then agree with the ledger).
 
@@ -31,7 +34,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from gateway.chat_flow import ChatFlow
 from gateway.errors import GatewayError
 from gateway.jobs import store
-from gateway.jobs.capture import LineLedger
+from gateway.jobs.capture import AttemptLedger
 from gateway.jobs.store import ClaimedLine, LineOutcome, utc_now
 
 log = logging.getLogger("tiergate.jobs")
@@ -48,7 +51,7 @@ class LinePrincipal:
 
 
 class BatchWork:
-    def __init__(self, flow: ChatFlow, capture: LineLedger, session_factory: sessionmaker[Session], *,
+    def __init__(self, flow: ChatFlow, capture: AttemptLedger, session_factory: sessionmaker[Session], *,
                  lease_s: float, clock: Callable[[], datetime] = utc_now) -> None:
         self.flow, self.capture, self.session_factory = flow, capture, session_factory
         self.lease_s, self.clock = lease_s, clock
@@ -68,6 +71,7 @@ class BatchWork:
         try:
             rr, _ = self.flow.prepare(LinePrincipal(claim.tenant_id, claim.key_id or ""), claim.body)
             rr = dataclasses.replace(rr, request_id=claim.request_id, key_id=claim.key_id)
+            rr.tally.deferred = None  # no parking: each call's row goes to the journal as the call ends
             return LineOutcome(200, await self.flow.complete(rr))
         except GatewayError as err:
             return LineOutcome(err.status, err.body(), {"code": err.code, "message": err.message})
@@ -78,26 +82,33 @@ class BatchWork:
             return LineOutcome(500, body, {"code": "internal_error", "message": body["error"]["message"]})
 
     async def run_line(self, claim: ClaimedLine) -> None:
-        """Run one claimed line and commit its ledger rows, with its outcome unless another attempt
-        finished the line first (then they are billed as superseded). Cancelled (shutdown): the
-        line goes back to pending, what it spent is billed. Database errors propagate (the line
-        keeps its lease and is retried when it expires)."""
+        """Run one claimed line: its call rows go to the ledger's journal as the calls finish
+        and are written there before the line commits its outcome, unless another attempt
+        finished the line first (then this one's request is recorded as superseded). Cancelled
+        (shutdown): the line goes back to pending, what it spent is billed. Ledger and database
+        errors propagate (the line keeps its lease and is retried when it expires)."""
         try:
             outcome = await self._answer(claim)
         except asyncio.CancelledError:
-            rows = self.capture.take(claim.request_id)
-            await asyncio.shield(self._db(lambda s: _commit(s, store.release_line, claim, rows)))
+            request = self.capture.take_request(claim.request_id)
+            await asyncio.shield(self._settle(store.release_line, claim, request))
             raise
-        rows = self.capture.take(claim.request_id)
+        request = self.capture.take_request(claim.request_id)
         now = self.clock()
-        kept = await asyncio.shield(self._db(lambda s: _commit(s, store.finish_line, claim, outcome, rows, now)))
+        kept = await asyncio.shield(self._settle(store.finish_line, claim, outcome, request, now))
         if not kept:
             log.warning("batch line %s: another attempt finished the line first; this one is billed as "
                         "superseded, its result dropped", claim.request_id)
 
+    async def _settle(self, write: Callable[..., T], *args: Any) -> T:
+        """The attempt's call rows written to the journal first (a kill -9 after this loses none),
+        then its fenced line update and request record, in one transaction."""
+        await self.capture.wait_durable()
+        return await self._db(lambda s: _commit(s, write, *args))
+
     async def release(self, claim: ClaimedLine) -> None:
         """Hand a claimed line back unrun."""
-        await self._db(lambda s: _commit(s, store.release_line, claim, []))
+        await self._db(lambda s: _commit(s, store.release_line, claim, None))
 
     async def finalize(self, batch_id: str) -> str | None:
         now = self.clock()

@@ -1,40 +1,55 @@
-"""``LineLedger``: the ledger sink of batch lines. It keeps each request's ledger rows and
-request record in memory, by request id, until the line's result commits them to the database
-in the same transaction (``gateway.jobs.store.finish_line``): a line's spend is in the ledger
-exactly when its result is, so a worker that dies mid-line leaves neither, and its retry is
-billed once. Thread-safe; imports the ledger's entry types only.
+"""``AttemptLedger``: the ledger sink of batch line attempts. Each upstream call's ledger row
+goes straight to the real ledger (its append-only journal, then the database), as a live
+request's does, so a worker killed after a call answered still bills that call: the restart
+replays the journal (idempotent on the row's id). The attempt's *request record* is held
+here, by request id, until the line's fenced commit (``gateway.jobs.store.finish_line`` /
+``release_line``) has decided whether the attempt owns the line: it is then written once, with
+its final status (ok / error / superseded), in that commit's transaction.
+
+``wait_durable`` never waits for less than ``process`` (rows written to the journal): a batch
+line's rows must survive a kill -9 before its result commits, whatever ``ledger.durability``
+says for live answers. Thread-safe; imports the ledger's entry types only.
 """
 
 from __future__ import annotations
 
 import threading
-from collections import defaultdict
-from typing import Literal
+from typing import Literal, Protocol
 
-from gateway.ledger.entries import LedgerEntry, Record, RequestRecord
+from gateway.ledger.entries import LedgerEntry, RequestRecord
 
 
-class LineLedger:
-    def __init__(self) -> None:
-        self._rows: defaultdict[str, list[Record]] = defaultdict(list)
+class JournaledLedger(Protocol):
+    """What ``AttemptLedger`` needs of the real ledger (``gateway.ledger.Ledger``)."""
+
+    def record(self, entry: LedgerEntry) -> None: ...
+    async def wait_durable(self, level: Literal["process", "fsync", "none"] = ...) -> None: ...
+
+
+class AttemptLedger:
+    def __init__(self, ledger: JournaledLedger) -> None:
+        self._ledger = ledger
+        self._requests: dict[str, RequestRecord] = {}
         self._lock = threading.Lock()
 
     def record(self, entry: LedgerEntry) -> None:
-        with self._lock:
-            self._rows[entry.request_id].append(entry)
+        """One upstream call's row: to the ledger now (raises if the ledger cannot take it)."""
+        self._ledger.record(entry)
 
     def record_request(self, rec: RequestRecord) -> None:
         with self._lock:
-            self._rows[rec.id].append(rec)
+            self._requests[rec.id] = rec
 
     async def wait_durable(self, level: Literal["process", "fsync", "none"] = "process") -> None:
-        """Nothing to wait for: the line's database commit is what makes its rows durable."""
+        """Every row recorded so far is in the journal (``fsync``: and fdatasync'd); raises
+        ``LedgerError`` when the journal write failed."""
+        await self._ledger.wait_durable("fsync" if level == "fsync" else "process")
 
-    def take(self, request_id: str) -> list[Record]:
-        """The rows recorded for ``request_id`` so far, removed from the buffer."""
+    def take_request(self, request_id: str) -> RequestRecord | None:
+        """The request record of ``request_id`` (None if the flow wrote none), removed."""
         with self._lock:
-            return self._rows.pop(request_id, [])
+            return self._requests.pop(request_id, None)
 
     def pending(self) -> int:
         with self._lock:
-            return sum(len(v) for v in self._rows.values())
+            return len(self._requests)

@@ -4,11 +4,12 @@ A line is claimed with an optimistic, fenced update (its ``attempts`` counter mu
 the claimer read), so two runners — threads, processes or hosts — never run the same attempt; a
 line whose lease ran out (its worker died, or its call is slower than the lease) is claimable
 again. Each attempt runs under its own request id (``attempt_request_id``), so its ledger rows
-and request record are its own. ``finish_line`` writes an attempt's ledger rows in the caller's
-transaction, always: the upstream compute happened. The first attempt to finish a line that is
-still pending or running makes it done with its result (``result_request_id`` names it); any
-other attempt is billed as a ``superseded`` request and its result is not kept, so the output
-has exactly one result per line. ``finalize_if_done`` writes the output and error files when no
+and request record are its own. An attempt's ledger rows never pass through here: they go to the
+ledger's journal as its calls finish (``gateway.jobs.capture``). ``finish_line`` is the
+attempt's fenced result commit: the first attempt to finish a line that is still pending or
+running makes it done with its result (``result_request_id`` names it); any other attempt's
+request record is written as ``superseded`` and its result is not kept, so the output has
+exactly one result per line. ``finalize_if_done`` writes the output and error files when no
 line is left to run and moves the batch to its final status, once.
 
 Plain functions on a Session with an explicit ``now``; imports the jobs tables, files, the
@@ -32,7 +33,7 @@ from gateway.ids import fast_id
 from gateway.jobs.files import create_file, unix
 from gateway.jobs.models import Batch, BatchLine
 from gateway.jobs.validate import ENDPOINTS, LineSpec
-from gateway.ledger.entries import Record, RequestRecord
+from gateway.ledger.entries import RequestRecord
 from gateway.ledger.writer import write_records
 
 ACTIVE = ("validating", "in_progress")
@@ -183,36 +184,39 @@ def _fenced(claim: ClaimedLine) -> Any:
         BatchLine.state == "running", BatchLine.attempts == claim.attempt)
 
 
-def superseded(records: Sequence[Record]) -> list[Record]:
-    """``records`` with every request record's status set to ``superseded`` (ledger rows unchanged)."""
-    return [dataclasses.replace(r, status=SUPERSEDED) if isinstance(r, RequestRecord) else r for r in records]
+def superseded(request: RequestRecord) -> RequestRecord:
+    """``request`` with its status set to ``superseded``."""
+    return dataclasses.replace(request, status=SUPERSEDED)
 
 
-def finish_line(session: Session, claim: ClaimedLine, outcome: LineOutcome, records: Sequence[Record],
+def finish_line(session: Session, claim: ClaimedLine, outcome: LineOutcome, request: RequestRecord | None,
                 now: datetime) -> bool:
-    """Write the attempt's ledger rows and, if the line is still pending or running (this is the
-    first attempt to finish it), make it done with ``outcome``; in the caller's transaction.
-    False: another attempt finished the line (or it was cancelled or expired), so this one's rows
-    are written as a ``superseded`` request and its outcome is not kept."""
+    """If the line is still pending or running (this is the first attempt to finish it), make it
+    done with ``outcome``; write the attempt's request record; in the caller's transaction.
+    False: another attempt finished the line (or it was cancelled or expired), so this one's
+    request is written as ``superseded`` and its outcome is not kept. The attempt's ledger rows
+    are not written here (they are in the ledger's journal already)."""
     res = session.execute(sa.update(BatchLine).where(
         BatchLine.batch_id == claim.batch_id, BatchLine.custom_id == claim.custom_id,
         BatchLine.state.in_(("pending", "running"))).values(
         state="done", lease_until=None, status_code=outcome.status_code, response=outcome.body,
         error=outcome.error, finished_at=now, result_request_id=claim.request_id))
     kept = res.rowcount == 1  # type: ignore[attr-defined]
-    write_records(session, records if kept else superseded(records))
+    if request is not None:
+        write_records(session, [request if kept else superseded(request)])
     return kept
 
 
-def release_line(session: Session, claim: ClaimedLine, records: Sequence[Record]) -> None:
-    """Give an interrupted attempt's line back (pending), billing what it spent; in the caller's
-    transaction. A line another attempt owns is left alone, and this attempt's spend is still
-    billed, as a ``superseded`` request."""
+def release_line(session: Session, claim: ClaimedLine, request: RequestRecord | None) -> None:
+    """Give an interrupted attempt's line back (pending), with its request record if it wrote
+    one; in the caller's transaction. A line another attempt owns is left alone, and this
+    attempt's request is written as ``superseded``. (Its ledger rows are in the journal.)"""
     cancelling = sa.select(Batch.status).where(Batch.id == claim.batch_id).scalar_subquery() == "cancelling"
     state = sa.case((cancelling, "cancelled"), else_="pending")  # a cancelled batch starts no line again
     res = session.execute(_fenced(claim).values(state=state, lease_until=None))
     owned = res.rowcount == 1  # type: ignore[attr-defined]
-    write_records(session, records if owned else superseded(records))
+    if request is not None:
+        write_records(session, [request if owned else superseded(request)])
 
 
 def cancel_batch(session: Session, batch: Batch, now: datetime) -> None:

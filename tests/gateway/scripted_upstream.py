@@ -46,6 +46,7 @@ class Behaviour:
     block: bool = False  # never answer: wait until the gateway closes the connection
     stall_after: int | None = None  # stream: after this many events (0: just the headers), block as above
     hold_until_requests: int | None = None  # answer only once this many requests have arrived (10 s at most)
+    hold_until: threading.Event | None = None  # answer only once the test sets this (10 s at most)
 
 
 @dataclass
@@ -62,6 +63,7 @@ class ScriptedUpstream:
     disconnects: int = 0
     completed_streams: int = 0
     cancelled: int = 0  # blocked requests whose connection the gateway closed
+    answered: int = 0  # non-streamed 200 answers handed to the server to send
     _script: deque[Behaviour] = field(default_factory=deque)
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _changed: threading.Condition = field(default_factory=threading.Condition)
@@ -128,6 +130,8 @@ class ScriptedUpstream:
         if b.hold_until_requests is not None:
             n_held = b.hold_until_requests
             await asyncio.to_thread(self.wait_for, lambda up: len(up.requests) >= n_held)
+        if b.hold_until is not None:
+            await asyncio.to_thread(b.hold_until.wait, 10)
         if b.block:
             await self._until_dropped()
         if b.hang_s:
@@ -155,7 +159,10 @@ class ScriptedUpstream:
                                                      "logprobs": None}]}
         if not b.omit_usage:
             resp["usage"] = usage
-        return web.Response(body=orjson.dumps(resp), content_type="application/json")
+        response = web.Response(body=orjson.dumps(resp), content_type="application/json")
+        self.answered += 1
+        self._notify()
+        return response
 
     async def _until_dropped(self) -> None:
         try:

@@ -1,6 +1,7 @@
 """The batch line state machine on a real SQLite database: claims are exclusive, an expired
 lease makes a line claimable again, each attempt has its own request id, the first attempt to
-finish a line keeps its result, and every attempt is billed — a late one as a superseded request."""
+finish a line keeps its result, and every attempt's request is recorded once — a late one as a
+superseded request. The result commit writes no ledger rows (those are the journal's)."""
 
 from __future__ import annotations
 
@@ -16,19 +17,16 @@ from gateway.db.session import make_engine, make_session_factory
 from gateway.jobs import store
 from gateway.jobs.models import Batch, BatchLine, FileObject
 from gateway.jobs.validate import LineSpec
-from gateway.ledger.entries import LedgerEntry, Record, RequestRecord, new_entry_id
-from gateway.providers.base import Usage
+from gateway.ledger.entries import RequestRecord
 
 T0 = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 
 
-def _rows(request_id: str) -> list[Record]:
-    """What one attempt's call leaves in the line ledger: a ledger entry and its request record."""
-    entry = LedgerEntry(id=new_entry_id(), request_id=request_id, tenant_id="t", key_id="k", stage="direct",
-                        tier="low", model="m", usage=Usage(prompt_tokens=3, completion_tokens=2), cost_usd=1e-6,
-                        baseline_cost_usd=2e-6)
-    return [entry, RequestRecord(id=request_id, tenant_id="t", key_id="k", requested_model="low", status="ok",
-                                 http_status=200, cost_usd=1e-6, baseline_cost_usd=2e-6)]
+def _request(request_id: str) -> RequestRecord:
+    """What one attempt hands to its result commit: its request record (its call rows went to the
+    ledger's journal as the calls finished, not through the store)."""
+    return RequestRecord(id=request_id, tenant_id="t", key_id="k", requested_model="low", status="ok",
+                         http_status=200, cost_usd=1e-6, baseline_cost_usd=2e-6)
 
 
 def _statuses(s: Session) -> dict[str, str]:
@@ -58,19 +56,18 @@ def test_expired_lease_is_reclaimed_and_every_attempt_is_billed_once(tmp_path: P
         assert retry[0].request_id == f"{line_a}_a2"  # a retry has its own
     ok = store.LineOutcome(200, {"object": "chat.completion"})
     with sf() as s, s.begin():  # the first attempt of a comes back late, but first: it finishes the line
-        assert store.finish_line(s, first[0], ok, _rows(first[0].request_id), T0) is True
+        assert store.finish_line(s, first[0], ok, _request(first[0].request_id), T0) is True
     with sf() as s, s.begin():  # the retry of a finishes second: billed, superseded, result not kept
-        assert store.finish_line(s, retry[0], store.LineOutcome(200, {"late": True}), _rows(retry[0].request_id),
+        assert store.finish_line(s, retry[0], store.LineOutcome(200, {"late": True}), _request(retry[0].request_id),
                                  T0) is False
     with sf() as s, s.begin():
-        assert store.finish_line(s, retry[1], ok, _rows(retry[1].request_id), T0) is True
-    with sf() as s, s.begin():  # the same attempt's rows written twice: never billed twice
-        assert store.finish_line(s, retry[0], ok, _rows(retry[0].request_id)[1:], T0) is False
+        assert store.finish_line(s, retry[1], ok, _request(retry[1].request_id), T0) is True
+    with sf() as s, s.begin():  # the same attempt's result committed twice: still one superseded request
+        assert store.finish_line(s, retry[0], ok, _request(retry[0].request_id), T0) is False
     with sf() as s:
-        rows = list(s.scalars(sa.select(LedgerEntryRow)))
-        assert sorted(r.request_id for r in rows) == sorted([first[0].request_id, retry[0].request_id,
-                                                             retry[1].request_id])
-        assert s.scalar(sa.select(sa.func.sum(DailySpend.requests))) == 3
+        assert s.scalar(sa.select(sa.func.count()).select_from(LedgerEntryRow)) == 0  # the journal's job
+        assert s.scalar(sa.select(sa.func.count()).select_from(DailySpend)) == 0
+        assert s.scalar(sa.select(sa.func.count()).select_from(Request)) == 3
         statuses = _statuses(s)
         assert statuses == {first[0].request_id: "ok", retry[0].request_id: store.SUPERSEDED,
                             retry[1].request_id: "ok"}
@@ -99,17 +96,17 @@ def test_an_interrupted_attempt_is_billed_whether_or_not_it_owns_the_line(tmp_pa
         stale = store.claim_lines(s, now=T0, lease_s=60, limit=5)[0]
         owner = store.claim_lines(s, now=T0 + timedelta(seconds=61), lease_s=60, limit=5)[0]
     with sf() as s, s.begin():  # shutdown cancels the stale attempt: the line stays the owner's
-        store.release_line(s, stale, _rows(stale.request_id))
+        store.release_line(s, stale, _request(stale.request_id))
     with sf() as s:
         assert s.scalar(sa.select(BatchLine.state)) == "running"
         assert s.scalar(sa.select(BatchLine.attempts)) == 2
     with sf() as s, s.begin():  # the owner is cancelled too: the line goes back to pending
-        store.release_line(s, owner, _rows(owner.request_id))
+        store.release_line(s, owner, _request(owner.request_id))
     with sf() as s:
         assert s.scalar(sa.select(BatchLine.state)) == "pending"
         assert _statuses(s) == {
             stale.request_id: store.SUPERSEDED, owner.request_id: "ok"}
-        assert s.scalar(sa.select(sa.func.count()).select_from(LedgerEntryRow)) == 2
+        assert s.scalar(sa.select(sa.func.count()).select_from(LedgerEntryRow)) == 0
         again = store.claim_lines(s, now=T0 + timedelta(seconds=62), lease_s=60, limit=5)
         assert [(c.attempt, c.request_id) for c in again] == [(3, f"{stale.request_id}_a3")]
     engine.dispose()
