@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import inspect
+import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Literal, Protocol, TypeVar
@@ -37,6 +39,8 @@ from gateway.settings import Settings
 STATUS_CLIENT_CLOSED = ClientClosedRequest.status  # nginx's convention for "client went away"
 PER_MESSAGE_OVERHEAD_TOKENS = 8
 T = TypeVar("T")
+
+log = logging.getLogger("tiergate.chat")
 
 
 class PrincipalLike(Protocol):
@@ -172,23 +176,51 @@ def _unless_gone(run: Callable[[ResolvedRequest], Awaitable[T]],
 
 async def _run_unless_gone(run: Callable[[ResolvedRequest], Awaitable[T]], client_gone: Awaitable[object],
                            rr: ResolvedRequest) -> T:
-    """One plain ``Task.cancel`` (not a cancel scope), so the work's own cleanup — cancelled calls'
-    ledger rows, shielded budget settlements — runs to its end before this returns or raises."""
-    work = asyncio.ensure_future(run(rr))
-    gone = asyncio.ensure_future(client_gone)
+    """The work runs in this task. If it is still running after ``WATCH_CLIENT_AFTER_S``, a watcher
+    task starts waiting on ``client_gone``; if the client has left, the watcher cancels this task
+    once — a plain ``Task.cancel`` (not a cancel scope), so the work's own cleanup (cancelled calls'
+    ledger rows, shielded budget settlements) runs to its end — and the cancel surfaces as
+    ``ClientClosedRequest``. Quick answers never start the watcher, and nothing runs as a second
+    task on the hot path: a watcher per request cost ~0.1 ms of added p50 in ``tiergate bench
+    gateway``, the work as its own task ~0.15 ms."""
+    me = asyncio.current_task()
+    assert me is not None
+    watch: asyncio.Future[object] | None = None
+    watching = True  # a done-callback already scheduled when the work ends must not cancel what follows
+
+    def left(done: asyncio.Future[object]) -> None:
+        if watching and not done.cancelled() and done.exception() is None:
+            me.cancel(_CLIENT_GONE)
+
+    def start_watching() -> None:
+        nonlocal watch
+        watch = asyncio.ensure_future(client_gone)
+        watch.add_done_callback(left)
+
+    timer = asyncio.get_running_loop().call_later(WATCH_CLIENT_AFTER_S, start_watching)
     try:
-        await asyncio.wait((work, gone), return_when=asyncio.FIRST_COMPLETED)
-    finally:  # the client left, or this task was cancelled (shutdown): stop the work either way
-        gone.cancel()
-        if not work.done():
-            work.cancel()
-            await asyncio.wait((work,))
-    watch_error = gone.exception() if gone.done() and not gone.cancelled() else None
-    if not work.cancelled():
-        return work.result()  # done (or failed) before the cancel landed: that outcome stands
-    if watch_error is not None:
-        raise watch_error  # watching the connection failed: not the client's doing
-    raise ClientClosedRequest("the client closed the connection before the answer was ready")
+        return await run(rr)
+    except asyncio.CancelledError:
+        client_left = watch is not None and watch.done() and not watch.cancelled() and watch.exception() is None
+        if client_left and me.cancelling() == 1:  # only the watcher's cancel: not a shutdown
+            me.uncancel()
+            raise ClientClosedRequest("the client closed the connection before the answer was ready") from None
+        raise
+    finally:
+        watching = False
+        timer.cancel()
+        if watch is None:
+            if inspect.iscoroutine(client_gone):
+                client_gone.close()  # never started
+        else:
+            watch.remove_done_callback(left)
+            watch.cancel()
+            if watch.done() and not watch.cancelled() and watch.exception() is not None:
+                log.warning("watching the client connection failed: %s", watch.exception())
+
+
+WATCH_CLIENT_AFTER_S = 0.05
+_CLIENT_GONE = "tiergate: the client disconnected"
 
 
 def _sse(obj: dict[str, Any]) -> bytes:
