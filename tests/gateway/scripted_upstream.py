@@ -246,6 +246,7 @@ class ScriptedUpstream:
 
 UPSTREAM_KEY_ENV = "TIERGATE_TEST_UPSTREAM_KEY"
 UPSTREAM_KEY = "sk-upstream-secret-0123456789"
+ADMIN_KEY = "admin-secret-for-tests"  # TIERGATE_ADMIN_KEY in tests that use the admin API (conftest.admin_key)
 
 
 def config_for(base_url: str, *, db_url: str = "sqlite:///var/tiergate.db", journal_dir: str = "var/journal",

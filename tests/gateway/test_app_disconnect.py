@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -26,20 +26,14 @@ from gateway.ledger import RequestRecord
 from gateway.providers.metering import count_text_tokens
 from tests.gateway.gateway_harness import Gateway, served_gateway
 from tests.gateway.scripted_models import plan_json
-from tests.gateway.scripted_upstream import UPSTREAM_KEY, UPSTREAM_KEY_ENV, Behaviour, ScriptedUpstream
+from tests.gateway.scripted_upstream import ADMIN_KEY, Behaviour, ScriptedUpstream
 
-ADMIN = "admin-secret-for-disconnect-tests"
+ADMIN = ADMIN_KEY
+pytestmark = pytest.mark.usefixtures("admin_key")
 WAIT_S = 10.0
 UPSTREAM_TIMEOUT_S = 120.0
 MESSAGES = [{"role": "user", "content": "Compute 17*23 and then add 5."}]
 
-
-@pytest.fixture
-def upstream(monkeypatch: pytest.MonkeyPatch) -> Iterator[ScriptedUpstream]:
-    monkeypatch.setenv(UPSTREAM_KEY_ENV, UPSTREAM_KEY)
-    monkeypatch.setenv("TIERGATE_ADMIN_KEY", ADMIN)
-    with ScriptedUpstream() as up:
-        yield up
 
 
 def final_records(gw: Gateway, monkeypatch: pytest.MonkeyPatch) -> tuple[list[RequestRecord], threading.Event]:

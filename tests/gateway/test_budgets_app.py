@@ -5,28 +5,21 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 from decimal import Decimal
 from pathlib import Path
 
 import pytest
 
 from tests.gateway.gateway_harness import gateway
-from tests.gateway.scripted_upstream import UPSTREAM_KEY, UPSTREAM_KEY_ENV, ScriptedUpstream
+from tests.gateway.scripted_upstream import ADMIN_KEY, ScriptedUpstream
 
-ADMIN = "admin-secret-for-tests"
+ADMIN = ADMIN_KEY
+pytestmark = pytest.mark.usefixtures("admin_key")
 # "one two three four" is 11 prompt tokens by the gateway's count, exactly what the scripted
 # upstream reports (10 + 1 message), so worst case == actual and the outcome is exact.
 BODY = {"model": "low", "messages": [{"role": "user", "content": "one two three four"}], "max_tokens": 4}
 COST = Decimal(11 * 1 + 4 * 2) / Decimal(10**6)
 
-
-@pytest.fixture
-def upstream(monkeypatch: pytest.MonkeyPatch) -> Iterator[ScriptedUpstream]:
-    monkeypatch.setenv(UPSTREAM_KEY_ENV, UPSTREAM_KEY)
-    monkeypatch.setenv("TIERGATE_ADMIN_KEY", ADMIN)
-    with ScriptedUpstream() as up:
-        yield up
 
 
 async def test_64_concurrent_http_requests_against_budget_for_10(tmp_path: Path, upstream: ScriptedUpstream) -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from decimal import Decimal
 from pathlib import Path
 
@@ -23,18 +23,12 @@ from gateway.jobs.backends import QueueUnavailable, requeue_runnable
 from gateway.jobs.validate import LineSpec
 from tests.gateway.gateway_harness import make_database
 from tests.gateway.jobs_support import create_batch, file_lines, jobs_gateway, jsonl, line, upload, wait_final
-from tests.gateway.scripted_upstream import UPSTREAM_KEY, UPSTREAM_KEY_ENV, Behaviour, ScriptedUpstream
+from tests.gateway.scripted_upstream import ADMIN_KEY, Behaviour, ScriptedUpstream
 
-ADMIN = "admin-secret-for-tests"
+ADMIN = ADMIN_KEY
+pytestmark = pytest.mark.usefixtures("admin_key")
 MSGS = [{"role": "user", "content": "one two three four"}]
 
-
-@pytest.fixture
-def upstream(monkeypatch: pytest.MonkeyPatch) -> Iterator[ScriptedUpstream]:
-    monkeypatch.setenv(UPSTREAM_KEY_ENV, UPSTREAM_KEY)
-    monkeypatch.setenv("TIERGATE_ADMIN_KEY", ADMIN)
-    with ScriptedUpstream() as up:
-        yield up
 
 
 async def test_files_crud_and_tenant_scope(tmp_path: Path, upstream: ScriptedUpstream) -> None:
