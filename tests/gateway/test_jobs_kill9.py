@@ -15,6 +15,7 @@ import sqlite3
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import orjson
@@ -44,21 +45,26 @@ def _wait_batch(client: httpx.Client, batch_id: str) -> dict:  # type: ignore[ty
     raise AssertionError(f"batch not final: {batch}")
 
 
-def test_kill9_mid_batch_runs_every_line_exactly_once(tmp_path: Path, upstream: ScriptedUpstream) -> None:
+def _gateway_set_up(tmp_path: Path, upstream: ScriptedUpstream, *, concurrency: int, lease_s: float
+                    ) -> tuple[Path, Any, int, Path, str, dict[str, str]]:
+    """A migrated SQLite database with one tenant's key and a config for ``tiergate serve``:
+    (config path, session factory, port, log path, base URL, auth header)."""
     db_url = f"sqlite:///{tmp_path / 'gw.db'}"
-    cfg = batch_config(upstream.base_url, db_url, jobs={"concurrency": 2, "line_lease_s": 4},
+    cfg = batch_config(upstream.base_url, db_url, jobs={"concurrency": concurrency, "line_lease_s": lease_s},
                        journal_dir="journal")
     config = tmp_path / "config.yaml"
     config.write_text(yaml.safe_dump(cfg))
     migrate.upgrade(db_url)
-    engine = make_engine(db_url)
-    sf = make_session_factory(engine)
+    sf = make_session_factory(make_engine(db_url))
     raw = generate_key()
     with sf() as s, s.begin():
         add_api_key(s, create_tenant(s, "acme").id, raw, hash_key(raw))
-    port, log = _free_port(), tmp_path / "serve.log"
-    base = f"http://127.0.0.1:{port}/v1"
-    auth = {"Authorization": f"Bearer {raw}"}
+    port = _free_port()
+    return config, sf, port, tmp_path / "serve.log", f"http://127.0.0.1:{port}/v1", {"Authorization": f"Bearer {raw}"}
+
+
+def test_kill9_mid_batch_runs_every_line_exactly_once(tmp_path: Path, upstream: ScriptedUpstream) -> None:
+    config, sf, port, log, base, auth = _gateway_set_up(tmp_path, upstream, concurrency=2, lease_s=4)
     upstream.push(Behaviour(), Behaviour(), Behaviour(block=True), Behaviour(block=True))
 
     proc = _start(config, port, log)
@@ -94,7 +100,7 @@ def test_kill9_mid_batch_runs_every_line_exactly_once(tmp_path: Path, upstream: 
     with sf() as s:
         rows = list(s.scalars(sa.select(LedgerEntryRow)))
         requests = list(s.scalars(sa.select(Request)))
-    engine.dispose()
+    sf.kw["bind"].dispose()
     assert len(rows) == N and {r.request_id for r in rows} == {o["response"]["request_id"] for o in out}  # once each
     assert all(r.status == "ok" for r in rows)
     assert sum(r.completion_tokens for r in rows) == sum(range(1, N + 1))
@@ -114,20 +120,7 @@ def _journaled(journal: Path, request_id: str) -> bool:
 def test_kill9_after_the_upstream_answered_bills_the_call_from_the_journal(
         tmp_path: Path, upstream: ScriptedUpstream) -> None:
     db_path = tmp_path / "gw.db"
-    db_url = f"sqlite:///{db_path}"
-    cfg = batch_config(upstream.base_url, db_url, jobs={"concurrency": 1, "line_lease_s": 3},
-                       journal_dir="journal")
-    config = tmp_path / "config.yaml"
-    config.write_text(yaml.safe_dump(cfg))
-    migrate.upgrade(db_url)
-    engine = make_engine(db_url)
-    sf = make_session_factory(engine)
-    raw = generate_key()
-    with sf() as s, s.begin():
-        add_api_key(s, create_tenant(s, "acme").id, raw, hash_key(raw))
-    port, log = _free_port(), tmp_path / "serve.log"
-    base = f"http://127.0.0.1:{port}/v1"
-    auth = {"Authorization": f"Bearer {raw}"}
+    config, sf, port, log, base, auth = _gateway_set_up(tmp_path, upstream, concurrency=1, lease_s=3)
     answer = threading.Event()
     upstream.push(Behaviour(hold_until=answer))  # the first attempt's answer waits for the test
     writer_lock = sqlite3.connect(db_path, timeout=10, isolation_level=None)
@@ -172,7 +165,7 @@ def test_kill9_after_the_upstream_answered_bills_the_call_from_the_journal(
         rows = list(s.scalars(sa.select(LedgerEntryRow)))
         requests = {q.id: q.status for q in s.scalars(sa.select(Request))}
         spend = s.scalar(sa.select(sa.func.sum(DailySpend.requests)))
-    engine.dispose()
+    sf.kw["bind"].dispose()
     assert sorted(r.request_id for r in rows) == [first_id, f"{first_id}_a2"]  # the killed call and the rerun
     assert all(r.status == "ok" and r.completion_tokens == 5 for r in rows) and spend == 2
     assert requests == {f"{first_id}_a2": "ok"}  # the killed attempt never reached its result commit
