@@ -12,8 +12,9 @@ from gateway.db.models import DailySpend
 from gateway.ledger.entries import LedgerEntry, RequestRecord, new_entry_id
 from gateway.providers.base import Usage
 from tests.gateway.gateway_harness import Gateway
+from tests.gateway.scripted_upstream import ADMIN_KEY
 
-ADMIN = "admin-key-for-dashboard-tests"
+ADMIN = ADMIN_KEY  # what conftest.admin_key puts in TIERGATE_ADMIN_KEY
 
 
 def seed(gw: Gateway, tenant_id: str, n: int, *, start: datetime | None = None) -> list[RequestRecord]:

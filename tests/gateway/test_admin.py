@@ -4,7 +4,6 @@ and pipeline share from requests), keyset paging, escaping, budget status and al
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
@@ -16,17 +15,12 @@ from gateway.budgets.models import BudgetAlertRow
 from gateway.db.queries import create_tenant
 from tests.gateway.admin_support import ADMIN, db_sums, seed
 from tests.gateway.gateway_harness import Gateway, gateway
-from tests.gateway.scripted_upstream import UPSTREAM_KEY, UPSTREAM_KEY_ENV, ScriptedUpstream
+from tests.gateway.scripted_upstream import ScriptedUpstream
 
 BEARER = {"Authorization": f"Bearer {ADMIN}"}
 
 
-@pytest.fixture
-def upstream(monkeypatch: pytest.MonkeyPatch) -> Iterator[ScriptedUpstream]:
-    monkeypatch.setenv(UPSTREAM_KEY_ENV, UPSTREAM_KEY)
-    monkeypatch.setenv("TIERGATE_ADMIN_KEY", ADMIN)
-    with ScriptedUpstream() as up:
-        yield up
+pytestmark = pytest.mark.usefixtures("admin_key")
 
 
 async def login(gw: Gateway) -> None:

@@ -6,7 +6,6 @@ and checks the spend and savings shown equal the database's sums. Skips when
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 from decimal import Decimal
 from pathlib import Path
 
@@ -14,7 +13,7 @@ import pytest
 
 from tests.gateway.admin_support import ADMIN, db_sums, seed
 from tests.gateway.gateway_harness import served_gateway
-from tests.gateway.scripted_upstream import UPSTREAM_KEY, UPSTREAM_KEY_ENV, ScriptedUpstream
+from tests.gateway.scripted_upstream import ScriptedUpstream
 
 CHROMIUM = "/usr/bin/chromium"
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
@@ -33,12 +32,7 @@ def chromium() -> str:
     return CHROMIUM
 
 
-@pytest.fixture
-def upstream(monkeypatch: pytest.MonkeyPatch) -> Iterator[ScriptedUpstream]:
-    monkeypatch.setenv(UPSTREAM_KEY_ENV, UPSTREAM_KEY)
-    monkeypatch.setenv("TIERGATE_ADMIN_KEY", ADMIN)
-    with ScriptedUpstream() as up:
-        yield up
+pytestmark = pytest.mark.usefixtures("admin_key")
 
 
 def test_dashboard_shows_the_database_sums(tmp_path: Path, upstream: ScriptedUpstream, chromium: str) -> None:

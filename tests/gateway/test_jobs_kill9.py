@@ -63,6 +63,20 @@ def _gateway_set_up(tmp_path: Path, upstream: ScriptedUpstream, *, concurrency: 
     return config, sf, port, tmp_path / "serve.log", f"http://127.0.0.1:{port}/v1", {"Authorization": f"Bearer {raw}"}
 
 
+def _restart_until_final(config: Path, port: int, log: Path, base: str, auth: dict[str, str], batch_id: str
+                         ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Start the gateway again, wait for the batch to be final, stop it: (batch, output lines)."""
+    proc = _start(config, port, log)
+    try:
+        with httpx.Client(base_url=base, headers=auth, timeout=10) as client:
+            batch = _wait_batch(client, batch_id)
+            out = [orjson.loads(x) for x in client.get(f"/files/{batch['output_file_id']}/content").content.splitlines()]
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(20)
+    return batch, out
+
+
 def test_kill9_mid_batch_runs_every_line_exactly_once(tmp_path: Path, upstream: ScriptedUpstream) -> None:
     config, sf, port, log, base, auth = _gateway_set_up(tmp_path, upstream, concurrency=2, lease_s=4)
     upstream.push(Behaviour(), Behaviour(), Behaviour(block=True), Behaviour(block=True))
@@ -84,14 +98,7 @@ def test_kill9_mid_batch_runs_every_line_exactly_once(tmp_path: Path, upstream: 
         done_before = s.scalar(sa.select(sa.func.count()).select_from(BatchLine).where(BatchLine.state == "done"))
     assert done_before == 2  # the two answered lines, committed with their results (their rows: journal or DB)
 
-    proc = _start(config, port, log)
-    try:
-        with httpx.Client(base_url=base, headers=auth, timeout=10) as client:
-            batch = _wait_batch(client, batch_id)
-            out = [orjson.loads(x) for x in client.get(f"/files/{batch['output_file_id']}/content").content.splitlines()]
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(20)
+    batch, out = _restart_until_final(config, port, log, base, auth, batch_id)
     assert batch["status"] == "completed", batch
     assert batch["request_counts"] == {"total": N, "completed": N, "failed": 0}
     assert [o["custom_id"] for o in out] == [f"k{i}" for i in range(N)]
@@ -150,14 +157,8 @@ def test_kill9_after_the_upstream_answered_bills_the_call_from_the_journal(
         assert s.execute(sa.select(BatchLine.state, BatchLine.attempts)).one() == ("running", 1)
         assert s.scalar(sa.select(sa.func.count()).select_from(LedgerEntryRow)) == 0
 
-    proc = _start(config, port, log)  # replays the journal; the lease expires and the line runs again
-    try:
-        with httpx.Client(base_url=base, headers=auth, timeout=10) as client:
-            batch = _wait_batch(client, batch_id)
-            out = [orjson.loads(x) for x in client.get(f"/files/{batch['output_file_id']}/content").content.splitlines()]
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(20)
+    # the restart replays the journal; the lease expires and the line runs again
+    batch, out = _restart_until_final(config, port, log, base, auth, batch_id)
     assert batch["status"] == "completed", batch
     assert [(o["custom_id"], o["response"]["request_id"]) for o in out] == [("only", f"{first_id}_a2")]
     assert len(upstream.requests) == 2 and upstream.answered == 2
