@@ -21,11 +21,11 @@ import dataclasses
 from collections.abc import AsyncIterator
 from typing import Any
 
-from gateway.budgets import Budgets, RateLimiter, Reservation, worst_case_cost
+from gateway.budgets import Budgets, RateLimiter, Reservation
 from gateway.budgets.service import REMAINING_HEADER
 from gateway.execution import Executor, ResolvedRequest
 from gateway.ledger.pricing import model_price, price_for
-from gateway.providers.metering import count_prompt_tokens
+from gateway.providers.metering import prompt_token_bound
 from gateway.request_budget import RequestBudget
 from gateway.resolve import AUTO_MODEL
 from gateway.settings import Settings
@@ -41,27 +41,39 @@ class BudgetedExecutor:
                  rate_limiter: RateLimiter | None = None) -> None:
         self.settings, self.inner, self.budgets, self.rate_limiter = settings, inner, budgets, rate_limiter
 
-    def worst_case(self, req: ResolvedRequest) -> tuple[float, int]:
-        """(worst-case USD of one call over the model chain, tokens for the tokens/min limit)."""
+    def max_output(self, req: ResolvedRequest) -> int | None:
+        """What one choice of the request's call may generate (None: up to the context window)."""
         res = req.resolution
-        messages = req.body.get("messages") or []
-        prompt = count_prompt_tokens(self.settings.models[res.models[0]], messages)
-        max_out = _max_tokens(req.body)
+        max_out = _max_tokens(req.body)  # ChatFlow bounded it by the tier's (or model's) cap
         tier = self.settings.tiers.get(res.tier)  # type: ignore[call-overload]
         if tier is not None and res.requested_model == AUTO_MODEL and tier.engine.thinking_budget_tokens:
             # routed by effort: a thinking call may generate its answer plus the tier's thinking budget
             max_out = (max_out or tier.max_output_tokens) + tier.engine.thinking_budget_tokens
-        worst = 0.0
+        return max_out
+
+    def worst_case(self, req: ResolvedRequest) -> tuple[float, int]:
+        """(worst-case USD of the request's call over its model chain, tokens for the tokens/min
+        limit). Covers everything the upstream can be asked to generate: every one of the ``n``
+        choices at its output cap (the context window when nothing caps it), on a prompt bounded
+        from its bytes (``prompt_token_bound``), at the dearest price of the chain."""
+        res, body = req.resolution, req.body
+        n = body.get("n") or 1
+        max_out = self.max_output(req)
+        price_tier = res.price_tier(self.settings)
+        worst, tokens = 0.0, 0
         for name in res.models:
-            price = (price_for(self.settings, res.tier, name) if res.tier in self.settings.tiers
-                     else model_price(self.settings.models[name]))
-            worst = max(worst, worst_case_cost(self.settings, res.tier, name, prompt, max_out, price=price))
-        out_tokens = max_out or (tier.max_output_tokens if tier is not None else 0)
-        return worst, prompt + out_tokens
+            model = self.settings.models[name]
+            price = price_for(self.settings, price_tier, name) if price_tier else model_price(model)
+            prompt = prompt_token_bound(model, body)
+            out = n * (max_out if max_out is not None else model.context_window)
+            worst = max(worst, (prompt * price.input + out * price.output) / 1e6)
+            tokens = max(tokens, prompt + out)
+        return worst, tokens
 
     async def _open(self, req: ResolvedRequest) -> Reservation:
         policies = await self.budgets.policies.for_principal(req)  # cached; no tokenizing when unlimited
-        needs_cost = any(p.limit_nanos is not None or p.tokens_per_min for p in policies)
+        needs_cost = any(p.limit_nanos is not None or p.soft_limit_nanos is not None or p.tokens_per_min
+                         for p in policies)
         worst, tokens = self.worst_case(req) if needs_cost else (0.0, 0)
         if self.rate_limiter is not None:
             await self.rate_limiter.check(req, tokens)

@@ -32,8 +32,8 @@ from gateway.ids import fast_id
 from gateway.ledger.entries import LedgerEntry, RequestRecord
 from gateway.providers.base import CallOptions
 from gateway.providers.metering import count_prompt_tokens
-from gateway.resolve import DecideAuto, resolve_model
-from gateway.schemas import ChatCompletionRequest, parse_chat_request, upstream_body
+from gateway.resolve import DecideAuto, cap_output, output_cap, resolve_model
+from gateway.schemas import ChatCompletionRequest, parse_chat_request
 from gateway.settings import Settings
 
 STATUS_CLIENT_CLOSED = ClientClosedRequest.status  # nginx's convention for "client went away"
@@ -90,16 +90,18 @@ class ChatFlow:
         self.default_tier = default_tier
 
     def prepare(self, principal: PrincipalLike, data: Any) -> tuple[ResolvedRequest, ChatCompletionRequest]:
-        req = parse_chat_request(data)
-        messages: list[dict[str, Any]] = data["messages"]
+        req = parse_chat_request(data, self.settings.server.unknown_fields)
+        body = req.forwardable()  # re-encoded from the validated model: never the raw body
+        messages: list[dict[str, Any]] = body["messages"]
         resolution = resolve_model(self.settings, req.model, messages, reasoning_effort=req.reasoning_effort,
                                    decide_auto=self.decide_auto, default_tier=self.default_tier)
         check_context_window(self.settings, resolution.models[0], messages)
+        cap_output(body, output_cap(self.settings, resolution))
         tier = self.settings.tiers.get(resolution.tier)  # type: ignore[call-overload]
         options = CallOptions(experts_per_token=tier.engine.experts_per_token if tier else None,
                               timeout_s=self.settings.server.request_timeout_s)
         rr = ResolvedRequest(request_id=new_request_id(), tenant_id=principal.tenant_id,
-                             key_id=principal.key_id, resolution=resolution, body=upstream_body(data),
+                             key_id=principal.key_id, resolution=resolution, body=body,
                              options=options, allow_prompt_storage=principal.allow_prompt_storage)
         rr.tally.deferred = []  # call rows join the request record in one journal batch (finish)
         return rr, req

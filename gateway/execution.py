@@ -101,10 +101,10 @@ class Executor(Protocol):
         ...
 
 
-def cost_of(settings: Settings, tier: str, model_name: str, usage: Usage) -> tuple[float, float]:
-    """(cost, baseline) of one call (``gateway.ledger.cost_for``); a model called directly that
-    no tier uses is priced at its own price."""
-    if tier in settings.tiers:
+def cost_of(settings: Settings, tier: str | None, model_name: str, usage: Usage) -> tuple[float, float]:
+    """(cost, baseline) of one call (``gateway.ledger.cost_for``) at ``tier``'s prices; a model
+    called by its own name (``tier`` None, see ``Resolution.price_tier``) at its own price."""
+    if tier is not None and tier in settings.tiers:
         return cost_for(settings, tier, model_name, usage)
     cost = model_price(settings.models[model_name]).cost_usd(
         usage.prompt_tokens, usage.cached_tokens, usage.completion_tokens)
@@ -121,7 +121,8 @@ class DirectExecutor:
     def _on_attempt(self, req: ResolvedRequest) -> Callable[[Attempt], None]:
         def record(attempt: Attempt) -> None:
             tier = req.resolution.tier
-            cost, baseline = cost_of(self.settings, tier, attempt.model_name, attempt.usage)
+            cost, baseline = cost_of(self.settings, req.resolution.price_tier(self.settings), attempt.model_name,
+                                     attempt.usage)
             entry = LedgerEntry(
                 id=fast_id(), request_id=req.request_id, tenant_id=req.tenant_id, key_id=req.key_id,
                 stage="direct", tier=tier, model=attempt.model_name, usage=attempt.usage, cost_usd=cost,

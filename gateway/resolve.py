@@ -46,6 +46,11 @@ class Resolution:
     effort_source: str  # client | classifier | default
     classifier_score: float | None = None
     classifier_version: str | None = None
+    by_model: bool = False  # the client named a configured model: its own price and output cap apply
+
+    def price_tier(self, settings: Settings) -> str | None:
+        """The tier whose prices bill this request's calls; None: each model's own price."""
+        return None if self.by_model or self.tier not in settings.tiers else self.tier
 
 
 def public_model_names(settings: Settings) -> list[str]:
@@ -74,7 +79,7 @@ def resolve_model(settings: Settings, requested: str, messages: list[dict[str, A
     if requested.startswith(TIER_PREFIX) and requested[len(TIER_PREFIX):] in TIER_NAMES:
         return _tier_resolution(settings, requested, requested[len(TIER_PREFIX):], "client")
     if requested in settings.models:
-        return Resolution(requested, tier_for_model(settings, requested), (requested,), "client")
+        return Resolution(requested, tier_for_model(settings, requested), (requested,), "client", by_model=True)
     if requested == AUTO_MODEL:
         if reasoning_effort in TIER_NAMES:
             return _tier_resolution(settings, requested, reasoning_effort, "client")  # type: ignore[arg-type]
@@ -85,3 +90,23 @@ def resolve_model(settings: Settings, requested: str, messages: list[dict[str, A
         return _tier_resolution(settings, requested, default_tier, "default")
     raise ModelNotFound(f"The model '{requested[:100]}' does not exist or you do not have access to it.",
                         param="model")
+
+
+def output_cap(settings: Settings, resolution: Resolution) -> int | None:
+    """The most one choice may generate: the tier's ``max_output_tokens``, or for a model called by
+    its own name that model's ``max_output_tokens`` (None: the upstream's own limit)."""
+    if resolution.by_model or resolution.tier not in settings.tiers:
+        return settings.models[resolution.models[0]].max_output_tokens
+    return settings.tiers[resolution.tier].max_output_tokens  # type: ignore[index]
+
+
+def cap_output(body: dict[str, Any], cap: int | None) -> None:
+    """Bound ``body``'s output-token field by ``cap`` in place; one field is forwarded
+    (``max_completion_tokens`` when the client used it, else ``max_tokens``)."""
+    asked = body.get("max_completion_tokens", body.get("max_tokens"))
+    if cap is None and asked is None:
+        return
+    key = "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens"
+    body.pop("max_tokens", None)
+    body.pop("max_completion_tokens", None)
+    body[key] = asked if cap is None else min(asked, cap) if asked is not None else cap

@@ -34,6 +34,9 @@ class ServerSettings(_Strict):
     max_body_bytes: int = Field(4 * 1024 * 1024, gt=0)
     request_timeout_s: float = Field(600.0, gt=0)
     log_level: str = "info"
+    # A chat request field tiergate does not know: "reject" (400 naming it, the default) or
+    # "drop" (removed before validation; never forwarded either way).
+    unknown_fields: Literal["reject", "drop"] = "reject"
 
 
 class DatabaseSettings(_Strict):
@@ -111,7 +114,16 @@ class ModelSettings(_Strict):
     max_retries: int = Field(2, ge=0, le=10)
     context_window: int = Field(8192, gt=0)
     price: Price = Price()
-    supports: tuple[str, ...] = ()
+    # Output cap for this model when it is called by its own name (a tier's max_output_tokens
+    # applies when it serves a tier); None: the upstream's own limit, and budget holds assume
+    # the whole context window.
+    max_output_tokens: int | None = Field(None, gt=0)
+    # Non-OpenAI sampling parameters the upstream accepts (vLLM/SGLang do): forwarded when a
+    # client sends them; refused with a 400 for models that do not list them.
+    extra_params: tuple[Literal["top_k", "min_p", "repetition_penalty"], ...] = ()
+    # Let clients send http(s) image URLs, which the upstream (or litellm, on this host) fetches.
+    # Off: images must be inline data: URLs (a URL could point into the operator's network).
+    remote_media: bool = False
 
     @model_validator(mode="after")
     def _needs_base(self) -> ModelSettings:

@@ -13,6 +13,7 @@ from typing import Any
 
 from gateway.errors import GatewayError, InvalidRequest, UpstreamError, UpstreamTimeout
 from gateway.providers.base import CallOptions
+from gateway.providers.payload import EXTENSION_PARAMS, SPECS
 from gateway.settings import ModelSettings
 
 
@@ -52,16 +53,27 @@ def _to_dict(obj: Any) -> dict[str, Any]:
     return obj.model_dump(exclude_none=True)  # type: ignore[no-any-return]
 
 
+def litellm_kwargs(model: ModelSettings, body: dict[str, Any], options: CallOptions) -> dict[str, Any]:
+    """``litellm.acompletion``'s keyword arguments: the allow-listed OpenAI parameters (the same
+    list ``provider_payload`` applied; taken again here so that no other key can ever become a
+    litellm setting such as ``fallbacks``, ``api_base`` or ``metadata``), then the model, URL and
+    key from config.yaml, with litellm's own retries off (tiergate's router retries, and bills
+    each HTTP call as one ledger row)."""
+    allowed = SPECS["litellm"].forward | (EXTENSION_PARAMS & set(model.extra_params))
+    kwargs = {k: v for k, v in body.items() if k in allowed}
+    kwargs.update(model=model.model, timeout=options.timeout_s or model.timeout_s, num_retries=0,
+                  max_retries=0)
+    if model.api_base:
+        kwargs["api_base"] = model.api_base
+    key = model.api_key()
+    if key:
+        kwargs["api_key"] = key
+    return kwargs
+
+
 class LiteLLMProvider:
     def _kwargs(self, model: ModelSettings, body: dict[str, Any], options: CallOptions) -> dict[str, Any]:
-        kwargs = {k: v for k, v in body.items() if k not in ("model", "stream", "stream_options")}
-        kwargs.update(model=model.model, timeout=options.timeout_s or model.timeout_s, num_retries=0)
-        if model.api_base:
-            kwargs["api_base"] = model.api_base
-        key = model.api_key()
-        if key:
-            kwargs["api_key"] = key
-        return kwargs
+        return litellm_kwargs(model, body, options)
 
     async def complete(self, model: ModelSettings, body: dict[str, Any],
                        options: CallOptions = CallOptions()) -> dict[str, Any]:

@@ -17,6 +17,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+import orjson
+
 from gateway.providers.base import Usage
 from gateway.settings import ModelSettings
 
@@ -79,6 +81,37 @@ def count_prompt_tokens(model: ModelSettings, messages: list[dict[str, Any]]) ->
     enc = _encoding(encoding_name(model))
     return REPLY_PRIMING_TOKENS + sum(
         TOKENS_PER_MESSAGE + len(enc.encode(_message_text(m), disallowed_special=())) for m in messages)
+
+
+PER_MESSAGE_BOUND = 8  # role and framing tokens per message, above any tokenizer's
+TOOLS_BOUND = 1024  # providers that describe tools in a system prompt of their own (Anthropic: ~350)
+
+
+def prompt_token_bound(model: ModelSettings, body: dict[str, Any]) -> int:
+    """At least as many tokens as any tokenizer makes of ``body``'s prompt, for budget holds that
+    cannot be outrun: a byte-level BPE token covers at least one byte, so a prompt's UTF-8 size
+    plus framing bounds its token count. Media parts (an image's tokens do not follow its bytes)
+    and everything else bigger than the model's context window are bounded by that window: the
+    upstream refuses longer prompts."""
+    messages = body.get("messages") or []
+    total = REPLY_PRIMING_TOKENS + PER_MESSAGE_BOUND * len(messages)
+    for m in messages:
+        for key, value in m.items():
+            if key == "role":
+                continue  # in the per-message framing
+            if isinstance(value, str):
+                total += len(value.encode("utf-8", "surrogatepass"))
+            elif key == "content" and isinstance(value, list):
+                for part in value:
+                    if part.get("type") not in ("text", "refusal"):
+                        return model.context_window
+                    total += len(str(part.get("text") or part.get("refusal") or "").encode("utf-8", "surrogatepass"))
+            elif value is not None:
+                total += len(orjson.dumps(value))
+    for key in ("tools", "functions", "response_format", "prediction"):
+        if body.get(key) is not None:
+            total += len(orjson.dumps(body[key])) + (TOOLS_BOUND if key in ("tools", "functions") else 0)
+    return min(total, model.context_window)
 
 
 def completion_text(message_or_delta: dict[str, Any]) -> str:

@@ -23,6 +23,7 @@ import orjson
 
 from gateway.errors import GatewayError, InvalidRequest, UpstreamError, UpstreamTimeout
 from gateway.providers.base import CallOptions
+from gateway.providers.payload import EXTENSION_PARAMS, SPECS
 from gateway.settings import ModelSettings
 
 SessionFactory = Callable[[], aiohttp.ClientSession]
@@ -97,6 +98,13 @@ def _received_lines(content: aiohttp.StreamReader) -> list[bytes]:
     return [line + b"\n" for line in complete]
 
 
+def _allowed(model: ModelSettings, body: dict[str, Any]) -> dict[str, Any]:
+    """The allow-listed fields only (``provider_payload`` applied the same list, with 400s for
+    the rest; taken again here so nothing else is ever re-encoded into the upstream request)."""
+    allowed = SPECS["openai"].forward | (EXTENSION_PARAMS & set(model.extra_params))
+    return {k: v for k, v in body.items() if k in allowed}
+
+
 class OpenAICompatProvider:
     """``ChatProvider`` over HTTP for any server speaking OpenAI chat completions."""
 
@@ -124,8 +132,7 @@ class OpenAICompatProvider:
 
     async def complete(self, model: ModelSettings, body: dict[str, Any],
                        options: CallOptions = CallOptions()) -> dict[str, Any]:
-        payload = {**body, "model": model.model, "stream": False}
-        payload.pop("stream_options", None)
+        payload = {**_allowed(model, body), "model": model.model, "stream": False}
         try:
             async with self._client().post(self._url(model), data=orjson.dumps(payload), headers=_headers(model),
                                            timeout=self._timeout(model, options, streaming=False)) as resp:
@@ -146,7 +153,7 @@ class OpenAICompatProvider:
 
     async def stream(self, model: ModelSettings, body: dict[str, Any],
                      options: CallOptions = CallOptions()) -> AsyncIterator[dict[str, Any]]:
-        payload = {**body, "model": model.model, "stream": True,
+        payload = {**_allowed(model, body), "model": model.model, "stream": True,
                    "stream_options": {"include_usage": True}}  # always ask: the ledger needs counts
         resp: aiohttp.ClientResponse | None = None
         finished = False

@@ -20,6 +20,7 @@ from typing import Any, Literal
 from gateway.errors import GatewayError, UpstreamError
 from gateway.providers.base import CallOptions, Usage
 from gateway.providers.metering import StreamMeter, response_usage
+from gateway.providers.payload import provider_payload
 from gateway.providers.registry import ProviderRegistry
 from gateway.settings import Settings
 
@@ -105,10 +106,11 @@ async def call_models(registry: ProviderRegistry, models: Sequence[str], body: d
     for name in models:
         model = registry.model(name)
         provider = registry.for_model(name)
+        payload = provider_payload(name, model, body)  # a 400 here is raised before any call
         for attempt in range(model.max_retries + 1):
             start = time.perf_counter()
             try:
-                response = await provider.complete(model, body, options)
+                response = await provider.complete(model, payload, options)
             except GatewayError as err:
                 on_attempt(Attempt(name, Usage(), "error", _ms(start), err))
                 last = err
@@ -118,7 +120,7 @@ async def call_models(registry: ProviderRegistry, models: Sequence[str], body: d
             except asyncio.CancelledError:
                 on_attempt(Attempt(name, Usage(), "cancelled", _ms(start)))
                 raise
-            on_attempt(Attempt(name, response_usage(model, body.get("messages") or [], response), "ok",
+            on_attempt(Attempt(name, response_usage(model, payload.get("messages") or [], response), "ok",
                                _ms(start)))
             return response, name
     assert last is not None
@@ -196,10 +198,11 @@ async def stream_models(registry: ProviderRegistry, models: Sequence[str], body:
     for name in models:
         model = registry.model(name)
         provider = registry.for_model(name)
+        payload = provider_payload(name, model, body)  # a 400 here is raised before any call
         for attempt in range(model.max_retries + 1):
             start = time.perf_counter()
-            chunks = provider.stream(model, body, options)
-            meter = StreamMeter(model, body.get("messages") or [])
+            chunks = provider.stream(model, payload, options)
+            meter = StreamMeter(model, payload.get("messages") or [])
             try:
                 first = await chunks.__anext__()
             except StopAsyncIteration:

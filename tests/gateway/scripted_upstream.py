@@ -2,8 +2,11 @@
 thread and event loop, so sync clients and async tests can both use it).
 
 Default behaviour, deterministic so tests can check token sums:
-- the reply is ``n_words`` words ``w0 w1 …`` (``max_tokens`` if given, else 8), one word per
-  stream chunk; usage: prompt_tokens = 10 + number of messages, completion_tokens = words;
+- the reply is 8 words ``w0 w1 …`` (fewer when ``max_tokens`` is smaller), one word per stream
+  chunk — or, on an upstream built with ``fill_max=True``, exactly ``max_tokens`` words (the
+  adversary of budget holds: every call writes all it may; ``fill_max_default`` words when the
+  request sets no cap); ``n`` choices of that many words each; usage: prompt_tokens = 10 +
+  number of messages, completion_tokens = words × choices;
 - tools present (tool_choice not "none") → one tool call to the first tool, args {"city": "Paris"};
 - ``response_format`` json_object/json_schema → content ``{"answer": 42}``;
 - streaming sends usage only when ``stream_options.include_usage`` is set.
@@ -64,6 +67,8 @@ class ScriptedUpstream:
     completed_streams: int = 0
     cancelled: int = 0  # blocked requests whose connection the gateway closed
     answered: int = 0  # non-streamed 200 answers handed to the server to send
+    fill_max: bool = False  # every reply is as long as max_tokens allows, for each of the n choices
+    fill_max_default: int = 4096  # fill_max's reply length when the request sets no max_tokens
     _script: deque[Behaviour] = field(default_factory=deque)
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _changed: threading.Condition = field(default_factory=threading.Condition)
@@ -142,9 +147,11 @@ class ScriptedUpstream:
                              "code": None}}
             return web.Response(status=b.status, body=orjson.dumps(err), content_type="application/json",
                                 headers=headers)
-        n = b.n_words or int(body.get("max_tokens") or body.get("max_completion_tokens") or 8)
-        usage = {"prompt_tokens": 10 + len(body["messages"]), "completion_tokens": n,
-                 "total_tokens": 10 + len(body["messages"]) + n,
+        cap = body.get("max_tokens") or body.get("max_completion_tokens")
+        n = b.n_words or (int(cap or self.fill_max_default) if self.fill_max else min(8, int(cap or 8)))
+        choices = int(body.get("n") or 1)
+        usage = {"prompt_tokens": 10 + len(body["messages"]), "completion_tokens": n * choices,
+                 "total_tokens": 10 + len(body["messages"]) + n * choices,
                  "prompt_tokens_details": {"cached_tokens": 0},
                  "completion_tokens_details": {"reasoning_tokens": 0}}
         if body.get("stream"):
@@ -155,8 +162,8 @@ class ScriptedUpstream:
             message = {"role": "assistant", "content": None, "tool_calls": [self._tool_call(body)]}
             finish = "tool_calls"
         resp = {"id": "chatcmpl-upstream", "object": "chat.completion", "created": int(time.time()),
-                "model": body["model"], "choices": [{"index": 0, "message": message, "finish_reason": finish,
-                                                     "logprobs": None}]}
+                "model": body["model"], "choices": [{"index": i, "message": message, "finish_reason": finish,
+                                                     "logprobs": None} for i in range(choices)]}
         if not b.omit_usage:
             resp["usage"] = usage
         response = web.Response(body=orjson.dumps(resp), content_type="application/json")
@@ -221,6 +228,10 @@ class ScriptedUpstream:
             else:
                 words = self._content(body, n).split(" ")
                 for i, word in enumerate(words):
+                    for extra in range(1, int(body.get("n") or 1)):  # the other choices' words first
+                        await send({**base, "choices": [{"index": extra, "delta": {"content": word if i == 0 else
+                                                                                     " " + word},
+                                                         "finish_reason": None}]})
                     if b.abort_after is not None and i == b.abort_after:
                         assert request.transport is not None
                         if held:  # these arrive with the drop: the gateway has read none of them yet
@@ -251,7 +262,8 @@ ADMIN_KEY = "admin-secret-for-tests"  # TIERGATE_ADMIN_KEY in tests that use the
 
 def config_for(base_url: str, *, db_url: str = "sqlite:///var/tiergate.db", journal_dir: str = "var/journal",
                max_body_bytes: int = 1024 * 1024, context_window: int = 8192,
-               max_retries: int = 2, durability: str = "process", timeout_s: float = 5) -> dict[str, Any]:
+               max_retries: int = 2, durability: str = "process", timeout_s: float = 5,
+               unknown_fields: str = "reject") -> dict[str, Any]:
     """A config.yaml dict whose every tier points at the scripted upstream (model ``up-a``, with
     ``up-b`` on the same server as the low tier's fallback)."""
     model = {"provider": "openai", "api_base": base_url, "api_key_env": UPSTREAM_KEY_ENV,
@@ -261,7 +273,8 @@ def config_for(base_url: str, *, db_url: str = "sqlite:///var/tiergate.db", jour
     tiers["low"] = {"model": "up-a", "fallbacks": ["up-b"]}
     tiers["high"] = {"model": "up-high"}
     return {
-        "server": {"max_body_bytes": max_body_bytes, "request_timeout_s": timeout_s},
+        "server": {"max_body_bytes": max_body_bytes, "request_timeout_s": timeout_s,
+                   "unknown_fields": unknown_fields},
         "database": {"url_env": "TIERGATE_TEST_UNSET_DB_URL", "default_url": db_url},
         "ledger": {"journal_dir": journal_dir, "flush_interval_ms": 5, "durability": durability},
         "models": {"up-a": {**model, "model": "upstream-a"}, "up-b": {**model, "model": "upstream-b"},

@@ -127,6 +127,7 @@ async def test_direct_call_is_cancelled_when_the_client_hangs_up(
 async def test_pipeline_stops_and_bills_its_finished_stages_when_the_client_hangs_up(
         tmp_path: Path, upstream: ScriptedUpstream, monkeypatch: pytest.MonkeyPatch) -> None:
     # plan answers (and reports its tokens); step s1 blocks; s2 (after s1) and review never start
+    upstream.fill_max = True  # each call writes all max_tokens allow: the plan row bills that
     plan = plan_json(("s1", "multiply", []), ("s2", "add five", ["s1"]))
     upstream.push(Behaviour(content=plan), Behaviour(block=True))
     with served_gateway(tmp_path, upstream, timeout_s=UPSTREAM_TIMEOUT_S) as (base, gw):

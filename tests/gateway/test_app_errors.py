@@ -62,13 +62,32 @@ async def test_400_for_invalid_json_and_non_object(tmp_path: Path, upstream: Scr
             openai_error(r, 400)
 
 
-async def test_unknown_fields_pass_through(tmp_path: Path, upstream: ScriptedUpstream) -> None:
+UNKNOWN = {"model": "low", "messages": [{"role": "user", "content": "x", "future_field": 1}],
+           "some_new_option": {"a": 1}}
+
+
+async def test_unknown_fields_are_refused_naming_them(tmp_path: Path, upstream: ScriptedUpstream) -> None:
     async with gateway(tmp_path, upstream) as gw:
-        r = await gw.client.post("/v1/chat/completions", headers=gw.auth, json={
-            "model": "low", "messages": [{"role": "user", "content": "x", "future_field": 1}],
-            "some_new_option": {"a": 1}})
-        assert r.status_code == 200
-    assert upstream.requests[-1].body["some_new_option"] == {"a": 1}
+        r = await gw.client.post("/v1/chat/completions", headers=gw.auth, json=UNKNOWN)
+        err = openai_error(r, 400)
+        assert (err["param"], err["code"]) == ("some_new_option", "unsupported_parameter")
+        r = await gw.client.post("/v1/chat/completions", headers=gw.auth,
+                                 json={**UNKNOWN, "some_new_option": None})
+        assert openai_error(r, 400)["param"] == "some_new_option"  # null too: the name is unknown
+        r = await gw.client.post("/v1/chat/completions", headers=gw.auth,
+                                 json={k: v for k, v in UNKNOWN.items() if k != "some_new_option"})
+        assert openai_error(r, 400)["param"] == "messages[0].future_field"
+    assert upstream.requests == []
+
+
+async def test_unknown_fields_dropped_when_configured(tmp_path: Path, upstream: ScriptedUpstream) -> None:
+    async with gateway(tmp_path, upstream, unknown_fields="drop") as gw:
+        r = await gw.client.post("/v1/chat/completions", headers=gw.auth, json=UNKNOWN)
+        assert r.status_code == 200, r.text
+        r = await gw.client.post("/v1/chat/completions", headers=gw.auth, json={**UNKNOWN, "temperature": "0.5"})
+        assert openai_error(r, 400)["param"] == "temperature"  # dropping never loosens the known fields
+    (sent,) = [req.body for req in upstream.requests]
+    assert "some_new_option" not in sent and sent["messages"] == [{"role": "user", "content": "x"}]
 
 
 async def test_404_unknown_model_and_route(tmp_path: Path, upstream: ScriptedUpstream) -> None:

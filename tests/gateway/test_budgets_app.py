@@ -15,9 +15,10 @@ from tests.gateway.scripted_upstream import ADMIN_KEY, ScriptedUpstream
 
 ADMIN = ADMIN_KEY
 pytestmark = pytest.mark.usefixtures("admin_key")
-# "one two three four" is 11 prompt tokens by the gateway's count, exactly what the scripted
-# upstream reports (10 + 1 message), so worst case == actual and the outcome is exact.
-BODY = {"model": "low", "messages": [{"role": "user", "content": "one two three four"}], "max_tokens": 4}
+# An empty message: the gateway's prompt bound for holds (3 + 8 per message + the text's bytes,
+# ``prompt_token_bound``) is 11 tokens, exactly what the scripted upstream reports (10 + 1
+# message), so worst case == actual and the outcome is exact.
+BODY = {"model": "low", "messages": [{"role": "user", "content": ""}], "max_tokens": 4}
 COST = Decimal(11 * 1 + 4 * 2) / Decimal(10**6)
 
 

@@ -40,7 +40,7 @@ async def test_complete_passes_fields_and_uses_config_url_and_key(upstream: Scri
     reg = ProviderRegistry(settings)
     attempts: list[Attempt] = []
     body = {"messages": MSGS, "max_tokens": 3, "temperature": 0.2, "seed": 7, "user": "u1",
-            "metadata": {"a": "b"}, "reasoning_effort": "low", "verbosity": "low", "brand_new_field": 1}
+            "metadata": {"a": "b"}, "reasoning_effort": "low", "verbosity": "low"}
     try:
         resp, model = await call_tier(reg, settings, "medium", body, on_attempt=attempts.append)
     finally:
@@ -49,11 +49,28 @@ async def test_complete_passes_fields_and_uses_config_url_and_key(upstream: Scri
     assert resp["choices"][0]["message"]["content"] == "w0 w1 w2"
     got = upstream.requests[-1]
     assert got.body["model"] == "upstream-a" and got.body["stream"] is False
-    for key in ("temperature", "seed", "user", "metadata", "reasoning_effort", "verbosity", "brand_new_field"):
+    for key in ("temperature", "seed", "user", "reasoning_effort", "verbosity"):
         assert got.body[key] == body[key]
+    assert "metadata" not in got.body  # accepted from clients, never forwarded
     assert got.headers["Authorization"] == f"Bearer {UPSTREAM_KEY}"
     assert [a.status for a in attempts] == ["ok"]
     assert attempts[0].usage == Usage(prompt_tokens=11, completion_tokens=3)
+
+
+async def test_a_field_outside_the_providers_allow_list_is_refused_before_any_call(
+        upstream: ScriptedUpstream, settings: Settings) -> None:
+    reg = ProviderRegistry(settings)
+    attempts: list[Attempt] = []
+    try:
+        for field, value in (("brand_new_field", 1), ("fallbacks", [{"api_base": "http://evil"}]),
+                             ("api_base", "http://evil"), ("top_k", 5)):
+            with pytest.raises(InvalidRequest) as caught:
+                await call_tier(reg, settings, "medium", {"messages": MSGS, field: value},
+                                on_attempt=attempts.append)
+            assert caught.value.param == field and caught.value.code == "unsupported_parameter"
+    finally:
+        await reg.aclose()
+    assert upstream.requests == [] and attempts == []  # no HTTP call, so no ledger row either
 
 
 async def test_retries_honour_retry_after_then_succeed(upstream: ScriptedUpstream, settings: Settings) -> None:
