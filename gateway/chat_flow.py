@@ -164,8 +164,24 @@ class ChatFlow:
         """Open the upstream stream; errors before the first chunk raise (JSON error response).
         ``client_gone`` as for ``complete``: a client that leaves before the first chunk cancels
         the wait (``ClientClosedRequest``); after it, the response's own disconnect watch does."""
-        chunks = await self._recorded_on_failure(rr, _unless_gone(self.executor.stream, client_gone))
+        chunks = await self._recorded_on_failure(rr, _unless_gone(self._primed_stream, client_gone))
         return ChatStream(self, rr, chunks, include_usage)
+
+    async def _primed_stream(self, rr: ResolvedRequest) -> AsyncIterator[dict[str, Any]]:
+        """The executor's stream with its first chunk already received, so that everything that can
+        refuse the request (budgets, rate limits, the first upstream call's errors) does so before
+        the response's status line: a 429 is a JSON 429, never an error event after a 200."""
+        chunks = await self.executor.stream(rr)
+        try:
+            first = await chunks.__anext__()
+        except StopAsyncIteration:
+            return chunks
+        except BaseException:
+            aclose = getattr(chunks, "aclose", None)
+            if aclose is not None:
+                await aclose()
+            raise
+        return PrimedStream(first, chunks)
 
 
 def _unless_gone(run: Callable[[ResolvedRequest], Awaitable[T]],
@@ -223,6 +239,28 @@ async def _run_unless_gone(run: Callable[[ResolvedRequest], Awaitable[T]], clien
 
 WATCH_CLIENT_AFTER_S = 0.05
 _CLIENT_GONE = "tiergate: the client disconnected"
+
+
+class PrimedStream:
+    """A chunk stream whose first chunk was received ahead (``ChatFlow._primed_stream``)."""
+
+    def __init__(self, first: dict[str, Any], rest: AsyncIterator[dict[str, Any]]) -> None:
+        self._first: dict[str, Any] | None = first
+        self._rest = rest
+
+    def __aiter__(self) -> PrimedStream:
+        return self
+
+    async def __anext__(self) -> dict[str, Any]:
+        if self._first is not None:
+            first, self._first = self._first, None
+            return first
+        return await self._rest.__anext__()
+
+    async def aclose(self) -> None:
+        aclose = getattr(self._rest, "aclose", None)
+        if aclose is not None:
+            await aclose()
 
 
 def _sse(obj: dict[str, Any]) -> bytes:

@@ -59,7 +59,15 @@ class RateLimited(GatewayError):
 
 
 class BudgetExceeded(GatewayError):
+    """A hard budget cannot hold the request. Retrying does not help until the period resets or
+    the limit is raised, so the answer says ``x-should-retry: false`` (the official SDKs honour
+    it; they would otherwise retry a 429 twice)."""
+
     status, type, code = 429, "insufficient_quota", "budget_exceeded"
+
+    def __init__(self, message: str, **kw: Any) -> None:
+        super().__init__(message, **kw)
+        self.headers = {**self.headers, "x-should-retry": "false"}
 
 
 class UpstreamError(GatewayError):

@@ -85,19 +85,22 @@ class AlertNotifier:
             self._client = None
 
     def observe(self, policy: BudgetPolicy, period_key: str, spent_nanos: int) -> None:
-        if policy.limit_nanos is None or policy.limit_nanos <= 0:
+        """Queue an alert for each threshold ``spent_nanos`` has crossed, once per period. The
+        thresholds are fractions of the hard limit, or of the soft limit when it is the only one."""
+        base = policy.limit_nanos if policy.limit_nanos is not None else policy.soft_limit_nanos
+        if base is None or base <= 0:
             return
         thresholds = set(policy.alert_thresholds)
         if policy.soft_limit_nanos is not None:  # crossing the soft limit always alerts
-            thresholds.add(round(policy.soft_limit_nanos / policy.limit_nanos, 3))
+            thresholds.add(round(policy.soft_limit_nanos / base, 3))
         for t in sorted(thresholds):
             permille = round(t * 1000)
             mark = (policy.subject, period_key, permille)
-            if t <= 0 or mark in self._seen or spent_nanos < policy.limit_nanos * t:
+            if t <= 0 or mark in self._seen or spent_nanos < base * t:
                 continue
             self._seen.add(mark)
             self._queue.put_nowait(Alert(uuid.uuid4().hex, policy.subject, policy.tenant_id, period_key, t,
-                                         spent_nanos, policy.limit_nanos, self._clock()))
+                                         spent_nanos, base, self._clock()))
 
     async def drain(self) -> None:
         """Wait until every queued alert has been recorded and delivered (or given up)."""

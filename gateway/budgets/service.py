@@ -23,6 +23,13 @@ from gateway.budgets.spend import SpendSource
 from gateway.errors import BudgetExceeded
 
 REMAINING_HEADER = "x-tiergate-budget-remaining-usd"
+# The counter of a soft-only budget (a soft limit without a hard one) holds against this: it is
+# counted and alerted on like any budget, and never refuses (about 4.6 billion USD).
+NO_HARD_LIMIT_NANOS = 1 << 62
+
+
+def _hard(ref: CounterRef) -> bool:
+    return ref.limit_nanos < NO_HARD_LIMIT_NANOS
 
 
 @dataclass(frozen=True)
@@ -77,11 +84,11 @@ class Budgets:
     def _refs(self, policies: Sequence[BudgetPolicy], now: datetime) -> list[tuple[BudgetPolicy, CounterRef]]:
         out = []
         for p in policies:
-            if p.limit_nanos is None:
+            if p.limit_nanos is None and p.soft_limit_nanos is None:
                 continue
             self._policy_by_subject[p.subject] = p
-            out.append((p, CounterRef(p.subject, p.scope, p.tenant_id, p.key_id,
-                                      window_for(p.period, now), p.limit_nanos)))
+            limit = NO_HARD_LIMIT_NANOS if p.limit_nanos is None else p.limit_nanos
+            out.append((p, CounterRef(p.subject, p.scope, p.tenant_id, p.key_id, window_for(p.period, now), limit)))
         return out
 
     async def reserve(self, principal: PrincipalLike, worst_case_usd: float, *,
@@ -96,7 +103,8 @@ class Budgets:
         if not pairs:
             return res
         outcome = await self.counters.reserve(res, self._load)
-        remaining = min(s.remaining(r.limit_nanos) for (_, r), s in zip(pairs, outcome.states, strict=True))
+        remaining = min((s.remaining(r.limit_nanos) for (_, r), s in zip(pairs, outcome.states, strict=True)
+                         if _hard(r)), default=None)
         if not outcome.ok:
             policy, ref = pairs[outcome.denied_index or 0]
             state = outcome.states[outcome.denied_index or 0]
@@ -142,9 +150,10 @@ class Budgets:
                 soft = True
         ref, s = min(pairs, key=lambda rs: rs[1].remaining(rs[0].limit_nanos))
         p = self._policy_by_subject.get(ref.subject)
+        hard = _hard(ref)
         return BudgetStatus(
-            remaining_usd=from_nanos(s.remaining(ref.limit_nanos)), soft_exceeded=soft,
-            hard_limit_usd=from_nanos(ref.limit_nanos),
+            remaining_usd=from_nanos(s.remaining(ref.limit_nanos)) if hard else None, soft_exceeded=soft,
+            hard_limit_usd=from_nanos(ref.limit_nanos) if hard else None,
             soft_limit_usd=None if p is None or p.soft_limit_nanos is None else from_nanos(p.soft_limit_nanos),
             spent_usd=from_nanos(s.spent_nanos), held_usd=from_nanos(s.held_nanos), subject=ref.subject,
             period=ref.window.period, period_key=ref.window.key,

@@ -15,7 +15,7 @@ from typing import Any
 import orjson
 
 from gateway.errors import GatewayError, InvalidRequest
-from gateway.schemas import parse_chat_request
+from gateway.schemas import UnknownFields, parse_chat_request
 
 ENDPOINTS = ("/v1/chat/completions",)
 MAX_CUSTOM_ID = 256
@@ -32,7 +32,7 @@ def _bad(line_no: int, message: str, param: str | None) -> InvalidRequest:
     return InvalidRequest(f"input file line {line_no}: {message}", param=param, code="invalid_batch_line")
 
 
-def _line(line_no: int, raw: bytes, endpoint: str) -> LineSpec:
+def _line(line_no: int, raw: bytes, endpoint: str, unknown_fields: UnknownFields) -> LineSpec:
     try:
         obj = orjson.loads(raw)
     except orjson.JSONDecodeError:
@@ -51,7 +51,7 @@ def _line(line_no: int, raw: bytes, endpoint: str) -> LineSpec:
     if not isinstance(body, dict):
         raise _bad(line_no, "'body' must be a JSON object", "body")
     try:
-        req = parse_chat_request(body)
+        req = parse_chat_request(body, unknown_fields)  # "drop": removed from the stored body too
     except GatewayError as err:
         raise _bad(line_no, err.message, f"body.{err.param}" if err.param else "body") from None
     if req.stream:
@@ -59,7 +59,8 @@ def _line(line_no: int, raw: bytes, endpoint: str) -> LineSpec:
     return LineSpec(line_no, custom_id, body)
 
 
-def parse_batch_file(content: bytes, endpoint: str, max_lines: int) -> list[LineSpec]:
+def parse_batch_file(content: bytes, endpoint: str, max_lines: int,
+                     unknown_fields: UnknownFields = "reject") -> list[LineSpec]:
     """The file's lines, validated; raises ``InvalidRequest`` on the first problem."""
     if endpoint not in ENDPOINTS:
         raise InvalidRequest(f"endpoint must be one of {', '.join(ENDPOINTS)}", param="endpoint",
@@ -72,7 +73,7 @@ def parse_batch_file(content: bytes, endpoint: str, max_lines: int) -> list[Line
         if len(specs) >= max_lines:
             raise InvalidRequest(f"the input file has more than {max_lines} requests", param="input_file_id",
                                  code="too_many_requests")
-        spec = _line(i, raw, endpoint)
+        spec = _line(i, raw, endpoint, unknown_fields)
         if spec.custom_id in seen:
             raise _bad(i, f"custom_id '{spec.custom_id}' is used by an earlier line", "custom_id")
         seen.add(spec.custom_id)

@@ -14,7 +14,7 @@ the provider contract and router types only (the model is reached through the in
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -97,25 +97,29 @@ class StageCaller:
 
     def __init__(self, settings: Settings, call_model: CallModel, accountant: Accountant,
                  stream_model: StreamModel | None = None, sampling: dict[str, Any] | None = None,
-                 budget: CallBudget | None = None) -> None:
+                 budget: CallBudget | None = None, on_admitted: Callable[[], None] | None = None) -> None:
         self.settings, self.call_model, self.accountant = settings, call_model, accountant
         self.stream_model, self.budget = stream_model, budget
+        self.on_admitted = on_admitted  # called once the first call holds its budget (streams wait for it)
         self.sampling = dict(sampling or {})  # the client's temperature/top_p/seed, for every stage
 
     async def ticket(self, stage: Stage, tier: str, messages: list[dict[str, Any]], max_tokens: int) -> Ticket:
         """Check the cost cap (``CostCapReached``), then hold the call's worst case on the budgets
         (``BudgetRefused``). Close the ticket, or hand it to ``call``/``stream``."""
         worst = self.accountant.reserve(stage, tier, messages, max_tokens)
-        if self.budget is None:
-            return Ticket(self.accountant, worst, None)
-        try:
-            hold = await self.budget.hold(worst)
-        except BudgetExceeded as err:
-            self.accountant.release(worst)
-            raise BudgetRefused(stage, err) from err
-        except BaseException:
-            self.accountant.release(worst)
-            raise
+        hold: CallHold | None = None
+        if self.budget is not None:
+            try:
+                hold = await self.budget.hold(worst)
+            except BudgetExceeded as err:
+                self.accountant.release(worst)
+                raise BudgetRefused(stage, err) from err
+            except BaseException:
+                self.accountant.release(worst)
+                raise
+        if self.on_admitted is not None:
+            admitted, self.on_admitted = self.on_admitted, None
+            admitted()
         return Ticket(self.accountant, worst, hold)
 
     def options(self, tier: str) -> CallOptions:

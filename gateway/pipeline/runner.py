@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -91,20 +92,23 @@ class Pipeline:
 
     def stream(self, ctx: RequestContext, body: dict[str, Any], execution: ExecutionPlan) -> PipelineStream:
         """Chunks: stage progress as ``reasoning_content``, then the answer as ``content``, then
-        usage (every stage). ``.result`` holds the ``PipelineResult`` once the stream is drained."""
+        usage (every stage). ``.result`` holds the ``PipelineResult`` once the stream is drained.
+        The first chunk comes only once the first stage call holds its budget, so a budget that
+        cannot hold it is refused before the response starts."""
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-        return PipelineStream(lambda progress: self._run(ctx, body, execution, progress),
+        return PipelineStream(lambda progress, admitted: self._run(ctx, body, execution, progress, admitted),
                               request_id=ctx.request_id, model=str(body.get("model") or ""),
                               created=int(self.clock()), include_usage=include_usage)
 
     async def _run(self, ctx: RequestContext, body: dict[str, Any], ex: ExecutionPlan,
-                   progress: ProgressSink) -> PipelineResult:
+                   progress: ProgressSink, on_admitted: Callable[[], None] | None = None) -> PipelineResult:
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
             raise InvalidRequest("messages must be a non-empty array", param="messages")
         acct = Accountant(self.settings, ctx, self.ledger_sink, self.clock, ex.max_cost_usd)
         sampling = {k: body[k] for k in SAMPLING_FIELDS if body.get(k) is not None}
-        caller = StageCaller(self.settings, self.call_model, acct, self.stream_model, sampling, self.call_budget)
+        caller = StageCaller(self.settings, self.call_model, acct, self.stream_model, sampling, self.call_budget,
+                             on_admitted)
         state = _RunState()
         result = PipelineResult(answer="", execution=ex, calls=acct.calls)
         progress(f"[perceive] effort {ex.effort} ({ex.effort_source}); plan and review on {ex.review_tier}, "

@@ -23,7 +23,8 @@ _DONE = object()
 class PipelineStream:
     """Async iterator of chunk dicts; ``result`` is set once it is exhausted."""
 
-    def __init__(self, run: Callable[[ProgressSink], Coroutine[Any, Any, PipelineResult]], *, request_id: str,
+    def __init__(self, run: Callable[[ProgressSink, Callable[[], None]], Coroutine[Any, Any, PipelineResult]], *,
+                 request_id: str,
                  model: str, created: int, include_usage: bool) -> None:
         self._run, self.request_id, self.model, self.created = run, request_id, model, created
         self.include_usage = include_usage
@@ -41,9 +42,20 @@ class PipelineStream:
 
     async def _chunks(self) -> AsyncIterator[dict[str, Any]]:
         queue: asyncio.Queue[object] = asyncio.Queue()
-        task: asyncio.Task[PipelineResult] = asyncio.create_task(self._run(lambda line: queue.put_nowait(line + "\n")))
+        admitted = asyncio.Event()
+        task: asyncio.Task[PipelineResult] = asyncio.create_task(
+            self._run(lambda line: queue.put_nowait(line + "\n"), admitted.set))
         task.add_done_callback(lambda _: queue.put_nowait(_DONE))
         try:
+            # Nothing is sent until the first stage call is admitted by the budgets: a refusal
+            # (or any failure) before that raises here, ahead of the first byte of the response.
+            waiter = asyncio.ensure_future(admitted.wait())
+            try:
+                await asyncio.wait((task, waiter), return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                waiter.cancel()
+            if task.done() and not admitted.is_set():
+                task.result()  # raises what stopped the pipeline before it was admitted
             yield self.chunk({"role": "assistant", "content": ""})
             while (item := await queue.get()) is not _DONE:
                 yield self.chunk({"reasoning_content": item})

@@ -42,7 +42,8 @@ def _create(state: GatewayState, who: PrincipalLike, body: BatchCreate) -> dict[
         f = get_file(session, who.tenant_id, body.input_file_id, param="input_file_id")
         if f.purpose != "batch":
             raise InvalidRequest("the input file's purpose must be 'batch'", param="input_file_id")
-        lines = parse_batch_file(f.content, body.endpoint, state.settings.jobs.max_lines)
+        lines = parse_batch_file(f.content, body.endpoint, state.settings.jobs.max_lines,
+                                 state.settings.server.unknown_fields)
         batch = store.create_batch(session, who.tenant_id, who.key_id, f.id, body.endpoint,
                                    body.completion_window, body.metadata, lines, store.utc_now())
         return store.batch_json(batch, None)

@@ -70,13 +70,13 @@ async def chat_completions(request: Request) -> Response:
         headers["x-tiergate-classifier-version"] = str(rr.resolution.classifier_version)
     if req.stream:
         stream = await state.flow.open_stream(rr, req.include_usage, client_gone=_client_gone(request.receive))
-        headers["x-tiergate-effort"] = rr.tally.effort or rr.resolution.tier  # cost headers: usage chunk
+        headers["x-tiergate-tier"] = headers["x-tiergate-effort"] = rr.tally.effort or rr.resolution.tier
         headers["x-tiergate-effort-source"] = rr.tally.effort_source or rr.resolution.effort_source
         headers.update(rr.tally.response_headers)
         return SSEResponse(stream, {**headers, "cache-control": "no-cache", "x-accel-buffering": "no"})
     response = await state.flow.complete(rr, client_gone=_client_gone(request.receive))
     t = rr.tally
-    headers.setdefault("x-tiergate-effort", t.effort or rr.resolution.tier)
+    headers["x-tiergate-tier"] = headers["x-tiergate-effort"] = t.effort or rr.resolution.tier  # after any cap
     headers["x-tiergate-effort-source"] = t.effort_source or rr.resolution.effort_source
     headers["x-tiergate-cost-usd"] = f"{t.cost_usd:.9f}"
     headers["x-tiergate-saved-usd"] = f"{t.baseline_cost_usd - t.cost_usd:.9f}"

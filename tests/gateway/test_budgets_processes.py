@@ -36,7 +36,9 @@ from tests.gateway.scripted_upstream import (
 )
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis, pytest.mark.slow]
-BODY = {"model": "low", "messages": [{"role": "user", "content": "one two three four"}], "max_tokens": 4}
+# An empty message: 11 prompt tokens by the gateway's hold bound (3 + 8 per message + its bytes)
+# and by the scripted upstream (10 + 1 message), so each hold equals what the call costs.
+BODY = {"model": "low", "messages": [{"role": "user", "content": ""}], "max_tokens": 4}
 COST = Decimal(11 * 1 + 4 * 2) / Decimal(10**6)  # 11 prompt tokens at $1/M + 4 completion at $2/M
 LEASE_S = 2.0
 
