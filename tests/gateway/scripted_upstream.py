@@ -112,6 +112,11 @@ class ScriptedUpstream:
         with self._lock:
             self._script.extend(behaviours)
 
+    def clear(self) -> None:
+        """Forget scripted behaviours no request has used."""
+        with self._lock:
+            self._script.clear()
+
     def _next(self) -> Behaviour:
         with self._lock:
             return self._script.popleft() if self._script else Behaviour()

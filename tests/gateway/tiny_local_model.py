@@ -20,9 +20,10 @@ TEMPLATE = ("{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ 
 VOCAB = 400
 
 
-def write_tiny_model(path: Path, seed: int = 3) -> Path:
+def write_tiny_model(path: Path, seed: int = 3, max_positions: int = 256) -> Path:
     path.mkdir(parents=True, exist_ok=True)
-    save_hf_model(build_hf_model("mixtral", seed=seed, vocab_size=VOCAB, max_position_embeddings=256), path)
+    save_hf_model(build_hf_model("mixtral", seed=seed, vocab_size=VOCAB, max_position_embeddings=max_positions),
+                  path)
     tok = HFTokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
