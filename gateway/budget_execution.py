@@ -65,7 +65,7 @@ class BudgetedExecutor:
             model = self.settings.models[name]
             price = price_for(self.settings, price_tier, name) if price_tier else model_price(model)
             prompt = prompt_token_bound(model, body)
-            out = n * (max_out if max_out is not None else model.context_window)
+            out = n * min(max_out or model.context_window, model.context_window)  # no choice outgrows the window
             worst = max(worst, (prompt * price.input + out * price.output) / 1e6)
             tokens = max(tokens, prompt + out)
         return worst, tokens

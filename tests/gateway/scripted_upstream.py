@@ -3,9 +3,9 @@ thread and event loop, so sync clients and async tests can both use it).
 
 Default behaviour, deterministic so tests can check token sums:
 - the reply is 8 words ``w0 w1 …`` (fewer when ``max_tokens`` is smaller), one word per stream
-  chunk — or, on an upstream built with ``fill_max=True``, exactly ``max_tokens`` words (the
-  adversary of budget holds: every call writes all it may; ``fill_max_default`` words when the
-  request sets no cap); ``n`` choices of that many words each; usage: prompt_tokens = 10 +
+  chunk — or, on an upstream built with ``fill_max=True``, as many words as ``max_tokens`` allows
+  up to ``fill_max_limit`` (the model's context: the adversary of budget holds, every call writes
+  all it may); ``n`` choices of that many words each; usage: prompt_tokens = 10 +
   number of messages, completion_tokens = words × choices;
 - tools present (tool_choice not "none") → one tool call to the first tool, args {"city": "Paris"};
 - ``response_format`` json_object/json_schema → content ``{"answer": 42}``;
@@ -68,7 +68,7 @@ class ScriptedUpstream:
     cancelled: int = 0  # blocked requests whose connection the gateway closed
     answered: int = 0  # non-streamed 200 answers handed to the server to send
     fill_max: bool = False  # every reply is as long as max_tokens allows, for each of the n choices
-    fill_max_default: int = 4096  # fill_max's reply length when the request sets no max_tokens
+    fill_max_limit: int = 4096  # fill_max: the longest reply (what the model's context allows)
     _script: deque[Behaviour] = field(default_factory=deque)
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _changed: threading.Condition = field(default_factory=threading.Condition)
@@ -153,7 +153,8 @@ class ScriptedUpstream:
             return web.Response(status=b.status, body=orjson.dumps(err), content_type="application/json",
                                 headers=headers)
         cap = body.get("max_tokens") or body.get("max_completion_tokens")
-        n = b.n_words or (int(cap or self.fill_max_default) if self.fill_max else min(8, int(cap or 8)))
+        limit = self.fill_max_limit if self.fill_max else 8
+        n = b.n_words or min(int(cap or limit), limit)
         choices = int(body.get("n") or 1)
         usage = {"prompt_tokens": 10 + len(body["messages"]), "completion_tokens": n * choices,
                  "total_tokens": 10 + len(body["messages"]) + n * choices,
