@@ -10,6 +10,7 @@ identifiers, admin_auth and db models only.
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
 import anyio
@@ -25,6 +26,11 @@ from gateway.routes.admin_auth import admin_json, bearer, same_origin
 router = APIRouter(prefix="/admin/api/keys")
 
 
+def _iso(ts: datetime) -> str:
+    """A stored timestamp in ISO 8601 with its offset (SQLite hands them back naive, in UTC)."""
+    return (ts if ts.tzinfo else ts.replace(tzinfo=UTC)).isoformat()
+
+
 def _revoke(state: GatewayState, key_id: str) -> tuple[dict[str, Any], str]:
     with state.session_factory.begin() as session:
         key = session.get(ApiKey, key_id)
@@ -34,8 +40,8 @@ def _revoke(state: GatewayState, key_id: str) -> tuple[dict[str, Any], str]:
             key.revoked_at = utcnow()
         session.flush()
         body = {"id": key.id, "object": "api_key", "tenant_id": key.tenant_id, "name": key.name,
-                "prefix": key.prefix, "created_at": key.created_at.isoformat(),
-                "revoked_at": key.revoked_at.isoformat(), "revoked": True}
+                "prefix": key.prefix, "created_at": _iso(key.created_at),
+                "revoked_at": _iso(key.revoked_at), "revoked": True}
         return body, key.key_hash
 
 
