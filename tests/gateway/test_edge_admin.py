@@ -22,7 +22,6 @@ import yaml
 from typer.testing import CliRunner
 
 from gateway.app import create_app
-from gateway.budgets.bounds import PolicyValueError, usd
 from gateway.cli import budgets_cmd
 from gateway.ledger import Ledger
 from tests.gateway.cli_support import admin_cli_root
@@ -37,6 +36,7 @@ CHAT = {"model": "low", "messages": [{"role": "user", "content": "hi"}]}
 # ---- item 6: bounded budget values ------------------------------------------------------------
 
 def test_usd_bounds() -> None:
+    from gateway.budgets.bounds import PolicyValueError, usd
     assert usd("limit_usd", 0) == 0 and usd("limit_usd", "0.000000001") > 0 and usd("limit_usd", 1e8) == 10**8
     for bad in (1e-12, "0.0000000015", 1e8 + 1, 1e20, -1, "nan", "inf", "abc", True):
         with pytest.raises(PolicyValueError) as info:

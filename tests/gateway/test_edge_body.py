@@ -14,7 +14,6 @@ from typing import Any
 import orjson
 import pytest
 
-from gateway.client_json import exceeds_depth, loads
 from gateway.errors import InvalidRequest
 from tests.gateway.edge_support import ADMIN, CountingBody, edge_gateway, nested, nested_json, openai_error
 from tests.gateway.jobs_support import create_batch, jsonl, line, upload, wait_final
@@ -26,6 +25,7 @@ CHAT = {"model": "low", "messages": MSGS}
 
 
 def test_depth_walk_and_loads() -> None:
+    from gateway.client_json import exceeds_depth, loads
     assert not exceeds_depth(nested(64), 64) and exceeds_depth(nested(65), 64)
     assert not exceeds_depth({"a": [{"b": 1}], "c": "[[[[["}, 3) and exceeds_depth({"a": [{"b": [1]}]}, 3)
     assert not exceeds_depth("scalar", 1)

@@ -13,7 +13,6 @@ from urllib.parse import quote
 import pytest
 
 from gateway.errors import InvalidRequest
-from gateway.identifiers import check_identifier
 from tests.gateway.edge_support import ADMIN, edge_gateway, openai_error
 from tests.gateway.gateway_harness import Gateway
 from tests.gateway.jobs_support import create_batch, jsonl, line, upload
@@ -83,6 +82,7 @@ CASES: list[tuple[str, str, Case]] = [
 
 
 def test_check_identifier() -> None:
+    from gateway.identifiers import check_identifier
     assert check_identifier("file-abc_1.2", "file_id") == "file-abc_1.2"
     for bad in [*BAD, "", "x" * 257, "a\ud800"]:
         with pytest.raises(InvalidRequest) as info:

@@ -13,7 +13,6 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from gateway.log_safety import RedactExceptions, describe
 from tests.gateway.edge_support import edge_gateway, openai_error
 from tests.gateway.gateway_harness import Gateway
 from tests.gateway.scripted_upstream import ScriptedUpstream
@@ -92,6 +91,7 @@ async def test_client_disconnect_mid_body_is_one_quiet_line(tmp_path: Path, upst
 
 
 def test_redacting_filter_and_describe() -> None:
+    from gateway.log_safety import RedactExceptions, describe
     try:
         {}["SECRET-KEY"]
     except KeyError as exc:
