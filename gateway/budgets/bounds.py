@@ -2,7 +2,7 @@
 ``put_policy``), so that no stored policy can break a request later.
 
 - USD amounts: finite, 0 or at least one nano-dollar, in whole nano-dollars (the ledger's and
-  the counters' unit: ``Numeric(18, 9)`` and integer nanos), at most ``MAX_USD``
+  the counters' unit: ``Numeric(18, 9)`` and integer nanos; see ``usd`` for Python floats), at most ``MAX_USD``
   (100 million per period: nanos stay far inside 64 bits, digits inside ``Numeric(18, 9)``).
 - A soft limit is at most the hard limit (when both are set, after the update is applied).
 - Alert thresholds: 1 to 10 fractions of the limit, each in (0, 1].
@@ -16,7 +16,7 @@ library only.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from decimal import Decimal, InvalidOperation
+from decimal import ROUND_HALF_UP, Decimal, InvalidOperation
 
 MAX_USD = Decimal(100_000_000)
 NANO = Decimal("0.000000001")
@@ -32,23 +32,27 @@ class PolicyValueError(ValueError):
 
 
 def usd(name: str, value: float | Decimal | str | None) -> Decimal | None:
-    """``value`` as an exact Decimal amount, or PolicyValueError."""
+    """``value`` as a Decimal amount of whole nano-dollars, or PolicyValueError. Decimal and text
+    input (the admin API, the CLI) must be exact; a Python float (computed by a caller, with
+    binary noise such as 3.4500000000000004e-05) is rounded to the nearest nano-dollar, but one
+    below a nano-dollar is refused all the same."""
     if value is None:
         return None
     if isinstance(value, bool):
         raise PolicyValueError(f"{name} must be a number of USD", name)
     try:
-        amount = Decimal(str(value))
+        amount = Decimal(repr(value) if isinstance(value, float) else str(value))
     except InvalidOperation:
         raise PolicyValueError(f"{name} must be a number of USD", name) from None
     if not amount.is_finite() or amount < 0:
         raise PolicyValueError(f"{name} must be a finite amount >= 0", name)
     if amount > MAX_USD:
         raise PolicyValueError(f"{name} must be at most {MAX_USD} USD", name)
-    if amount != amount.quantize(NANO):
+    whole = amount.quantize(NANO, rounding=ROUND_HALF_UP)
+    if (amount != whole and not isinstance(value, float)) or 0 < amount < NANO:
         raise PolicyValueError(f"{name} must be 0 or a whole number of nano-dollars (at most 9 decimal places, "
-                               f"at least {NANO})", name)
-    return amount
+                               f"at least {NANO:f})", name)
+    return whole
 
 
 def per_minute(name: str, value: int | None, maximum: int) -> int | None:

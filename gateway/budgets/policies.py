@@ -90,8 +90,8 @@ def default_tenant_policy(tenant_id: str, defaults: BudgetDefaults) -> BudgetPol
 
 
 def put_policy(session: Session, *, scope: Scope, tenant_id: str, key_id: str | None = None,
-               period: PeriodName | None = None, limit_usd: float | Decimal | None = None,
-               soft_limit_usd: float | Decimal | None = None,
+               period: PeriodName | None = None, limit_usd: float | Decimal | str | None = None,
+               soft_limit_usd: float | Decimal | str | None = None,
                alert_thresholds: Sequence[float] | None = None, requests_per_min: int | None = None,
                tokens_per_min: int | None = None, clear: Sequence[str] = ()) -> BudgetPolicyRow:
     """Create or update one policy row. Fields left None keep their value; names in

@@ -45,9 +45,10 @@ def set_budget(
     tenant: str = typer.Option(..., "--tenant", "-t", help="Tenant id or name."),
     key: str | None = typer.Option(None, "--key", "-k", help="API key id: set the key's budget instead."),
     period: str | None = typer.Option(None, help="day | week | month | total (UTC)."),
-    limit_usd: float | None = typer.Option(None, "--limit-usd", help="Hard limit: 429 budget_exceeded beyond."),
-    soft_limit_usd: float | None = typer.Option(None, "--soft-limit-usd",
-                                                help="Soft limit: alert + effort cap (default: a fraction of the hard limit)."),
+    limit_usd: str | None = typer.Option(None, "--limit-usd", help="Hard limit in USD (whole nano-dollars, "
+                                         "at most 100000000): 429 budget_exceeded beyond."),
+    soft_limit_usd: str | None = typer.Option(None, "--soft-limit-usd",
+                                              help="Soft limit: alert + effort cap (default: a fraction of the hard limit)."),
     alerts: str | None = typer.Option(None, help="Alert thresholds as fractions, e.g. 0.5,0.8,1.0."),
     rpm: int | None = typer.Option(None, "--rpm", help="Requests per minute."),
     tpm: int | None = typer.Option(None, "--tpm", help="Tokens per minute."),

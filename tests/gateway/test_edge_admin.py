@@ -36,8 +36,12 @@ CHAT = {"model": "low", "messages": [{"role": "user", "content": "hi"}]}
 # ---- item 6: bounded budget values ------------------------------------------------------------
 
 def test_usd_bounds() -> None:
+    from decimal import Decimal
+
     from gateway.budgets.bounds import PolicyValueError, usd
+
     assert usd("limit_usd", 0) == 0 and usd("limit_usd", "0.000000001") > 0 and usd("limit_usd", 1e8) == 10**8
+    assert usd("limit_usd", 1.5 * 2.3e-05) == Decimal("0.000034500")  # a computed float: its binary noise rounds
     for bad in (1e-12, "0.0000000015", 1e8 + 1, 1e20, -1, "nan", "inf", "abc", True):
         with pytest.raises(PolicyValueError) as info:
             usd("limit_usd", bad)  # type: ignore[arg-type]
