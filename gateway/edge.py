@@ -7,10 +7,9 @@ which it never lets an exception reach).
   handler for ``Exception`` would send the 500 and then re-raise, and uvicorn would log the
   whole traceback.
 - A client that goes away mid-body (Starlette's ``ClientDisconnect``) is one debug line.
-- A response that starts before a large or chunked request body has been read to its end (a
-  401 before a 100 MB upload, a 413, a 408) closes the connection (``connection: close``), so
-  the rest of that body is never read and discarded on a keep-alive connection. A small body
-  (at most 64 KiB declared) is left to uvicorn, which discards it and keeps the connection.
+- A response that starts before the request body has been read to its end (a 401 before a
+  100 MB upload, a 413, a 408) closes the connection (``connection: close``), so the rest of
+  that body is never read and discarded on a keep-alive connection.
 - No body may exceed ``max_body_bytes`` however a route reads it (the routes' own, lower limits
   come from gateway.request_body).
 
@@ -32,14 +31,10 @@ log = logging.getLogger("tiergate.edge")
 SERVER_ERROR = GatewayError("The server had an error while processing your request.")
 
 
-SMALL_BODY_BYTES = 64 * 1024  # uvicorn's read buffer: a smaller body left unread costs nothing
-
-
-def _large_body(scope: Scope) -> bool:
-    """True for a chunked body or one declared larger than SMALL_BODY_BYTES."""
+def _has_body(scope: Scope) -> bool:
     for name, value in scope["headers"]:
         if name == b"content-length":
-            return not value.isdigit() or int(value) > SMALL_BODY_BYTES
+            return value.strip() not in (b"0", b"")
         if name == b"transfer-encoding":
             return True
     return False
@@ -54,7 +49,7 @@ class EdgeMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        unread = _large_body(scope)  # True until the body's last message has been received
+        unread = _has_body(scope)  # True until the body's last message has been received
         received = 0
         started = False
         limit = self.max_body_bytes
