@@ -32,6 +32,20 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
         yield s
 
 
+def _settled_rss(served: Served) -> float:
+    """The server's RSS once start-up work (the tokenizer warm-up runs in the background after
+    /readyz) has stopped growing it: two readings 0.5 s apart within 1 MiB, 20 s at most."""
+    httpx.post(f"{served.base}/v1/batches", content=b"{}", timeout=5)  # the refusal path, warmed once
+    last = rss_mib(served.proc.pid)
+    for _ in range(40):
+        time.sleep(0.5)
+        now = rss_mib(served.proc.pid)
+        if abs(now - last) < 1:
+            return now
+        last = now
+    return last
+
+
 def _connect(served: Served) -> socket.socket:
     return socket.create_connection(("127.0.0.1", served.port), timeout=10)
 
@@ -51,7 +65,7 @@ def _read_until_closed(sock: socket.socket, limit_s: float) -> tuple[bytes, floa
 @pytest.mark.parametrize(("request_line", "chunked"), [
     (b"POST /v1/batches", False), (b"POST /v1/batches", True), (b"PUT /admin/budgets/tenants/t1", False)])
 def test_unauthenticated_100mb_body_leaves_rss_flat(served: Served, request_line: bytes, chunked: bool) -> None:
-    before = rss_mib(served.proc.pid)
+    before = _settled_rss(served)
     peak = before
     sock = _connect(served)
     length = b"transfer-encoding: chunked" if chunked else b"content-length: 104857600"
@@ -128,6 +142,33 @@ def test_slow_body_sender_gets_408(served: Served) -> None:
     assert answer.startswith(b"HTTP/1.1 408"), answer[:300]
     assert b'"code":"request_timeout"' in answer and b"connection: close" in answer.lower()
     assert elapsed < TIMEOUT_S + 1.5, elapsed
+
+
+def test_an_early_answer_closes_a_connection_with_an_unread_body(served: Served) -> None:
+    """Without a key the body is not read; the connection is closed with the 401, so a client
+    cannot keep it by trickling the rest of a small body after the answer."""
+    sock = _connect(served)
+    sock.sendall(b"POST /v1/batches HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+                 b"content-length: 2000\r\n\r\n{")
+    start = time.monotonic()
+    answer = b""
+    try:
+        for _ in range(40):
+            sock.settimeout(0.1)
+            try:
+                chunk = sock.recv(65536)
+            except TimeoutError:
+                sock.send(b" ")
+                continue
+            if not chunk:
+                break
+            answer += chunk
+    except OSError:
+        pass
+    elapsed = time.monotonic() - start
+    sock.close()
+    assert answer.startswith(b"HTTP/1.1 401") and b"connection: close" in answer.lower(), answer[:300]
+    assert elapsed < 2, f"connection held {elapsed:.2f} s"
 
 
 def test_keep_alive_connection_is_closed_when_idle(served: Served) -> None:
