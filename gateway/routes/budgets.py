@@ -3,10 +3,11 @@
 ``GET|PUT /admin/budgets/tenants/{tenant_id}`` and ``GET|PUT /admin/budgets/keys/{key_id}``:
 read a policy with its live status (spent, held, remaining, soft-limit state) or create /
 update it; ``GET /admin/budgets/tenants/{tenant_id}/alerts``: the tenant's recorded threshold
-alerts (newest first) for the dashboard. Protected by the admin key: ``Authorization: Bearer <value of the
-environment variable named by server.admin_key_env>`` (gateway.routes.admin_auth: checked before
-the body is read, wrong keys throttled per client address); when that variable is unset every
-call is refused. Values are bounded (gateway.budgets.bounds). Uses the ``BudgetRuntime`` the lifespan put in ``GatewayState.extras["budgets"]``.
+alerts (newest first) for the dashboard. Protected by the admin key: ``Authorization: Bearer
+<value of the environment variable named by server.admin_key_env>`` (gateway.routes.admin_auth:
+checked before the body is read, wrong keys throttled per client address); when that variable is
+unset every call is refused. Values are bounded (gateway.budgets.bounds). Uses the
+``BudgetRuntime`` the lifespan put in ``GatewayState.extras["budgets"]``.
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from gateway.budgets import BudgetRuntime, put_policy, subject_of
 from gateway.budgets.alerts import recent_alerts
-from gateway.budgets.bounds import PolicyValueError
 from gateway.budgets.models import BudgetPolicyRow
 from gateway.budgets.policies import Scope
 from gateway.db.models import ApiKey, Tenant
@@ -108,8 +108,8 @@ async def _update(state: GatewayState, scope: Scope, subject_id: str, update: Bu
                            limit_usd=update.limit_usd, soft_limit_usd=update.soft_limit_usd,
                            alert_thresholds=update.alert_thresholds, requests_per_min=update.requests_per_min,
                            tokens_per_min=update.tokens_per_min, clear=update.clear)
-            except PolicyValueError as err:
-                raise InvalidRequest(str(err), param=err.param, code="invalid_value") from None
+            except ValueError as err:  # PolicyValueError names the param
+                raise InvalidRequest(str(err), param=getattr(err, "param", None), code="invalid_value") from None
 
     await anyio.to_thread.run_sync(write)
     rt.budgets.policies.invalidate(subject_of(scope, subject_id))
