@@ -1,7 +1,8 @@
 """``create_app``: the FastAPI application factory. Nothing is built at import time: the
 lifespan builds the database engine, ledger, key store, provider registry and chat flow, unless
 the caller hands them in (tests pass small real ones). Errors are mapped here, once, to
-OpenAI's error shape — never a stack trace or a secret in a response.
+OpenAI's error shape — never a stack trace or a secret in a response (gateway.edge answers
+and logs whatever escapes a route).
 
 Other engineers add their router with one ``app.include_router(...)`` line in ``_routers``.
 """
@@ -10,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import gc
-import logging
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any
@@ -25,17 +25,17 @@ from gateway.budgets import build_budget_runtime
 from gateway.chat_flow import ChatFlow
 from gateway.chat_runtime import budgeted, build_pipeline_executor
 from gateway.deps import GatewayState, KeyStoreLike
-from gateway.errors import GatewayError, InvalidRequest, NotFound
+from gateway.edge import EdgeMiddleware
+from gateway.errors import GatewayError, NotFound
 from gateway.execution import Executor
 from gateway.jobs.backends import start_jobs
 from gateway.providers.base import ChatProvider
 from gateway.providers.metering import warm_up
 from gateway.providers.openai_compat import SessionFactory
 from gateway.providers.registry import ProviderRegistry
+from gateway.request_body import FORM_OVERHEAD_BYTES, invalid_value
 from gateway.resolve import DecideAuto
 from gateway.settings import Settings
-
-log = logging.getLogger("tiergate.app")
 
 
 def _error_response(err: GatewayError) -> Response:
@@ -50,29 +50,26 @@ async def _gateway_error(_: Request, err: Exception) -> Response:
 
 async def _validation_error(_: Request, err: Exception) -> Response:
     assert isinstance(err, RequestValidationError)
-    first = (err.errors() or [{}])[0]
-    param = ".".join(str(p) for p in first.get("loc", ()) if p != "body") or None
-    return _error_response(InvalidRequest(f"invalid value for '{param}'", param=param))
+    return _error_response(invalid_value(dict((err.errors() or [{}])[0])))
+
+
+_HTTP_CODES = {405: "method_not_allowed", 413: "payload_too_large", 415: "unsupported_media_type"}
 
 
 async def _http_error(_: Request, err: Exception) -> Response:
     assert isinstance(err, StarletteHTTPException)
     if err.status_code == 404:
         return _error_response(NotFound("not found"))
-    gerr = GatewayError(str(err.detail) if err.status_code < 500 else "server error")
-    gerr.status, gerr.type = err.status_code, "invalid_request_error" if err.status_code < 500 else "server_error"
+    client_side = err.status_code < 500
+    gerr = GatewayError(str(err.detail) if client_side else "server error",
+                        code=_HTTP_CODES.get(err.status_code, "invalid_request" if client_side else "server_error"))
+    gerr.status, gerr.type = err.status_code, "invalid_request_error" if client_side else "server_error"
     return _error_response(gerr)
-
-
-async def _unexpected_error(_: Request, err: Exception) -> Response:
-    # Log the type and where, never the message (it may quote a prompt) or locals.
-    log.error("unhandled %s in request", type(err).__name__)
-    return _error_response(GatewayError("The server had an error while processing your request."))
 
 
 def _routers(app: FastAPI) -> None:
     from gateway.routes import admin as admin_routes
-    from gateway.routes import batches, budgets, chat, feedback, files, health, models
+    from gateway.routes import admin_keys, batches, budgets, chat, feedback, files, health, models
 
     app.include_router(health.router)
     app.include_router(budgets.router)
@@ -80,6 +77,7 @@ def _routers(app: FastAPI) -> None:
     app.include_router(chat.router)
     app.include_router(feedback.router)
     app.include_router(admin_routes.router)
+    app.include_router(admin_keys.router)
     app.include_router(files.router)
     app.include_router(batches.router)
 
@@ -140,7 +138,7 @@ def create_app(settings: Settings, *, session_factory: Any = None, ledger: Any =
             if keys is None:
                 from gateway.auth import KeyStore
 
-                keys = KeyStore(sf)
+                keys = KeyStore(sf, ttl_s=settings.server.key_cache_ttl_s)
             budget_rt = budget_runtime
             if budget_rt is None:  # Redis counters when settings.redis has a URL, else in-process
                 if hasattr(led, "aflush"):
@@ -176,6 +174,8 @@ def create_app(settings: Settings, *, session_factory: Any = None, ledger: Any =
     app.add_exception_handler(GatewayError, _gateway_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)
-    app.add_exception_handler(Exception, _unexpected_error)
+    # Any other exception: EdgeMiddleware answers 500 and logs its type and place, never its text.
+    app.add_middleware(EdgeMiddleware, max_body_bytes=max(settings.server.max_body_bytes,
+                                                          settings.jobs.max_file_bytes + FORM_OVERHEAD_BYTES))
     _routers(app)
     return app

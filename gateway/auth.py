@@ -4,8 +4,9 @@ prefix; the raw key is shown once at creation and never stored or logged.
 ``KeyStore.authenticate(header)`` parses ``Authorization: Bearer <key>``, refuses anything
 malformed with ``AuthenticationFailed`` (the message never echoes the key), and resolves
 the hash through a bounded TTL cache, so the hot path does not query the database per
-request. A revoked key is refused at the latest ``ttl_s`` after revocation (immediately in
-the process that calls ``invalidate``). Database lookups run off the event loop with bound
+request. A revoked key is refused at the latest ``ttl_s`` after its revocation commits, by
+every process (an entry expires ``ttl_s`` after its lookup *started*, so a lookup that raced the
+revocation cannot extend it), and at once in the process that calls ``invalidate``. Database lookups run off the event loop with bound
 parameters; concurrent misses for the same key share one lookup. Database errors propagate
 (they are not authentication failures). Imports db and errors only.
 """
@@ -90,7 +91,7 @@ class KeyStore:
     Valid and unknown keys are cached separately (an attacker spraying random keys cannot
     evict valid ones); unknown keys for ``negative_ttl_s``."""
 
-    def __init__(self, session_factory: sessionmaker[Session], ttl_s: float = 30.0, *,
+    def __init__(self, session_factory: sessionmaker[Session], ttl_s: float = 1.0, *,
                  negative_ttl_s: float = 5.0, max_entries: int = 10_000,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self._session_factory = session_factory
@@ -124,6 +125,7 @@ class KeyStore:
             return await asyncio.shield(pending)
         fut: asyncio.Future[Principal | None] = asyncio.get_running_loop().create_future()
         self._inflight[digest] = fut
+        started = self._clock()
         try:
             principal = await asyncio.to_thread(self._query, digest)
         except BaseException as exc:
@@ -135,11 +137,10 @@ class KeyStore:
             raise
         finally:
             self._inflight.pop(digest, None)
-        now = self._clock()
         if principal is None:
-            self._unknown.put(digest, None, now + self.negative_ttl_s)
+            self._unknown.put(digest, None, started + self.negative_ttl_s)
         else:
-            self._valid.put(digest, principal, now + self.ttl_s)
+            self._valid.put(digest, principal, started + self.ttl_s)
         fut.set_result(principal)
         return principal
 

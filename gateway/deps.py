@@ -1,5 +1,5 @@
-"""Request-scoped dependencies for the routes: the app's wiring (``GatewayState``), the
-authenticated principal, and the size-limited raw body.
+"""Request-scoped dependencies for the routes: the app's wiring (``GatewayState``) and the
+authenticated principal. Bodies are read with gateway.request_body, after these.
 
 Everything comes from ``app.state.tiergate``, set by create_app's lifespan (or by a test that
 hands in small real collaborators). Imports errors, chat_flow types and starlette only.
@@ -13,7 +13,6 @@ from typing import Any, Protocol
 from fastapi import Request
 
 from gateway.chat_flow import ChatFlow, PrincipalLike
-from gateway.errors import InvalidRequest, PayloadTooLarge
 from gateway.settings import Settings
 
 
@@ -41,24 +40,3 @@ async def principal(request: Request) -> PrincipalLike:
     """The caller, from ``Authorization: Bearer <key>`` (raises AuthenticationFailed → 401)."""
     state: GatewayState = request.app.state.tiergate
     return await state.keys.authenticate(request.headers.get("authorization"))  # type: ignore[no-any-return]
-
-
-async def read_body(request: Request, max_bytes: int) -> bytes:
-    """The raw body, refusing more than ``max_bytes`` before reading it (Content-Length) and
-    while reading it (chunked uploads), so an oversized body is never buffered or parsed."""
-    declared = request.headers.get("content-length")
-    if declared is not None:
-        try:
-            size = int(declared)
-        except ValueError:
-            raise InvalidRequest("invalid Content-Length header") from None
-        if size > max_bytes:
-            raise PayloadTooLarge(f"request body is larger than the limit of {max_bytes} bytes")
-    parts: list[bytes] = []
-    total = 0
-    async for part in request.stream():
-        total += len(part)
-        if total > max_bytes:
-            raise PayloadTooLarge(f"request body is larger than the limit of {max_bytes} bytes")
-        parts.append(part)
-    return b"".join(parts)

@@ -48,6 +48,12 @@ class PayloadTooLarge(GatewayError):
     status, type, code = 413, "invalid_request_error", "payload_too_large"
 
 
+class RequestTimeout(GatewayError):
+    """The client did not send its request body within the server's body read timeout."""
+
+    status, type, code = 408, "invalid_request_error", "request_timeout"
+
+
 class ClientClosedRequest(GatewayError):
     """The client went away before the answer was ready (nginx's 499; nobody reads the body)."""
 

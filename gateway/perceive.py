@@ -29,6 +29,7 @@ from typing import Any
 
 import classifier
 from classifier import EffortDecision, EffortModel
+from gateway.log_safety import describe
 from gateway.settings import TIER_NAMES, Settings
 
 log = logging.getLogger("tiergate.perceive")
@@ -240,8 +241,8 @@ class FeedbackRecorder:
     def _write(*args: Any) -> None:
         try:
             record_verdict(*args, source="review")
-        except Exception:
-            log.exception("could not store a review verdict as classifier feedback")
+        except Exception as err:
+            log.error("could not store a review verdict as classifier feedback: %s", describe(err))
 
 
 def _messages_from_text(text: str) -> list[dict[str, Any]]:

@@ -34,6 +34,19 @@ class ServerSettings(_Strict):
     max_body_bytes: int = Field(4 * 1024 * 1024, gt=0)
     request_timeout_s: float = Field(600.0, gt=0)
     log_level: str = "info"
+    # The edge (see README "Server limits"): JSON nesting depth (orjson re-encodes at most 254),
+    # the time a client has to send its request line + headers and then its body, idle keep-alive,
+    # connections + requests in flight per process before uvicorn answers 503.
+    max_json_depth: int = Field(64, ge=2, le=200)
+    header_read_timeout_s: float = Field(10.0, gt=0)
+    body_read_timeout_s: float = Field(30.0, gt=0)
+    keep_alive_timeout_s: int = Field(5, ge=1)
+    limit_concurrency: int | None = Field(1024, gt=0)
+    # Proxies whose X-Forwarded-For/-Proto uvicorn trusts (client address for throttles and
+    # logs); None: uvicorn's default ($FORWARDED_ALLOW_IPS, else 127.0.0.1).
+    forwarded_allow_ips: str | None = None
+    # A revoked API key is refused by every replica at most this long after the revocation commits.
+    key_cache_ttl_s: float = Field(1.0, gt=0, le=60)
     # A chat request field tiergate does not know: "reject" (400 naming it, the default) or
     # "drop" (removed before validation; never forwarded either way).
     unknown_fields: Literal["reject", "drop"] = "reject"
@@ -186,6 +199,7 @@ class JobsSettings(_Strict):
     line_lease_s: float = Field(900.0, gt=0)  # a running line whose worker died is retried after this
     poll_interval_s: float = Field(1.0, gt=0)
     max_file_bytes: int = Field(100 * 1024 * 1024, gt=0)
+    upload_read_timeout_s: float = Field(600.0, gt=0)  # the time an upload's body may take to arrive
     max_lines: int = Field(50_000, ge=1)
 
     def resolved_broker_url(self, redis: RedisSettings) -> str | None:

@@ -30,6 +30,7 @@ from gateway.budgets.models import BudgetAlertRow
 from gateway.budgets.periods import utc_now
 from gateway.budgets.policies import BudgetPolicy
 from gateway.budgets.reservations import NANOS_PER_USD
+from gateway.log_safety import describe
 
 log = logging.getLogger(__name__)
 
@@ -112,8 +113,8 @@ class AlertNotifier:
             try:
                 if await asyncio.to_thread(self._record, alert):
                     await self._deliver(alert)
-            except Exception:
-                log.exception("recording budget alert %s failed", alert.id)
+            except Exception as err:
+                log.error("recording budget alert %s failed: %s", alert.id, describe(err))
                 self._seen.discard((alert.subject, alert.period_key, round(alert.threshold * 1000)))
             finally:
                 self._queue.task_done()

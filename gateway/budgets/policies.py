@@ -19,6 +19,7 @@ from typing import Any, Literal, Protocol, cast
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
+from gateway.budgets import bounds
 from gateway.budgets.models import BudgetPolicyRow
 from gateway.budgets.periods import PERIOD_NAMES, PeriodName
 from gateway.budgets.reservations import from_nanos, to_nanos
@@ -89,39 +90,39 @@ def default_tenant_policy(tenant_id: str, defaults: BudgetDefaults) -> BudgetPol
 
 
 def put_policy(session: Session, *, scope: Scope, tenant_id: str, key_id: str | None = None,
-               period: PeriodName | None = None, limit_usd: float | Decimal | None = None,
-               soft_limit_usd: float | Decimal | None = None,
+               period: PeriodName | None = None, limit_usd: float | Decimal | str | None = None,
+               soft_limit_usd: float | Decimal | str | None = None,
                alert_thresholds: Sequence[float] | None = None, requests_per_min: int | None = None,
                tokens_per_min: int | None = None, clear: Sequence[str] = ()) -> BudgetPolicyRow:
     """Create or update one policy row. Fields left None keep their value; names in
-    ``clear`` are set to NULL (e.g. ``clear=("limit_usd",)`` removes the hard limit)."""
+    ``clear`` are set to NULL (e.g. ``clear=("limit_usd",)`` removes the hard limit). Every
+    value is held to gateway.budgets.bounds (``PolicyValueError``, a ValueError naming the
+    param), and so is the row that results (a soft limit above the hard one is refused)."""
     if scope == "key" and not key_id:
         raise ValueError("a key-scoped budget needs key_id")
     if period is not None and period not in PERIOD_NAMES:
-        raise ValueError(f"period must be one of {', '.join(PERIOD_NAMES)}")
-    for name, value in (("limit_usd", limit_usd), ("soft_limit_usd", soft_limit_usd)):
-        if value is not None and Decimal(str(value)) < 0:
-            raise ValueError(f"{name} must be >= 0")
-    if alert_thresholds is not None and any(not 0 < t <= 10 for t in alert_thresholds):
-        raise ValueError("alert thresholds are fractions of the limit, e.g. 0.5 0.8 1.0")
+        raise bounds.PolicyValueError(f"period must be one of {', '.join(PERIOD_NAMES)}", "period")
+    updates: dict[str, Any] = {
+        "period": period, "limit_usd": bounds.usd("limit_usd", limit_usd),
+        "soft_limit_usd": bounds.usd("soft_limit_usd", soft_limit_usd),
+        "alert_thresholds": bounds.thresholds(alert_thresholds),
+        "requests_per_min": bounds.per_minute("requests_per_min", requests_per_min, bounds.MAX_REQUESTS_PER_MIN),
+        "tokens_per_min": bounds.per_minute("tokens_per_min", tokens_per_min, bounds.MAX_TOKENS_PER_MIN),
+    }
+    for name in clear:
+        if name not in updates or name == "period":
+            raise bounds.PolicyValueError(f"cannot clear {name!r}", "clear")
     sid = subject_of(scope, key_id if scope == "key" else tenant_id)  # type: ignore[arg-type]
     row = session.get(BudgetPolicyRow, sid)
     if row is None:
         row = BudgetPolicyRow(id=sid, scope=scope, tenant_id=tenant_id, key_id=key_id, period=period or "month")
         session.add(row)
-    updates: dict[str, Any] = {
-        "period": period, "limit_usd": None if limit_usd is None else Decimal(str(limit_usd)),
-        "soft_limit_usd": None if soft_limit_usd is None else Decimal(str(soft_limit_usd)),
-        "alert_thresholds": None if alert_thresholds is None else sorted(float(t) for t in alert_thresholds),
-        "requests_per_min": requests_per_min, "tokens_per_min": tokens_per_min,
-    }
     for name, value in updates.items():
         if value is not None:
             setattr(row, name, value)
     for name in clear:
-        if name not in updates or name == "period":
-            raise ValueError(f"cannot clear {name!r}")
         setattr(row, name, None)
+    bounds.consistent(row.limit_usd, row.soft_limit_usd)
     row.updated_at = datetime.now(UTC)
     return row
 

@@ -33,6 +33,7 @@ from gateway.budgets.counters import CounterState, ReserveOutcome, SpentLoader
 from gateway.budgets.periods import PeriodWindow, utc_now, window_from_key
 from gateway.budgets.reservations import CounterRef, Reservation
 from gateway.budgets.spend import ledger_nanos_by_request, spent_nanos
+from gateway.log_safety import describe
 
 log = logging.getLogger(__name__)
 
@@ -323,8 +324,8 @@ class RedisCounters:
             try:
                 if await self._r.set(lock, "1", nx=True, px=int(self._interval * 900)):
                     await self.reconcile()
-            except Exception:
-                log.exception("budget reconcile failed; will retry next interval")
+            except Exception as err:
+                log.error("budget reconcile failed; will retry next interval: %s", describe(err))
 
 
 def _begin_snapshot(session: Session) -> None:

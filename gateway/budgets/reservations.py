@@ -21,6 +21,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from gateway.budgets.models import BudgetReservationRow
 from gateway.budgets.periods import PeriodWindow
+from gateway.log_safety import describe
 from gateway.settings import Price, Settings
 
 log = logging.getLogger(__name__)
@@ -165,8 +166,8 @@ class ReservationStore:
             batch = self._take()
             try:
                 await asyncio.to_thread(self._write_outcomes, batch)
-            except Exception:
-                log.exception("writing %d reservation outcomes failed; retrying", len(batch))
+            except Exception as err:
+                log.error("writing %d reservation outcomes failed; retrying: %s", len(batch), describe(err))
                 self._pending[:0] = batch
                 if self._stopping:
                     raise

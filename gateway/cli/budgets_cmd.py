@@ -1,6 +1,7 @@
 """`tiergate budgets set|show`: budgets and rate limits per tenant and per API key.
 
-Writes the same ``budgets`` rows as the admin API; running gateways pick changes up within
+Writes the same ``budgets`` rows as the admin API, held to the same bounds
+(gateway.budgets.bounds: a bad value exits 2 naming it); running gateways pick changes up within
 their policy cache TTL (a few seconds). ``show`` prints each policy with the spend the
 database has settled in its current UTC period (live holds of running gateways are not
 included; the admin API shows those).
@@ -44,9 +45,10 @@ def set_budget(
     tenant: str = typer.Option(..., "--tenant", "-t", help="Tenant id or name."),
     key: str | None = typer.Option(None, "--key", "-k", help="API key id: set the key's budget instead."),
     period: str | None = typer.Option(None, help="day | week | month | total (UTC)."),
-    limit_usd: float | None = typer.Option(None, "--limit-usd", help="Hard limit: 429 budget_exceeded beyond."),
-    soft_limit_usd: float | None = typer.Option(None, "--soft-limit-usd",
-                                                help="Soft limit: alert + effort cap (default: a fraction of the hard limit)."),
+    limit_usd: str | None = typer.Option(None, "--limit-usd", help="Hard limit in USD (whole nano-dollars, "
+                                         "at most 100000000): 429 budget_exceeded beyond."),
+    soft_limit_usd: str | None = typer.Option(None, "--soft-limit-usd",
+                                              help="Soft limit: alert + effort cap (default: a fraction of the hard limit)."),
     alerts: str | None = typer.Option(None, help="Alert thresholds as fractions, e.g. 0.5,0.8,1.0."),
     rpm: int | None = typer.Option(None, "--rpm", help="Requests per minute."),
     tpm: int | None = typer.Option(None, "--tpm", help="Tokens per minute."),
@@ -58,7 +60,11 @@ def set_budget(
     from gateway.budgets import put_policy
     from gateway.cli.tenants import _session
 
-    thresholds = [float(x) for x in alerts.split(",")] if alerts else None
+    try:
+        thresholds = [float(x) for x in alerts.split(",")] if alerts else None
+    except ValueError:
+        typer.echo("error: alert_thresholds must be comma-separated fractions, e.g. 0.5,0.8,1.0", err=True)
+        raise typer.Exit(2) from None
     with _session(config) as session:
         tenant_id = _resolve_tenant(session, tenant)
         if key:

@@ -1,4 +1,5 @@
-"""`tiergate serve`: run the gateway with uvicorn (uvloop + httptools, one worker by default).
+"""`tiergate serve`: run the gateway with uvicorn (uvloop + httptools, one worker by default), with
+the edge limits of ``server:`` (header/body/keep-alive timeouts, concurrency; gateway.serving).
 
 ``--demo`` first migrates the database, creates a ``demo`` tenant with one key if none exists
 (printing the key once, never logging it) and prints a working curl and openai-SDK example.
@@ -96,8 +97,7 @@ def register(app: typer.Typer) -> None:
               access_log: bool = typer.Option(False, "--access-log", help="Log one line per request."),
               ) -> None:
         """Run the gateway."""
-        import uvicorn
-
+        from gateway.serving import run, uvicorn_config
         from gateway.settings import ConfigError, load_settings
 
         try:
@@ -110,6 +110,5 @@ def register(app: typer.Typer) -> None:
         bind_host, bind_port = host or settings.server.host, port or settings.server.port
         if demo:
             _print_demo(bind_host, bind_port, _demo_key(config))
-        uvicorn.run("gateway.cli.serve:app_from_env", factory=True, host=bind_host, port=bind_port,
-                    workers=workers, loop="uvloop", http="httptools", access_log=access_log,
-                    log_level=settings.server.log_level, timeout_graceful_shutdown=10)
+        run(uvicorn_config(settings, app="gateway.cli.serve:app_from_env", host=bind_host, port=bind_port,
+                           workers=workers, access_log=access_log))

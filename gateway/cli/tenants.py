@@ -124,7 +124,7 @@ def keys_list(tenant: str | None = typer.Option(None, "--tenant", "-t", help="Te
 @keys_app.command("revoke")
 def keys_revoke(key: str = typer.Argument(..., help="Key id (or its visible prefix)."),
                 config: Path | None = ConfigOption) -> None:
-    """Revoke an API key. Running gateways refuse it within their key-cache TTL."""
+    """Revoke an API key. Every running gateway refuses it within server.key_cache_ttl_s (1 s)."""
     from gateway.db.queries import revoke_api_key
 
     with _session(config) as s:

@@ -16,6 +16,7 @@ import logging
 
 from gateway.jobs.batch import BatchWork
 from gateway.jobs.store import ClaimedLine
+from gateway.log_safety import describe
 
 log = logging.getLogger("tiergate.jobs")
 
@@ -79,7 +80,7 @@ class BatchRunner:
             if not claimed and not self._inflight:
                 await (self.work.finalize(self.batch_id) if self.batch_id else self.work.sweep())
         except Exception as err:  # the database may be briefly away: log, wait, try again
-            log.error("batch runner: %s: %s", type(err).__name__, err)
+            log.error("batch runner: %s", describe(err))
         if not claimed:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), self.poll_interval_s)
@@ -97,7 +98,7 @@ class BatchRunner:
                 claimed = await pending
                 await asyncio.gather(*(self.work.release(c) for c in claimed))
             except Exception as err:  # not handed back: their leases expire and the lines run again
-                log.error("batch runner: claim not handed back on stop: %s: %s", type(err).__name__, err)
+                log.error("batch runner: claim not handed back on stop: %s", describe(err))
             raise
 
     async def _run(self, claim: ClaimedLine) -> None:
@@ -107,6 +108,6 @@ class BatchRunner:
         except asyncio.CancelledError:
             raise
         except Exception as err:  # its lease expires and the line runs again
-            log.error("batch line %s not recorded: %s", claim.request_id, type(err).__name__)
+            log.error("batch line %s not recorded: %s", claim.request_id, describe(err))
         finally:
             self._wake.set()

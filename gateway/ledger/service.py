@@ -53,6 +53,7 @@ from gateway.ledger.entries import LedgerEntry, Record, RequestRecord
 from gateway.ledger.journal import Journal, claim_writer_dir, read_segment, release_journal_dir
 from gateway.ledger.waiters import Waiter, resolve_waiter, take_waiters
 from gateway.ledger.writer import write_batch
+from gateway.log_safety import describe
 
 log = logging.getLogger("tiergate.ledger")
 
@@ -438,6 +439,6 @@ class Ledger:
             self._failures += 1
             self._last_error = f"database: {type(exc).__name__}: {exc}"[:500]
             delay = min(0.05 * 2 ** (self._failures - 1), self._retry_max_s)
-            log.error("ledger DB write failed (attempt %d, %d batch(es) kept in the journal, retry in %.2fs)",
-                      self._failures, n_items, delay, exc_info=exc)
+            log.error("ledger DB write failed (attempt %d, %d batch(es) kept in the journal, retry in %.2fs): %s",
+                      self._failures, n_items, delay, describe(exc))
             self._db_cond.wait_for(lambda: self._abandon_db, timeout=delay)

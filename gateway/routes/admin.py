@@ -6,21 +6,21 @@ Auth: the admin key (environment variable named by ``server.admin_key_env``) ent
 login form, which sets an HttpOnly, SameSite=Strict, expiring session cookie signed with a key
 derived from it; the JSON endpoints also take ``Authorization: Bearer <admin key>``. With no
 admin key configured every page answers 403. Only POSTs change state (login, logout) and a
-POST whose Origin is another site is refused; failed logins are throttled per client address. Templates are autoescaped. Imports the db query
-helpers, budgets' read side and gateway.admin; never the pipeline or providers.
+POST whose Origin is another site is refused; every admin key a client sends (login form or
+bearer) is checked through one throttle per client address (gateway.routes.admin_auth).
+Templates are autoescaped. Imports the db query helpers, budgets' read side, gateway.admin and
+admin_auth; never the pipeline or providers.
 """
 
 from __future__ import annotations
 
-import hmac
-import os
 from dataclasses import asdict
 from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qs, urlparse
+from urllib.parse import parse_qs
 
 import anyio
 import jinja2
@@ -28,11 +28,14 @@ import orjson
 from fastapi import APIRouter, Depends, Query, Request, Response
 from fastapi.responses import HTMLResponse, RedirectResponse
 
-from gateway.admin import SESSION_COOKIE, LoginThrottle, SessionSigner
+from gateway.admin import SESSION_COOKIE, SessionSigner
 from gateway.budgets.alerts import recent_alerts
 from gateway.db import admin_queries as aq
-from gateway.deps import GatewayState, gateway_state, read_body
-from gateway.errors import AuthenticationFailed, InvalidRequest, NotFound, PermissionDenied
+from gateway.deps import GatewayState, gateway_state
+from gateway.errors import InvalidRequest, NotFound, PermissionDenied, RateLimited
+from gateway.identifiers import Identifier, check_identifier
+from gateway.request_body import read_body
+from gateway.routes.admin_auth import admin_json, admin_key, check_key, same_origin, signed_in, throttled
 
 router = APIRouter(prefix="/admin")
 
@@ -70,49 +73,30 @@ def _encode(value: Any) -> Any:
     raise TypeError(type(value).__name__)
 
 
-# ---- auth -----------------------------------------------------------------------------------
-
-def _admin_key(state: GatewayState) -> str | None:
-    return os.environ.get(state.settings.server.admin_key_env) or None
-
+# ---- auth (gateway.routes.admin_auth: one throttled check of every admin key sent) -----------
 
 def _disabled_message(state: GatewayState) -> str:
     return f"admin dashboard disabled: set the environment variable {state.settings.server.admin_key_env}"
 
 
-def _signed_in(request: Request, key: str) -> bool:
-    scheme, _, token = (request.headers.get("authorization") or "").partition(" ")
-    if scheme.lower() == "bearer" and token:
-        return hmac.compare_digest(token.strip().encode(), key.encode())
-    return SessionSigner(key).valid(request.cookies.get(SESSION_COOKIE))
-
-
-async def admin_json(request: Request) -> GatewayState:
-    """Dependency of the JSON endpoints: 403 when disabled, 401 without a valid key/session."""
-    state: GatewayState = request.app.state.tiergate
-    key = _admin_key(state)
-    if key is None:
-        raise PermissionDenied(_disabled_message(state))
-    if not _signed_in(request, key):
-        raise AuthenticationFailed("admin login required")
-    return state
+def _throttled_page(wait: RateLimited) -> Response:
+    refused = _html("login.html", 429, error="too many failed logins; try again later")
+    refused.headers.update(wait.headers)
+    return refused
 
 
 def _page_gate(request: Request, state: GatewayState) -> Response | None:
     """For HTML pages: None when the caller may see the page, else the response to send."""
-    key = _admin_key(state)
+    key = admin_key(state)
     if key is None:
         return _html("disabled.html", 403, message=_disabled_message(state))
-    if not _signed_in(request, key):
+    try:
+        allowed = signed_in(request, state, key)
+    except RateLimited as wait:
+        return _throttled_page(wait)
+    if not allowed:
         return RedirectResponse("/admin/login", status_code=303)
     return None
-
-
-def _same_origin(request: Request) -> bool:
-    origin = request.headers.get("origin")
-    if origin is None or origin == "null":
-        return origin is None
-    return urlparse(origin).netloc == request.headers.get("host", "")
 
 
 # ---- data ------------------------------------------------------------------------------------
@@ -200,31 +184,30 @@ LIMIT = Query(50, ge=1, le=aq.MAX_PAGE)
 
 @router.get("/login", response_class=HTMLResponse)
 async def login_form(state: GatewayState = Depends(gateway_state)) -> Response:
-    if _admin_key(state) is None:
+    if admin_key(state) is None:
         return _html("disabled.html", 403, message=_disabled_message(state))
     return _html("login.html", error=None)
 
 
 @router.post("/login")
 async def login(request: Request, state: GatewayState = Depends(gateway_state)) -> Response:
-    key = _admin_key(state)
+    key = admin_key(state)
     if key is None:
         return _html("disabled.html", 403, message=_disabled_message(state))
-    if not _same_origin(request):
+    if not same_origin(request):
         return _html("login.html", 403, error="cross-site login refused")
-    throttle: LoginThrottle = state.extras.setdefault("admin_login_throttle", LoginThrottle())
-    client = request.client.host if request.client else "unknown"
-    wait = throttle.retry_after_s(client)
-    if wait is not None:
-        refused = _html("login.html", 429, error="too many failed logins; try again later")
-        refused.headers["retry-after"] = str(int(wait) + 1)
-        return refused
-    form = parse_qs((await read_body(request, MAX_LOGIN_BODY)).decode("utf-8", "replace"))
-    given = (form.get("admin_key") or [""])[0]
-    if not hmac.compare_digest(given.encode(), key.encode()):
-        throttle.failed(client)
+    wait = throttled(request, state)
+    if wait is not None:  # refused before its body is read
+        return _throttled_page(wait)
+    server = state.settings.server
+    raw = await read_body(request, min(MAX_LOGIN_BODY, server.max_body_bytes), server.body_read_timeout_s)
+    given = (parse_qs(raw.decode("utf-8", "replace")).get("admin_key") or [""])[0]
+    try:
+        accepted = check_key(request, state, given, key)
+    except RateLimited as refused:
+        return _throttled_page(refused)
+    if not accepted:
         return _html("login.html", 401, error="wrong admin key")
-    throttle.succeeded(client)
     signer = SessionSigner(key)
     resp = RedirectResponse("/admin", status_code=303)
     resp.set_cookie(SESSION_COOKIE, signer.issue(), max_age=signer.ttl_s, path="/admin", httponly=True,
@@ -234,7 +217,7 @@ async def login(request: Request, state: GatewayState = Depends(gateway_state)) 
 
 @router.post("/logout")
 async def logout(request: Request) -> Response:
-    if not _same_origin(request):
+    if not same_origin(request):
         raise PermissionDenied("cross-site request refused")
     resp = RedirectResponse("/admin/login", status_code=303)
     resp.delete_cookie(SESSION_COOKIE, path="/admin", httponly=True, samesite="strict")
@@ -257,6 +240,9 @@ async def tenant_page(request: Request, tenant_id: str, days: int = DAYS, mix_ho
     gate = _page_gate(request, state)
     if gate is not None:
         return gate
+    check_identifier(tenant_id, "tenant_id")
+    if before_id is not None:
+        check_identifier(before_id, "before_id")
     data = await _tenant_data(state, tenant_id, days, mix_hours, limit, before_at, before_id)
     return _html("tenant.html", limit=limit, **data)
 
@@ -283,8 +269,8 @@ async def overview_json(days: int = DAYS, mix_hours: int = MIX_HOURS,
 
 
 @router.get("/api/tenants/{tenant_id}")
-async def tenant_json(tenant_id: str, days: int = DAYS, mix_hours: int = MIX_HOURS, limit: int = LIMIT,
-                      before_at: str | None = None, before_id: str | None = None,
+async def tenant_json(tenant_id: Identifier, days: int = DAYS, mix_hours: int = MIX_HOURS, limit: int = LIMIT,
+                      before_at: str | None = None, before_id: Identifier | None = None,
                       state: GatewayState = Depends(admin_json)) -> Response:
     d = await _tenant_data(state, tenant_id, days, mix_hours, limit, before_at, before_id)
     page: aq.RequestPage = d["page"]

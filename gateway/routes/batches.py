@@ -1,35 +1,58 @@
 """``/v1/batches``: create (validates the input file's JSONL first), retrieve, list, cancel.
 The work itself runs in the jobs backend (embedded runner or Celery); this module only reads
-and writes batch rows. Imports deps, errors and gateway.jobs.
+and writes batch rows; ids are checked at the edge (gateway.identifiers) and the create body is
+read after the key (gateway.request_body). Imports deps, errors, identifiers, request_body and
+gateway.jobs.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends
-from pydantic import BaseModel, ConfigDict, Field
+from fastapi import APIRouter, Depends, Request
+from pydantic import BaseModel, ConfigDict, StringConstraints, field_validator
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
 from gateway.chat_flow import PrincipalLike
 from gateway.deps import GatewayState, gateway_state, principal
 from gateway.errors import InvalidRequest
+from gateway.identifiers import Identifier, is_clean, is_storable
 from gateway.jobs import store
 from gateway.jobs.backends import QueueUnavailable
 from gateway.jobs.files import get_file
 from gateway.jobs.validate import parse_batch_file
+from gateway.request_body import read_model
 
 router = APIRouter()
+
+
+MAX_CREATE_BYTES = 64 * 1024
+# OpenAI's metadata limits: at most 16 pairs, keys up to 64 characters, values up to 512.
+MAX_METADATA_PAIRS, MAX_METADATA_KEY, MAX_METADATA_VALUE = 16, 64, 512
 
 
 class BatchCreate(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
-    input_file_id: str = Field(..., min_length=1, max_length=64)
-    endpoint: str
-    completion_window: str
-    metadata: dict[str, str] | None = Field(None, max_length=16)
+    input_file_id: Identifier
+    endpoint: Annotated[str, StringConstraints(max_length=64)]
+    completion_window: Annotated[str, StringConstraints(max_length=16)]
+    metadata: dict[str, str] | None = None
+
+    @field_validator("metadata")
+    @classmethod
+    def _bounded(cls, metadata: dict[str, str] | None) -> dict[str, str] | None:
+        if metadata is None:
+            return None
+        if len(metadata) > MAX_METADATA_PAIRS:
+            raise ValueError(f"at most {MAX_METADATA_PAIRS} key-value pairs")
+        for key, value in metadata.items():
+            if not 0 < len(key) <= MAX_METADATA_KEY or not is_clean(key):
+                raise ValueError(f"keys are 1 to {MAX_METADATA_KEY} characters, without control characters")
+            if len(value) > MAX_METADATA_VALUE or not is_storable(value):
+                raise ValueError(f"values are at most {MAX_METADATA_VALUE} characters, without NUL")
+        return metadata
 
 
 def _json(session: Session, batch: store.Batch) -> dict[str, Any]:
@@ -43,7 +66,8 @@ def _create(state: GatewayState, who: PrincipalLike, body: BatchCreate) -> dict[
         if f.purpose != "batch":
             raise InvalidRequest("the input file's purpose must be 'batch'", param="input_file_id")
         lines = parse_batch_file(f.content, body.endpoint, state.settings.jobs.max_lines,
-                                 state.settings.server.unknown_fields)
+                                 max_depth=state.settings.server.max_json_depth,
+                                 unknown_fields=state.settings.server.unknown_fields)
         batch = store.create_batch(session, who.tenant_id, who.key_id, f.id, body.endpoint,
                                    body.completion_window, body.metadata, lines, store.utc_now())
         return store.batch_json(batch, None)
@@ -55,10 +79,12 @@ def _fail(state: GatewayState, batch_id: str, err: QueueUnavailable) -> None:
 
 
 @router.post("/v1/batches")
-async def create_batch(body: BatchCreate, state: GatewayState = Depends(gateway_state),
+async def create_batch(request: Request, state: GatewayState = Depends(gateway_state),
                        who: PrincipalLike = Depends(principal)) -> Any:
     """Commit the batch, then hand it to the jobs backend; when the backend cannot take it the
-    batch is marked failed (its ``errors`` say why) and the client gets a 503 to retry."""
+    batch is marked failed (its ``errors`` say why) and the client gets a 503 to retry. The body
+    is read only after the key is checked."""
+    body = await read_model(request, state.settings.server, BatchCreate, max_bytes=MAX_CREATE_BYTES)
     created = await run_in_threadpool(_create, state, who, body)
     try:
         await state.extras["jobs"].submit(created["id"])
@@ -69,7 +95,7 @@ async def create_batch(body: BatchCreate, state: GatewayState = Depends(gateway_
 
 
 @router.get("/v1/batches/{batch_id}")
-async def retrieve_batch(batch_id: str, state: GatewayState = Depends(gateway_state),
+async def retrieve_batch(batch_id: Identifier, state: GatewayState = Depends(gateway_state),
                          who: PrincipalLike = Depends(principal)) -> Any:
     def read() -> dict[str, Any]:
         with state.session_factory() as session:
@@ -78,7 +104,7 @@ async def retrieve_batch(batch_id: str, state: GatewayState = Depends(gateway_st
 
 
 @router.get("/v1/batches")
-async def list_batches(after: str | None = None, limit: int = 20, state: GatewayState = Depends(gateway_state),
+async def list_batches(after: Identifier | None = None, limit: int = 20, state: GatewayState = Depends(gateway_state),
                        who: PrincipalLike = Depends(principal)) -> Any:
     if not 1 <= limit <= 100:
         raise InvalidRequest("limit must be between 1 and 100", param="limit")
@@ -94,7 +120,7 @@ async def list_batches(after: str | None = None, limit: int = 20, state: Gateway
 
 
 @router.post("/v1/batches/{batch_id}/cancel")
-async def cancel_batch(batch_id: str, state: GatewayState = Depends(gateway_state),
+async def cancel_batch(batch_id: Identifier, state: GatewayState = Depends(gateway_state),
                        who: PrincipalLike = Depends(principal)) -> Any:
     """Pending lines are cancelled at once; running ones finish; the batch then becomes cancelled
     (right here when nothing is running)."""

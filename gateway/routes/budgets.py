@@ -3,15 +3,15 @@
 ``GET|PUT /admin/budgets/tenants/{tenant_id}`` and ``GET|PUT /admin/budgets/keys/{key_id}``:
 read a policy with its live status (spent, held, remaining, soft-limit state) or create /
 update it; ``GET /admin/budgets/tenants/{tenant_id}/alerts``: the tenant's recorded threshold
-alerts (newest first) for the dashboard. Protected by the admin key: ``Authorization: Bearer <value of the environment
-variable named by server.admin_key_env>``; when that variable is unset every call is
-refused. Uses the ``BudgetRuntime`` the lifespan put in ``GatewayState.extras["budgets"]``.
+alerts (newest first) for the dashboard. Protected by the admin key: ``Authorization: Bearer
+<value of the environment variable named by server.admin_key_env>`` (gateway.routes.admin_auth:
+checked before the body is read, wrong keys throttled per client address); when that variable is
+unset every call is refused. Values are bounded (gateway.budgets.bounds). Uses the
+``BudgetRuntime`` the lifespan put in ``GatewayState.extras["budgets"]``.
 """
 
 from __future__ import annotations
 
-import hmac
-import os
 from dataclasses import asdict
 from decimal import Decimal
 from typing import Any, Literal
@@ -26,8 +26,11 @@ from gateway.budgets.alerts import recent_alerts
 from gateway.budgets.models import BudgetPolicyRow
 from gateway.budgets.policies import Scope
 from gateway.db.models import ApiKey, Tenant
-from gateway.deps import GatewayState, gateway_state
-from gateway.errors import AuthenticationFailed, InvalidRequest, NotFound, PermissionDenied
+from gateway.deps import GatewayState
+from gateway.errors import InvalidRequest, NotFound
+from gateway.identifiers import Identifier
+from gateway.request_body import read_model
+from gateway.routes.admin_auth import require_admin
 
 router = APIRouter(prefix="/admin/budgets")
 
@@ -43,17 +46,6 @@ class BudgetUpdate(BaseModel):
     tokens_per_min: int | None = Field(None, gt=0)
     clear: list[Literal["limit_usd", "soft_limit_usd", "alert_thresholds", "requests_per_min",
                         "tokens_per_min"]] = []
-
-
-def require_admin(request: Request) -> None:
-    state: GatewayState = request.app.state.tiergate
-    expected = os.environ.get(state.settings.server.admin_key_env)
-    if not expected:
-        raise PermissionDenied(f"admin API disabled: set {state.settings.server.admin_key_env}")
-    header = request.headers.get("authorization") or ""
-    scheme, _, token = header.partition(" ")
-    if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), expected.encode()):
-        raise AuthenticationFailed("invalid admin key")
 
 
 def _runtime(state: GatewayState) -> BudgetRuntime:
@@ -116,36 +108,45 @@ async def _update(state: GatewayState, scope: Scope, subject_id: str, update: Bu
                            limit_usd=update.limit_usd, soft_limit_usd=update.soft_limit_usd,
                            alert_thresholds=update.alert_thresholds, requests_per_min=update.requests_per_min,
                            tokens_per_min=update.tokens_per_min, clear=update.clear)
-            except ValueError as err:
-                raise InvalidRequest(str(err)) from None
+            except ValueError as err:  # PolicyValueError names the param
+                raise InvalidRequest(str(err), param=getattr(err, "param", None), code="invalid_value") from None
 
     await anyio.to_thread.run_sync(write)
     rt.budgets.policies.invalidate(subject_of(scope, subject_id))
     return await _show(state, scope, subject_id)
 
 
-@router.get("/tenants/{tenant_id}", dependencies=[Depends(require_admin)])
-async def show_tenant(tenant_id: str, state: GatewayState = Depends(gateway_state)) -> Response:
+MAX_UPDATE_BYTES = 16 * 1024
+
+
+async def _read_update(request: Request, state: GatewayState) -> BudgetUpdate:
+    return await read_model(request, state.settings.server, BudgetUpdate, max_bytes=MAX_UPDATE_BYTES)
+
+
+@router.get("/tenants/{tenant_id}")
+async def show_tenant(tenant_id: Identifier, state: GatewayState = Depends(require_admin)) -> Response:
     return await _show(state, "tenant", tenant_id)
 
 
-@router.put("/tenants/{tenant_id}", dependencies=[Depends(require_admin)])
-async def set_tenant(tenant_id: str, update: BudgetUpdate, state: GatewayState = Depends(gateway_state)) -> Response:
-    return await _update(state, "tenant", tenant_id, update)
+@router.put("/tenants/{tenant_id}")
+async def set_tenant(request: Request, tenant_id: Identifier, state: GatewayState = Depends(require_admin)) -> Response:
+    return await _update(state, "tenant", tenant_id, await _read_update(request, state))
 
 
-@router.get("/keys/{key_id}", dependencies=[Depends(require_admin)])
-async def show_key(key_id: str, state: GatewayState = Depends(gateway_state)) -> Response:
+@router.get("/keys/{key_id}")
+async def show_key(key_id: Identifier, state: GatewayState = Depends(require_admin)) -> Response:
     return await _show(state, "key", key_id)
 
 
-@router.put("/keys/{key_id}", dependencies=[Depends(require_admin)])
-async def set_key(key_id: str, update: BudgetUpdate, state: GatewayState = Depends(gateway_state)) -> Response:
-    return await _update(state, "key", key_id, update)
+@router.put("/keys/{key_id}")
+async def set_key(request: Request, key_id: Identifier, state: GatewayState = Depends(require_admin)) -> Response:
+    return await _update(state, "key", key_id, await _read_update(request, state))
 
 
-@router.get("/tenants/{tenant_id}/alerts", dependencies=[Depends(require_admin)])
-async def tenant_alerts(tenant_id: str, state: GatewayState = Depends(gateway_state)) -> Response:
+@router.get("/tenants/{tenant_id}/alerts")
+async def tenant_alerts(tenant_id: Identifier, state: GatewayState = Depends(require_admin)) -> Response:
+    await anyio.to_thread.run_sync(_tenant_of, state, "tenant", tenant_id)  # an unknown tenant is 404
+
     def read() -> list[dict[str, Any]]:
         with state.session_factory() as session:
             return recent_alerts(session, tenant_id)

@@ -11,8 +11,8 @@ from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from gateway.chat_flow import ChatStream
-from gateway.deps import GatewayState, read_body
-from gateway.errors import InvalidRequest
+from gateway.deps import GatewayState
+from gateway.request_body import read_json
 
 router = APIRouter()
 
@@ -54,14 +54,10 @@ def _json(content: object, headers: dict[str, str] | None = None) -> Response:
 
 async def chat_completions(request: Request) -> Response:
     # A plain Starlette route (added below), not a FastAPI one: the hot path skips dependency
-    # solving. Same steps as the deps: app state, then the key, then the size-limited body.
+    # solving. Same steps as the deps: app state, then the key, then the body (gateway.request_body).
     state: GatewayState = request.app.state.tiergate
     who = await state.keys.authenticate(request.headers.get("authorization"))
-    raw = await read_body(request, state.settings.server.max_body_bytes)
-    try:
-        data = orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        raise InvalidRequest("request body is not valid JSON") from None
+    data = await read_json(request, state.settings.server)
     rr, req = state.flow.prepare(who, data)
     headers = {"x-request-id": rr.request_id, "x-tiergate-tier": rr.resolution.tier,
                "x-tiergate-effort-source": rr.resolution.effort_source}

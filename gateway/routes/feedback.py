@@ -7,7 +7,8 @@ needed one tier more), optionally ``score`` in [0, 1] and the conversation (``me
 the tenant allows prompt storage; otherwise only its hashed feature vector is kept.
 `tiergate classifier update` refits the classifier from these rows.
 
-Imports settings, errors, deps, db models and gateway.perceive; no pipeline, no providers.
+Imports settings, errors, deps, identifiers, request_body, db models and gateway.perceive; no
+pipeline, no providers.
 """
 
 from __future__ import annotations
@@ -16,13 +17,15 @@ from typing import Any, Literal
 
 import orjson
 from fastapi import APIRouter, Depends, Request, Response
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
 from gateway.chat_flow import PrincipalLike
-from gateway.deps import GatewayState, gateway_state, principal, read_body
+from gateway.deps import GatewayState, gateway_state, principal
 from gateway.errors import InvalidRequest, NotFound
+from gateway.identifiers import Identifier
 from gateway.perceive import TIER_SCORES, feedback_fields, record_verdict
+from gateway.request_body import read_model
 from gateway.settings import TIER_NAMES, Tier
 
 router = APIRouter()
@@ -32,7 +35,7 @@ MAX_FEEDBACK_BYTES = 1024 * 1024
 class FeedbackBody(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
-    request_id: str = Field(..., min_length=1, max_length=64)
+    request_id: Identifier
     label_tier: Tier | None = None
     rating: Literal["good", "bad"] | None = None
     score: float | None = Field(None, ge=0.0, le=1.0)
@@ -81,15 +84,7 @@ def _label(body: FeedbackBody, used: str | None) -> str:
 @router.post("/v1/feedback")
 async def post_feedback(request: Request, state: GatewayState = Depends(gateway_state),
                         who: PrincipalLike = Depends(principal)) -> Response:
-    raw = await read_body(request, MAX_FEEDBACK_BYTES)
-    try:
-        body = FeedbackBody.model_validate(orjson.loads(raw))
-    except orjson.JSONDecodeError:
-        raise InvalidRequest("The request body is not valid JSON.") from None
-    except ValidationError as err:
-        first = err.errors()[0]
-        param = ".".join(str(p) for p in first.get("loc", ())) or None
-        raise InvalidRequest(f"invalid value for '{param}': {first.get('msg')}", param=param) from None
+    body = await read_model(request, state.settings.server, FeedbackBody, max_bytes=MAX_FEEDBACK_BYTES)
     tenant_id = str(who.tenant_id)
     used = await _find_request(state, body.request_id, tenant_id)
     label = _label(body, used)
