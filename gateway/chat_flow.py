@@ -30,6 +30,7 @@ from gateway.errors import ClientClosedRequest, GatewayError, InvalidRequest
 from gateway.execution import Executor, ResolvedRequest
 from gateway.ids import fast_id
 from gateway.ledger.entries import LedgerEntry, RequestRecord
+from gateway.log_safety import describe
 from gateway.providers.base import CallOptions
 from gateway.providers.metering import count_prompt_tokens
 from gateway.resolve import DecideAuto, cap_output, output_cap, resolve_model
@@ -234,7 +235,7 @@ async def _run_unless_gone(run: Callable[[ResolvedRequest], Awaitable[T]], clien
             watch.remove_done_callback(left)
             watch.cancel()
             if watch.done() and not watch.cancelled() and watch.exception() is not None:
-                log.warning("watching the client connection failed: %s", watch.exception())
+                log.warning("watching the client connection failed: %s", describe(watch.exception()))
 
 
 WATCH_CLIENT_AFTER_S = 0.05

@@ -25,6 +25,7 @@ from typing import Any
 
 from gateway.errors import InvalidRequest
 from gateway.execution import CallBudget
+from gateway.log_safety import describe
 from gateway.pipeline.accounting import Accountant, BudgetRefused, CostCapReached, StopEarly
 from gateway.pipeline.calls import StageCaller
 from gateway.pipeline.execute import execute_plan, request_text
@@ -251,8 +252,8 @@ class Pipeline:
             messages=tuple(messages), allow_prompt_storage=ctx.allow_prompt_storage)
         try:
             self.feedback_sink(verdict)
-        except Exception:  # training feedback is not on the money path; the answer stands
-            log.exception("could not record review verdict for %s", ctx.request_id)
+        except Exception as err:  # training feedback is not on the money path; the answer stands
+            log.error("could not record review verdict for %s: %s", ctx.request_id, describe(err))
 
     async def _stop_early(self, err: StopEarly, messages: list[dict[str, Any]], ex: ExecutionPlan,
                           caller: StageCaller, state: _RunState, result: PipelineResult,
