@@ -234,8 +234,9 @@ async def _run_unless_gone(run: Callable[[ResolvedRequest], Awaitable[T]], clien
         else:
             watch.remove_done_callback(left)
             watch.cancel()
-            if watch.done() and not watch.cancelled() and watch.exception() is not None:
-                log.warning("watching the client connection failed: %s", describe(watch.exception()))
+            failed = watch.exception() if watch.done() and not watch.cancelled() else None
+            if failed is not None:
+                log.warning("watching the client connection failed: %s", describe(failed))
 
 
 WATCH_CLIENT_AFTER_S = 0.05
