@@ -69,7 +69,7 @@ async def _http_error(_: Request, err: Exception) -> Response:
 
 def _routers(app: FastAPI) -> None:
     from gateway.routes import admin as admin_routes
-    from gateway.routes import admin_keys, batches, budgets, chat, feedback, files, health, models
+    from gateway.routes import admin_keys, batches, budgets, chat, feedback, files, health, models, openapi
 
     app.include_router(health.router)
     app.include_router(budgets.router)
@@ -80,6 +80,7 @@ def _routers(app: FastAPI) -> None:
     app.include_router(admin_keys.router)
     app.include_router(files.router)
     app.include_router(batches.router)
+    app.include_router(openapi.router)
 
 
 def _freeze_startup_heap(stack: AsyncExitStack) -> None:

@@ -22,7 +22,8 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from annotated_types import Ge, Le
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator
 
 from gateway.errors import InvalidRequest
 
@@ -46,6 +47,22 @@ _WHY_REFUSED: dict[str, str] = {
     "fallbacks": "fallbacks are configured per tier by the operator",
     "file_id": "files are sent inline as file_data; a file id would name a file in the operator's account",
 }
+
+
+def _integral(value: Any) -> Any:
+    """JSON has one number type: 2.0 is the integer 2 (JSON Schema agrees); 2.5 stays a float and
+    fails, and strings never become numbers."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+StopSequence = Annotated[str, Field(max_length=512)]
+# Integers in their bounds (constraints inside the annotation, so the JSON schema carries them).
+Int = Annotated[int, BeforeValidator(_integral)]
+Choices = Annotated[int, Ge(1), Le(128), BeforeValidator(_integral)]
+TokenCount = Annotated[int, Ge(1), Le(MAX_TOKENS_LIMIT), BeforeValidator(_integral)]
+Seed = Annotated[int, Ge(-INT64), Le(INT64 - 1), BeforeValidator(_integral)]
+TopLogprobs = Annotated[int, Ge(0), Le(20), BeforeValidator(_integral)]
+TopK = Annotated[int, Ge(0), Le(100_000), BeforeValidator(_integral)]
 
 
 class _Wire(BaseModel):
@@ -98,9 +115,6 @@ class RefusalPart(_Wire):
     refusal: str
 
 
-ContentPart = Annotated[TextPart | ImagePart | AudioPart | FilePart | RefusalPart, Field(discriminator="type")]
-
-
 class FunctionCall(_Wire):
     name: str = Field(..., max_length=64)
     arguments: str
@@ -112,34 +126,54 @@ class ToolCall(_Wire):
     function: FunctionCall
 
 
-_TEXT_ONLY_ROLES = frozenset({"system", "developer", "tool", "function"})
+TextContent = str | list[TextPart]
 
 
-class Message(_Wire):
-    role: Literal["system", "developer", "user", "assistant", "tool", "function"]
-    content: str | list[ContentPart] | None = None
+class _Named(_Wire):
     name: str | None = Field(None, max_length=256)
-    tool_calls: list[ToolCall] | None = None
-    tool_call_id: str | None = Field(None, max_length=256)
+
+
+class SystemMessage(_Named):
+    role: Literal["system"]
+    content: TextContent
+
+
+class DeveloperMessage(_Named):
+    role: Literal["developer"]
+    content: TextContent
+
+
+UserPart = Annotated[TextPart | ImagePart | AudioPart | FilePart, Field(discriminator="type")]
+AssistantPart = Annotated[TextPart | RefusalPart, Field(discriminator="type")]
+
+
+class UserMessage(_Named):
+    role: Literal["user"]
+    content: str | list[UserPart]
+
+
+class AssistantMessage(_Named):
+    role: Literal["assistant"]
+    content: str | list[AssistantPart] | None = None
     refusal: str | None = None
+    tool_calls: list[ToolCall] | None = None
     function_call: FunctionCall | None = None
 
-    @model_validator(mode="after")
-    def _by_role(self) -> Message:
-        parts = self.content if isinstance(self.content, list) else []
-        if self.role in _TEXT_ONLY_ROLES and any(p.type != "text" for p in parts):
-            raise ValueError(f"{self.role} messages take text content parts only")
-        if self.role == "assistant" and any(p.type not in ("text", "refusal") for p in parts):
-            raise ValueError("assistant messages take text or refusal content parts only")
-        if self.role == "user" and any(p.type == "refusal" for p in parts):
-            raise ValueError("refusal content parts belong to assistant messages")
-        if self.role == "tool" and not self.tool_call_id:
-            raise ValueError("tool messages need tool_call_id")
-        if self.role != "assistant" and (self.tool_calls or self.refusal or self.function_call):
-            raise ValueError("tool_calls, refusal and function_call belong to assistant messages")
-        if self.role in ("user", "system", "developer") and self.content is None:
-            raise ValueError(f"{self.role} messages need content")
-        return self
+
+class ToolMessage(_Wire):
+    role: Literal["tool"]
+    content: TextContent
+    tool_call_id: str = Field(..., min_length=1, max_length=256)
+
+
+class FunctionMessage(_Wire):
+    role: Literal["function"]
+    content: str | None
+    name: str = Field(..., min_length=1, max_length=64)
+
+
+Message = Annotated[SystemMessage | DeveloperMessage | UserMessage | AssistantMessage | ToolMessage | FunctionMessage,
+                    Field(discriminator="role")]
 
 
 # -- tools and output formats -----------------------------------------------------------------
@@ -215,11 +249,11 @@ class ChatCompletionRequest(_Wire):
     stream_options: StreamOptions | None = None
     temperature: float | None = Field(None, ge=0, le=2)
     top_p: float | None = Field(None, ge=0, le=1)
-    n: int | None = Field(None, ge=1, le=128)
-    max_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS_LIMIT)
-    max_completion_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS_LIMIT)
-    stop: str | list[str] | None = None
-    seed: int | None = Field(None, ge=-INT64, lt=INT64)
+    n: Choices | None = None
+    max_tokens: TokenCount | None = None
+    max_completion_tokens: TokenCount | None = None
+    stop: StopSequence | Annotated[list[StopSequence], Field(max_length=4)] | None = None
+    seed: Seed | None = None
     user: str | None = Field(None, max_length=512)
     safety_identifier: str | None = Field(None, max_length=512)
     prompt_cache_key: str | None = Field(None, max_length=512)
@@ -238,24 +272,15 @@ class ChatCompletionRequest(_Wire):
     prediction: Prediction | None = None
     presence_penalty: float | None = Field(None, ge=-2, le=2)
     frequency_penalty: float | None = Field(None, ge=-2, le=2)
-    logit_bias: dict[str, int] | None = None
+    logit_bias: dict[str, Int] | None = None
     logprobs: bool | None = None
-    top_logprobs: int | None = Field(None, ge=0, le=20)
+    top_logprobs: TopLogprobs | None = None
     # Sampling extensions that vLLM, SGLang and the bundled engine accept; forwarded only to
     # models that list them under ``extra_params`` in config.yaml.
-    top_k: int | None = Field(None, ge=0, le=100_000)
+    top_k: TopK | None = None
     min_p: float | None = Field(None, ge=0, le=1)
     repetition_penalty: float | None = Field(None, gt=0, le=10)
     tiergate: TiergateOptions | None = None
-
-    @field_validator("stop")
-    @classmethod
-    def _stop_limit(cls, value: str | list[str] | None) -> str | list[str] | None:
-        if isinstance(value, list) and len(value) > 4:
-            raise ValueError("at most 4 stop sequences")
-        if any(len(s) > 512 for s in ([value] if isinstance(value, str) else value or [])):
-            raise ValueError("a stop sequence is at most 512 characters")
-        return value
 
     @field_validator("metadata")
     @classmethod
@@ -300,11 +325,14 @@ def _data_path(data: Any, loc: tuple[int | str, ...]) -> tuple[int | str, ...]:
     node: Any = data
     parts = list(loc)
     for i, part in enumerate(parts):
-        if isinstance(part, str) and ("[" in part or part in _TYPE_WORDS or part[:1].isupper()):
-            continue  # a union member pydantic tried: list[...], str, literal[...], a model name
-        if (isinstance(node, dict) and isinstance(part, str) and node.get("type") == part
-                and i + 1 < len(parts) and (parts[i + 1] in node or parts[i + 1] == part)):
-            continue  # the discriminator tag of a tagged union member
+        is_key = isinstance(node, dict) and part in node
+        if isinstance(part, str) and not is_key and ("[" in part or part in _TYPE_WORDS or part in _MODEL_NAMES
+                                                     or part.startswith("constrained-")):
+            continue  # a union member pydantic tried: list[...], str, literal[...], a model's name
+        if isinstance(node, dict) and isinstance(part, str) and i + 1 < len(parts) and (
+                node.get("role") == part  # the message role a tagged union tried
+                or (node.get("type") == part and (parts[i + 1] in node or parts[i + 1] == part))):
+            continue  # the discriminator tag of a tagged union member (roles, content part types)
         out.append(part)
         if isinstance(node, dict) and isinstance(part, str):
             node = node.get(part)
@@ -313,6 +341,9 @@ def _data_path(data: Any, loc: tuple[int | str, ...]) -> tuple[int | str, ...]:
         else:
             node = None
     return tuple(out)
+
+
+_MODEL_NAMES = frozenset(cls.__name__ for cls in _Wire.__subclasses__())
 
 
 def param_name(path: tuple[int | str, ...]) -> str | None:
@@ -326,8 +357,16 @@ def param_name(path: tuple[int | str, ...]) -> str | None:
 def _errors(data: Any, err: ValidationError) -> list[tuple[tuple[int | str, ...], Any]]:
     """(path in the client's JSON, error), the most telling first: unknown fields (outermost
     first), then the deepest other error (the union member that matched the value's shape)."""
-    found = [(_data_path(data, tuple(e["loc"])), e) for e in err.errors()]
-    return sorted(found, key=lambda pe: (0, len(pe[0])) if pe[1]["type"] == "extra_forbidden" else (1, -len(pe[0])))
+    found = [(_with_tag(_data_path(data, tuple(e["loc"])), e), e) for e in err.errors()]
+    return sorted(found, key=lambda pe: (0, len(pe[0]), 0) if pe[1]["type"] == "extra_forbidden"
+                  else (1, -len(pe[0]), pe[1]["type"].endswith("_type")))  # a wrong-type branch last
+
+
+def _with_tag(path: tuple[int | str, ...], error: Any) -> tuple[int | str, ...]:
+    """A union member that could not be chosen (``"role": "robot"``) is the tag field's fault."""
+    if error["type"] in ("union_tag_invalid", "union_tag_not_found"):
+        return (*path, str((error.get("ctx") or {}).get("discriminator", "")).strip("'"))
+    return path
 
 
 def _drop_unknown(data: Any, errors: list[tuple[tuple[int | str, ...], Any]]) -> bool:

@@ -71,7 +71,7 @@ async def test_holds_price_every_choice(tmp_path: Path, upstream: ScriptedUpstre
 
 
 @pytest.mark.parametrize(("field", "value"), [("temperature", "0.5"), ("n", "2"), ("stream", "yes"),
-                                              ("max_tokens", 10.0), ("top_p", True), ("logprobs", 1),
+                                              ("max_tokens", 10.5), ("n", 2.5), ("top_p", True), ("logprobs", 1),
                                               ("seed", "7"), ("stop", 5)])
 async def test_scalars_are_strict(tmp_path: Path, upstream: ScriptedUpstream, field: str, value: object) -> None:
     async with gateway(tmp_path, upstream) as gw:
