@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from engine.engine import LLMEngine
-from engine.sampling import SamplingParams
+from engine.sampling_params import SamplingParams
 
 Log = Callable[[str], None]
 

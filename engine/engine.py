@@ -24,7 +24,8 @@ import torch
 from engine.blocks import BlockAllocator
 from engine.detokenizer import IncrementalDetokenizer
 from engine.runner import ModelRunner
-from engine.sampling import SamplingParams, TokenLogprob, make_generator, sample
+from engine.sampling import make_generator, sample
+from engine.sampling_params import SamplingParams, TokenLogprob
 from engine.scheduler import Scheduler
 from engine.sequence import Sequence
 
