@@ -206,6 +206,7 @@ def run_random_moe_bench(sizes: BenchSizes, log: Log, repeats: int = 3) -> None:
     log(f"random MoE: {total / 1e6:.1f}M parameters, {active / 1e6:.1f}M active per token "
         f"({sizes.experts} experts, top-{sizes.top_k}, {sizes.layers} layers, hidden {sizes.hidden})")
     engine = _bench_engine(model, config, sizes)
+    log(f"engine: {engine.runner.backend.describe()}")
     prompt = _prompts(1, sizes.prompt_tokens, sizes.vocab, 0)[0]
     n = sizes.decode_tokens
     engine_tokens_per_s(engine, [prompt], 4)  # warm-up

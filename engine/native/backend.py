@@ -117,7 +117,9 @@ def _ffn(weights: PackedWeights, mlp: SparseMoeBlock | DenseMLP) -> DenseFFN | M
 class NativeLayer:
     """One decoder layer run op by op on the kernels (see the module docstring)."""
 
-    def __init__(self, layer: DecoderLayer, weights: PackedWeights) -> None:
+    def __init__(self, layer: torch.nn.Module, weights: PackedWeights) -> None:
+        if not isinstance(layer, DecoderLayer):
+            raise TypeError(f"the native backend runs DecoderLayers, not {type(layer).__name__}")
         self.layer = layer
         self.attn = layer.self_attn
         self.qkv = _projection(weights, self.attn.qkv_proj)
@@ -154,7 +156,7 @@ class NativeBackend:
     def __init__(self, model: CausalLM, weights: PackedWeights) -> None:
         self.model = model
         self.weights = weights
-        self.layers = [NativeLayer(layer, weights) for layer in model.model.layers if isinstance(layer, DecoderLayer)]
+        self.layers = [NativeLayer(layer, weights) for layer in model.model.layers]
         self.lm_head = _projection(weights, model.lm_head)
         self.one_call_gaps = [one_call.one_call_gap(layer.layer, weights) for layer in self.layers]
         self._one_call: tuple[tuple[int, ...], ops.DecodeLayers | None] | None = None
