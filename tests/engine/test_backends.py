@@ -183,3 +183,22 @@ def test_load_model_returns_the_plain_model(tmp_path: Path) -> None:
     for (name, a), (_, b) in zip(model.named_parameters(), plain.named_parameters(), strict=True):
         assert a.requires_grad and a.stride() == b.stride() and torch.equal(a, b), name
     assert not any(m._forward_pre_hooks for m in model.modules())
+
+
+def test_an_engine_on_the_torch_backend_gives_the_native_engines_tokens(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the kernels are not built the runner serves the plain model: same greedy tokens, batched."""
+    from engine.engine import LLMEngine
+    from engine.sampling_params import SamplingParams
+
+    build_hf_model("mixtral", seed=9).save_pretrained(tmp_path)
+    prompts = [[5, 9, 2, 7], [11, 3, 8, 8, 1, 4, 6], [2]]
+    greedy = SamplingParams(temperature=0, max_tokens=6)
+    model, config = load_model(tmp_path)
+    fast = LLMEngine(model, config, eos_token_ids=(), block_size=4, num_blocks=32)
+    assert isinstance(fast.runner.backend, NativeBackend)
+    monkeypatch.setattr(ops, "available", lambda: False)
+    plain = LLMEngine(model, config, eos_token_ids=(), block_size=4, num_blocks=32)
+    assert isinstance(plain.runner.backend, TorchBackend)
+    assert [o.output_token_ids for o in plain.generate(prompts, greedy)] == \
+        [o.output_token_ids for o in fast.generate(prompts, greedy)]
