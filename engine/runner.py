@@ -11,8 +11,8 @@ backend (`engine.native`, packed weights and C kernels) for a fp32 `CausalLM` on
 where the kernels are built, otherwise `TorchBackend`, the plain model run as it is. This
 is the only module that imports `engine.native`.
 
-Imports torch, the engine's model and attention contract and engine.native; must not
-import the scheduler's policy, the sampler, or anything web/db.
+Imports torch, the attention contract, the scheduler's `ScheduledSequence` and
+engine.native; must not import the scheduler's policy, the sampler, or anything web/db.
 """
 
 from __future__ import annotations
