@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from engine.config import ModelConfig
     from engine.engine import EngineError, InvalidExperts, LLMEngine, PromptTooLong, RequestOutput
     from engine.model import CausalLM, load_model
-    from engine.sampling import SamplingParams, TokenLogprob
+    from engine.sampling_params import SamplingParams, TokenLogprob
     from engine.tokenizer import Tokenizer
 
 _EXPORTS = {
@@ -26,8 +26,8 @@ _EXPORTS = {
     "LLMEngine": "engine.engine",
     "PromptTooLong": "engine.engine",
     "RequestOutput": "engine.engine",
-    "SamplingParams": "engine.sampling",
-    "TokenLogprob": "engine.sampling",
+    "SamplingParams": "engine.sampling_params",
+    "TokenLogprob": "engine.sampling_params",
     "CausalLM": "engine.model",
     "load_model": "engine.model",
     "ModelConfig": "engine.config",

@@ -21,7 +21,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 from engine.engine import LLMEngine, RequestOutput
-from engine.sampling import SamplingParams
+from engine.sampling_params import SamplingParams
 
 log = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@ Decode-only batches (one new token per sequence) run as one batched `scaled_dot_
 blocks are gathered per sequence and the query heads that share a KV head are laid out as that head's queries,
 so GQA needs no K/V expansion. Batches with a prefill loop over sequences (prefill is compute-bound).
 
-Must not import the model, the scheduler, or anything outside torch and engine.native (its decode kernel).
+Pure torch: must not import the model, the scheduler, engine.native, or anything outside torch.
 """
 
 from __future__ import annotations
@@ -19,8 +19,6 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
-
-from engine import native
 
 
 @dataclass
@@ -154,9 +152,6 @@ def _decode(
     scale: float,
     window: int | None,
 ) -> torch.Tensor:
-    if not (torch.is_grad_enabled() and q.requires_grad) and native.paged_decode_ok(q, k_cache, v_cache) \
-            and native.available():
-        return native.paged_decode(q, k_cache, v_cache, plan.ctx.block_tables, plan.ctx.context_lens, scale, window)
     assert plan.gather_blocks is not None
     batch, n_q, head_dim = q.shape
     n_kv = k_cache.shape[2]

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from engine.engine import LLMEngine
-from engine.sampling import SamplingParams
+from engine.sampling_params import SamplingParams
 
 Log = Callable[[str], None]
 
@@ -97,28 +97,7 @@ def _bench_engine(model: Any, config: Any, sizes: BenchSizes) -> LLMEngine:
     most = max(sizes.streams)
     return LLMEngine(model, config, eos_token_ids=(), max_model_len=sizes.prompt_tokens + sizes.decode_tokens + 8,
                      max_num_seqs=most, max_num_batched_tokens=max(512, most * sizes.prompt_tokens),
-                     enable_prefix_caching=False)
-
-
-def measure_memory_bandwidth(gib: float = 1.0, repeats: int = 5) -> float:
-    """Best-of-``repeats`` read bandwidth (bytes/s) of summing a ``gib`` GiB fp32 tensor, by the faster
-    of torch's reduction and the native streaming sum (when built), at the current thread count, over
-    memory backed by huge pages where the packed weights are too."""
-    from engine import native
-
-    numel = int(gib * (1 << 30)) // 4
-    x = native.empty_huge(numel) if native.available() else torch.empty(numel)  # huge pages, as the weights get
-    x.fill_(1.0)  # touch every page first
-    readers: list[Callable[[], object]] = [x.sum]
-    if native.available():
-        readers.append(partial(native.stream_sum, x))
-    best = float("inf")
-    for _ in range(repeats):
-        for read in readers:
-            t = time.perf_counter()
-            read()
-            best = min(best, time.perf_counter() - t)
-    return x.numel() * 4 / best
+                     enable_prefix_caching=False, release_weights=True)
 
 
 def decode_weight_bytes(config: Any, k: int, dtype: torch.dtype = torch.float32) -> int:
@@ -227,6 +206,7 @@ def run_random_moe_bench(sizes: BenchSizes, log: Log, repeats: int = 3) -> None:
     log(f"random MoE: {total / 1e6:.1f}M parameters, {active / 1e6:.1f}M active per token "
         f"({sizes.experts} experts, top-{sizes.top_k}, {sizes.layers} layers, hidden {sizes.hidden})")
     engine = _bench_engine(model, config, sizes)
+    log(f"engine: {engine.runner.backend.describe()}")
     prompt = _prompts(1, sizes.prompt_tokens, sizes.vocab, 0)[0]
     n = sizes.decode_tokens
     engine_tokens_per_s(engine, [prompt], 4)  # warm-up
@@ -237,7 +217,7 @@ def run_random_moe_bench(sizes: BenchSizes, log: Log, repeats: int = 3) -> None:
     log(f"(a) batch-1 generation ({sizes.prompt_tokens}-token prompt, {n} new tokens): engine {ours:.1f} tok/s, HF transformers generate {theirs:.1f} tok/s "
         f"-> ratio {ours / theirs:.2f}x (target >= 2x: {_verdict(ours / theirs, 2.0)})")
 
-    bandwidth = measure_memory_bandwidth()
+    bandwidth = engine.runner.backend.memory_bandwidth()
     step_bytes = decode_weight_bytes(config, sizes.top_k)
     steps = max(engine_decode_tokens_per_s(engine, [prompt], n) for _ in range(repeats))
     achieved = step_bytes * steps
@@ -286,9 +266,9 @@ def _hf_on_demo(engine: LLMEngine, demo_dir: Path, prompt: list[int], n: int, lo
     pair = best_interleaved({"ours": lambda: engine_tokens_per_s(engine, [prompt], n),
                              "hf": lambda: hf_tokens_per_s(hf, prompt, n)}, repeats)
     ours, theirs = pair["ours"], pair["hf"]
-    lm_head: Any = engine.runner.model.lm_head
-    packed = getattr(lm_head.weight, "_tg_packed", None)
-    streamed = "bf16 panels, exact: the checkpoint is bf16" if packed is not None and packed.bf16 else "fp32"
+    streamed = engine.runner.backend.weight_format
+    if streamed == "bf16 panels":
+        streamed += ", exact: the checkpoint is bf16"
     log(f"(a) demo model batch-1 decode, fp32 compute (weights streamed as {streamed}): engine {ours:.1f} tok/s, "
         f"HF transformers generate (fp32) {theirs:.1f} tok/s "
         f"-> ratio {ours / theirs:.2f}x (target >= 2x: {_verdict(ours / theirs, 2.0)})")

@@ -24,7 +24,8 @@ import torch
 from engine.blocks import BlockAllocator
 from engine.detokenizer import IncrementalDetokenizer
 from engine.runner import ModelRunner
-from engine.sampling import SamplingParams, TokenLogprob, make_generator, sample
+from engine.sampling import make_generator, sample
+from engine.sampling_params import SamplingParams, TokenLogprob
 from engine.scheduler import Scheduler
 from engine.sequence import Sequence
 
@@ -75,12 +76,15 @@ class LLMEngine:
                  block_size: int = 16, num_blocks: int | None = None,
                  kv_cache_bytes: int = DEFAULT_KV_CACHE_BYTES, max_model_len: int | None = None,
                  max_num_seqs: int = 32, max_num_batched_tokens: int = 512,
-                 enable_prefix_caching: bool = True) -> None:
+                 enable_prefix_caching: bool = True, release_weights: bool = False) -> None:
         """``model``/``config``: a `CausalLM` and its `ModelConfig`. The KV cache gets ``num_blocks``
         blocks of ``block_size`` tokens (default: as many as ``kv_cache_bytes`` holds, at least one
         full context, at most ``max_num_seqs`` full contexts). ``max_model_len`` caps prompt +
         output (default and ceiling: the model's ``max_position_embeddings``). Each step computes
-        at most ``max_num_batched_tokens`` tokens for at most ``max_num_seqs`` sequences."""
+        at most ``max_num_batched_tokens`` tokens for at most ``max_num_seqs`` sequences.
+        ``release_weights``: the runner's fast backend keeps the only copy of the model's large
+        matrices (held once, not twice); ``model`` can then no longer run on its own. `from_dir`
+        sets it, since nothing else holds the model it loads."""
         self.config = config
         self.tokenizer = tokenizer
         self.num_experts = int(getattr(config, "num_experts", 0) or 0)
@@ -100,7 +104,8 @@ class LLMEngine:
         self.allocator = BlockAllocator(num_blocks, block_size, enable_prefix_caching=enable_prefix_caching)
         self.scheduler = Scheduler(self.allocator, max_num_seqs=max_num_seqs,
                                    max_num_batched_tokens=max_num_batched_tokens)
-        self.runner = ModelRunner(model, num_blocks=num_blocks, block_size=block_size, dtype=dtype)
+        self.runner = ModelRunner(model, num_blocks=num_blocks, block_size=block_size, dtype=dtype,
+                                  release_weights=release_weights)
         self._decode: Callable[[list[int]], str] | None = (
             (lambda ids: tokenizer.decode(ids)) if tokenizer is not None else None)
         self._seqs: dict[str, Sequence] = {}
@@ -118,6 +123,7 @@ class LLMEngine:
             torch.set_num_threads(num_threads)
         model, config = load_model(model_dir, dtype=dtype)
         tokenizer = Tokenizer.from_dir(model_dir)
+        kwargs.setdefault("release_weights", True)  # the engine is the model's only holder
         return cls(model, config, tokenizer=tokenizer, dtype=dtype, **kwargs)
 
     # -- requests -----------------------------------------------------------------------------

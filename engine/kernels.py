@@ -10,13 +10,10 @@ float rounding (tests/engine/test_kernels.py checks 1e-5 relative and HF parity)
 The oneDNN path has no autograd formula, so it is used only when no gradient is wanted (inference mode or
 `torch.no_grad`); the training path always gets `F.linear`. Set `TIERGATE_ENGINE_ONEDNN=0` to turn it off.
 
-Weights the model has packed for the native kernels (`engine.native`, attached by
-`CausalLM.use_decode_layout` as a ``_tg_packed`` attribute) always go to those kernels outside
-autograd: they stream decode-sized batches at near the memory bandwidth and tile prefill batches
-faster than the GEMM libraries here (`tiergate bench engine`). A packed weight whose row-major
-storage was released (``_tg_released``) cannot serve anything else, and says so.
+This is the plain-torch model's matmul; the native fast backend (`engine.native`) runs its own packed
+products and never comes through here.
 
-Must not import the model, the scheduler, or anything outside torch and engine.native.
+Must not import the model, the scheduler, engine.native, or anything outside torch.
 """
 
 from __future__ import annotations
@@ -25,8 +22,6 @@ import os
 
 import torch
 import torch.nn.functional as F
-
-from engine import native
 
 # Below these sizes MKL wins: a GEMV reads the weights as fast on either library, and oneDNN's per-call
 # overhead dominates a router-sized product.
@@ -59,26 +54,7 @@ def use_onednn(x: torch.Tensor, weight: torch.Tensor) -> bool:
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """`F.linear(x, weight, bias)`: x [..., K], weight [N, K] (any strides) -> [..., N]."""
-    packed = getattr(weight, "_tg_packed", None)
-    if packed is not None:
-        rows = x.reshape(-1, x.shape[-1])
-        if not wants_grad(x, weight, bias) and native.linear_ok(rows, packed, bias):
-            return native.linear(rows, packed, bias).view(*x.shape[:-1], packed.n)
-        require_unpacked(weight)
     if use_onednn(x, weight):
         return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
     return F.linear(x, weight, bias)
 
-
-def require_unpacked(weight: torch.Tensor) -> None:
-    """Raise if ``weight`` only exists in the native packed layout (its row-major storage was released)."""
-    if getattr(weight, "_tg_released", False):
-        raise RuntimeError(
-            "this weight was repacked for inference and its original storage released; it serves fp32 CPU "
-            "inference only (load with `load_model(..., decode_layout=False)` to train or to use other dtypes)")
-
-
-def wants_grad(*tensors: torch.Tensor | None) -> bool:
-    """Whether autograd must see an op on ``tensors``: the native kernels build no graph, so they only run
-    when this is False (inference or no-grad mode, or nothing involved requires a gradient)."""
-    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)

@@ -5,11 +5,14 @@ to one (Mixtral always — identical to a softmax over the top-k logits; Qwen2/3
 `norm_topk_prob`). A per-token expert count takes the top `k_max` and masks the extra slots per token before
 renormalising, so each token is renormalised over exactly the k it keeps.
 
-`grouped_moe` sorts (token, expert) assignments by expert and runs each selected expert once over all its
-tokens, reading that expert's weights once per forward. `reference_moe` is the plain per-expert loop with
-its own routing, kept as the test oracle for the fast path.
+`SparseMoeBlock` receives its router (`gate`) and its experts (mistral-inference style): it routes, then
+hands the (token, expert, weight) choices to the experts. `StackedExperts` runs them with `grouped_moe`,
+which sorts (token, expert) assignments by expert and runs each selected expert once over all its tokens,
+reading that expert's weights once per forward. `reference_moe` is the plain per-expert loop with its own
+routing, kept as the test oracle for `grouped_moe` and for the native backend's fused MoE kernel.
 
-Must not import the model, attention, or anything outside torch, engine.kernels and engine.native.
+Pure torch (the training path and the oracle): must not import the model, attention, engine.native, or
+anything outside torch and engine.kernels.
 """
 
 from __future__ import annotations
@@ -20,8 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine import native
-from engine.kernels import linear, require_unpacked, wants_grad
+from engine.kernels import linear
 
 
 @dataclass(frozen=True)
@@ -182,45 +184,67 @@ class StackedExperts(nn.Module):
         self.gate_up_proj = nn.Parameter(torch.empty(num_experts, 2 * intermediate_size, hidden_size))
         self.down_proj = nn.Parameter(torch.empty(num_experts, hidden_size, intermediate_size))
 
+    @property
+    def num_experts(self) -> int:
+        return self.gate_up_proj.shape[0]
+
+    @property
+    def intermediate_size(self) -> int:
+        return self.down_proj.shape[-1]
+
+    def forward(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
+                per_token: torch.Tensor | None = None) -> torch.Tensor:
+        """x [N, H]; weights / ids [N, K] from `route` -> sum of each token's weighted experts [N, H]."""
+        return grouped_moe(x, self.gate_up_proj, self.down_proj, weights, ids, per_token)
+
 
 class SparseMoeBlock(nn.Module):
-    """Router + stacked experts (+ an optional sigmoid-gated shared expert, Qwen2-MoE)."""
+    """A router (``gate``: hidden -> one logit per expert) and the experts it routes to, plus an optional
+    sigmoid-gated shared expert (Qwen2-MoE). Both are passed in; `build_sparse_moe` makes the usual ones."""
 
     def __init__(
         self,
-        hidden_size: int,
-        num_experts: int,
+        gate: nn.Linear,
+        experts: StackedExperts,
         top_k: int,
-        intermediate_size: int,
         normalize_topk: bool,
-        shared_expert_intermediate_size: int = 0,
+        shared_expert: DenseMLP | None = None,
+        shared_expert_gate: nn.Linear | None = None,
     ) -> None:
         super().__init__()
-        self.num_experts = num_experts
+        if (shared_expert is None) != (shared_expert_gate is None):
+            raise ValueError("a shared expert comes with its gate")
+        self.gate = gate
+        self.experts = experts
+        self.num_experts = experts.num_experts
         self.top_k = top_k
         self.normalize_topk = normalize_topk
-        self.gate = nn.Linear(hidden_size, num_experts, bias=False)
-        self.experts = StackedExperts(num_experts, hidden_size, intermediate_size)
-        self.shared_expert: DenseMLP | None = None
-        self.shared_expert_gate: nn.Linear | None = None
-        if shared_expert_intermediate_size:
-            self.shared_expert = DenseMLP(hidden_size, shared_expert_intermediate_size)
-            self.shared_expert_gate = nn.Linear(hidden_size, 1, bias=False)
+        self.shared_expert = shared_expert
+        self.shared_expert_gate = shared_expert_gate
 
     def forward(self, x: torch.Tensor, experts_per_token: ExpertCount | None = None) -> torch.Tensor:
         """x [N, H] -> [N, H]."""
         count = experts_per_token or ExpertCount(self.top_k)
-        gate_up = getattr(self.experts.gate_up_proj, "_tg_packed", None)
-        down = getattr(self.experts.down_proj, "_tg_packed", None)
-        if (gate_up is not None and down is not None
-                and not wants_grad(x, self.gate.weight, self.experts.gate_up_proj, self.experts.down_proj)
-                and native.moe_ok(x, self.gate.weight)):
-            out = native.moe(x, self.gate.weight, gate_up, down, count.k_max, count.per_token, self.normalize_topk)
-        else:
-            require_unpacked(self.experts.gate_up_proj)
-            require_unpacked(self.experts.down_proj)
-            weights, ids = route(self.gate(x), count, self.normalize_topk, x.dtype)
-            out = grouped_moe(x, self.experts.gate_up_proj, self.experts.down_proj, weights, ids, count.per_token)
+        weights, ids = route(self.gate(x), count, self.normalize_topk, x.dtype)
+        out = self.experts(x, weights, ids, count.per_token)
         if self.shared_expert is not None and self.shared_expert_gate is not None:
             out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
         return out
+
+
+def build_sparse_moe(
+    hidden_size: int,
+    num_experts: int,
+    top_k: int,
+    intermediate_size: int,
+    normalize_topk: bool,
+    shared_expert_intermediate_size: int = 0,
+) -> SparseMoeBlock:
+    """A `SparseMoeBlock` with a bias-free linear router, stacked experts and, when sized, a shared expert."""
+    gate = nn.Linear(hidden_size, num_experts, bias=False)  # built in this order: seeded inits stay as they were
+    experts = StackedExperts(num_experts, hidden_size, intermediate_size)
+    shared = shared_gate = None
+    if shared_expert_intermediate_size:
+        shared = DenseMLP(hidden_size, shared_expert_intermediate_size)
+        shared_gate = nn.Linear(hidden_size, 1, bias=False)
+    return SparseMoeBlock(gate, experts, top_k, normalize_topk, shared, shared_gate)

@@ -1,25 +1,128 @@
 """The model runner: the only place that builds tensors for a step, owns the KV cache and
-calls the model.
+picks the backend that runs the model.
 
 It turns the scheduler's decision (which sequences, how many new tokens each) into one
 flattened batch: token ids and positions ``[T]``, an `AttentionContext` (query start
 offsets, context lengths, cache slots, block tables) and the per-token expert count, and
 returns the logits of the last token of each sequence that samples this step.
 
-Imports torch and the engine's attention contract; must not import the scheduler's
-policy, the sampler, or anything web/db.
+The backend (`DecodeBackend`) is chosen once, when the runner is built: the native fast
+backend (`engine.native`, packed weights and C kernels) for a fp32 `CausalLM` on the CPU
+where the kernels are built, otherwise `TorchBackend`, the plain model run as it is. This
+is the only module that imports `engine.native`.
+
+Imports torch, the attention contract, the scheduler's `ScheduledSequence` and
+engine.native; must not import the scheduler's policy, the sampler, or anything web/db.
 """
 
 from __future__ import annotations
 
 import inspect
+import time
 from collections.abc import Sequence as Seq
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
+from engine import native
 from engine.attention import AttentionContext
 from engine.scheduler import ScheduledSequence
+
+KVCache = tuple[torch.Tensor, torch.Tensor]
+
+
+class DecodeBackend(Protocol):
+    """What runs the model for the runner, built once from it."""
+
+    name: str
+
+    @property
+    def weight_format(self) -> str:
+        """How the weights are read, e.g. ``"fp32"`` or ``"bf16 panels"`` (for reports)."""
+        ...
+
+    def describe(self) -> str:
+        """One line: which path each kind of step takes."""
+        ...
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: AttentionContext,
+                kv_caches: list[KVCache], experts_per_token: torch.Tensor | int | None = None,
+                last_token_indices: torch.Tensor | None = None) -> torch.Tensor:
+        """Flattened input_ids / positions [T] over the paged cache -> logits [T, vocab], or only the
+        rows ``last_token_indices``."""
+        ...
+
+    def memory_bandwidth(self, gib: float = 1.0, repeats: int = 5) -> float:
+        """The best rate (bytes/s) this backend's memory reads at here: what a weight-bound decode step is
+        measured against (`tiergate bench engine`)."""
+        ...
+
+
+class TorchBackend:
+    """The model run as it is, in plain torch: for dtypes and devices the native backend does not take,
+    and wherever its kernels are not built (``TIERGATE_ENGINE_NATIVE=0``).
+
+    On the CPU its matrices are re-laid column-major in place (same values, still trainable): batch-1
+    GEMV reads ``x @ W_t`` with a contiguous ``W_t`` faster than row-major `F.linear`. The embedding
+    table stays row-major unless the LM head is tied to it (it is looked up by row).
+    """
+
+    name = "torch"
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.model = model
+        self._takes_last_token_indices = "last_token_indices" in inspect.signature(model.forward).parameters
+        self._dtype = next(model.parameters()).dtype
+        self._relayout()
+
+    @property
+    def weight_format(self) -> str:
+        return str(self._dtype).removeprefix("torch.")
+
+    def describe(self) -> str:
+        return f"torch backend, {self.weight_format}: the plain model"
+
+    def _relayout(self) -> None:
+        model: Any = self.model
+        embed = getattr(getattr(model, "model", None), "embed_tokens", None)
+        lm_head = getattr(model, "lm_head", None)
+        untied = embed.weight if embed is not None and (lm_head is None or lm_head.weight is not embed.weight) else None
+        with torch.no_grad():
+            for p in self.model.parameters():
+                if p.device.type != "cpu" or p.stride(-1) != 1 or p is untied:
+                    continue
+                if p.dim() == 2:
+                    p.data = p.data.t().contiguous().t()
+                elif p.dim() == 3:
+                    p.data = p.data.transpose(1, 2).contiguous().transpose(1, 2)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: AttentionContext,
+                kv_caches: list[KVCache], experts_per_token: torch.Tensor | int | None = None,
+                last_token_indices: torch.Tensor | None = None) -> torch.Tensor:
+        if not self._takes_last_token_indices:
+            logits = self.model(input_ids, positions, ctx, kv_caches, experts_per_token)
+            return logits if last_token_indices is None else logits[last_token_indices]
+        return self.model(input_ids, positions, ctx, kv_caches, experts_per_token,  # type: ignore[no-any-return]
+                          last_token_indices=last_token_indices)
+
+    def memory_bandwidth(self, gib: float = 1.0, repeats: int = 5) -> float:
+        x = torch.ones(int(gib * (1 << 30)) // 4)
+        best = float("inf")
+        for _ in range(repeats):
+            start = time.perf_counter()
+            x.sum()
+            best = min(best, time.perf_counter() - start)
+        return x.numel() * 4 / best
+
+
+def pick_backend(model: torch.nn.Module, *, release_weights: bool = False) -> DecodeBackend:
+    """The native backend where it supports ``model`` (see `engine.native.supports`), else `TorchBackend`.
+
+    ``release_weights``: the native backend keeps the only copy of the packed matrices, and ``model`` can
+    no longer run on its own (see `engine.native.packing`); the torch backend ignores it."""
+    if native.supports(model):
+        return native.prepare(model, release=release_weights)
+    return TorchBackend(model)
 
 
 class ModelRunner:
@@ -28,18 +131,17 @@ class ModelRunner:
     ``model`` follows the engine's model contract: ``allocate_kv_cache(num_blocks,
     block_size, dtype)`` and ``forward(input_ids, positions, ctx, kv_caches,
     experts_per_token)`` returning logits ``[T, vocab]`` (or only the rows asked for with
-    ``last_token_indices`` where the model supports it).
+    ``last_token_indices`` where the model supports it). ``release_weights``: see `pick_backend`.
     """
 
     def __init__(self, model: torch.nn.Module, *, num_blocks: int, block_size: int,
-                 dtype: torch.dtype = torch.float32) -> None:
+                 dtype: torch.dtype = torch.float32, release_weights: bool = False) -> None:
         self.model = model
         self.block_size = block_size
         self.num_blocks = num_blocks
-        self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = model.allocate_kv_cache(  # type: ignore[operator]
+        self.kv_caches: list[KVCache] = model.allocate_kv_cache(  # type: ignore[operator]
             num_blocks, block_size, dtype)
-        params = inspect.signature(model.forward).parameters
-        self._takes_last_token_indices = "last_token_indices" in params
+        self.backend = pick_backend(model, release_weights=release_weights)
 
     @torch.inference_mode()
     def execute(self, scheduled: Seq[ScheduledSequence]) -> torch.Tensor:
@@ -78,15 +180,10 @@ class ModelRunner:
             slot_mapping=torch.tensor(slots, dtype=torch.long),
             block_tables=torch.tensor([t + [-1] * (width - len(t)) for t in tables], dtype=torch.long),
         )
-        kwargs: dict[str, Any] = {}
-        last = torch.tensor(last_rows, dtype=torch.long)
-        if self._takes_last_token_indices:
-            kwargs["last_token_indices"] = last
-        logits = self.model(torch.tensor(input_ids, dtype=torch.long), torch.tensor(positions, dtype=torch.long),
-                            ctx, self.kv_caches, self._experts_arg(scheduled, experts), **kwargs)
-        if self._takes_last_token_indices:
-            return logits
-        return logits[last]
+        return self.backend.forward(torch.tensor(input_ids, dtype=torch.long),
+                                    torch.tensor(positions, dtype=torch.long), ctx, self.kv_caches,
+                                    self._experts_arg(scheduled, experts),
+                                    torch.tensor(last_rows, dtype=torch.long))
 
     @staticmethod
     def _experts_arg(scheduled: Seq[ScheduledSequence],

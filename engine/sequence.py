@@ -12,7 +12,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.sampling import SamplingParams, TokenLogprob
+from engine.sampling_params import SamplingParams, TokenLogprob
 
 
 class SequenceStatus(enum.Enum):

@@ -133,10 +133,12 @@ def _map_name(name: str, model: CausalLM) -> tuple[str, tuple[int | slice, ...] 
 
 def hf_state_dict(model: CausalLM) -> dict[str, torch.Tensor]:
     """Our parameters under HF names (per-expert tensors, separate q/k/v and gate/up), contiguous copies."""
-    released = [name for name, p in model.named_parameters() if getattr(p, "_tg_released", False)]
+    released = [name for name, p in model.named_parameters()
+                if p.numel() > 1 and p.untyped_storage().nbytes() < p.numel() * p.element_size()]
     if released:
-        raise RuntimeError(f"{released[0]} (and {len(released) - 1} more) live only in the engine's packed inference "
-                           "layout; export from a model loaded with `load_model(..., decode_layout=False)`")
+        raise RuntimeError(f"{released[0]} (and {len(released) - 1} more) hold no values of their own: they live only "
+                           "in an inference backend's packed inference layout (an engine built with "
+                           "release_weights=True); export from a model loaded with `load_model`")
     cfg = model.config
     out: dict[str, torch.Tensor] = {}
     q_size = cfg.num_attention_heads * cfg.head_dim

@@ -1,299 +1,43 @@
-"""The engine's native fp32 decode kernels (`tg_kernels.c`), loaded with ctypes.
+"""The engine's native fast backend: fp32 CPU inference on small C kernels, built from a plain model.
 
-`available()` says whether they can be used here; the first call compiles the library if this
-machine has no cached build (see `engine.native.build`). When they cannot (no C compiler, a
-failed build, ``TIERGATE_ENGINE_NATIVE=0``), every caller keeps its plain-torch path, which
-computes the same thing; ``reason()`` says why.
+    backend = prepare(model, release=True)   # packs the weights once; see engine.native.packing
+    logits = backend.forward(input_ids, positions, ctx, kv_caches, experts_per_token, last_token_indices)
 
-The wrappers take torch tensors, check what the kernels assume (fp32, CPU, the strides they
-index with) and return new tensors. They run with ``torch.get_num_threads()`` threads on
-PyTorch's own OpenMP pool.
+Layout:
 
-Must not import the model, the scheduler, or anything outside torch and the standard library.
+- ``tg_kernels.c`` / ``build.py``: the kernels and their cached ``-march=native`` build;
+- ``ops``: the C entry points (ctypes), ``available()`` / ``reason()``;
+- ``packing``: which matrices are packed (fp32 or bf16 panels) and the release of the model's copies;
+- ``layers``: which layer kinds the one-call decode kernel covers, and its layer specs;
+- ``backend``: ``supports``, ``prepare`` and ``NativeBackend`` (one-call decode, per-op layers otherwise).
+
+Only the model runner (`engine.runner`) imports this package (an import-linter contract says so); the
+model modules are pure torch and know nothing of it. Names are resolved lazily, so that
+``python -m engine.native.build`` needs nothing but the standard library.
 """
 
 from __future__ import annotations
 
-import ctypes
-import logging
-import os
-import threading
+import importlib
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:
+    from engine.native.backend import NativeBackend, prepare, supports
+    from engine.native.ops import available, reason
 
-from engine.native import build as _build
+_EXPORTS = {
+    "NativeBackend": "engine.native.backend",
+    "prepare": "engine.native.backend",
+    "supports": "engine.native.backend",
+    "available": "engine.native.ops",
+    "reason": "engine.native.ops",
+}
 
-log = logging.getLogger(__name__)
-
-ABI_VERSION = 9
-PANEL = 64  # outputs per packed panel (tg_kernels.c)
-_lock = threading.Lock()
-_lib: ctypes.CDLL | None = None
-_state: str | None = None  # None: not tried yet; "" loaded; else why not
-
-_p = ctypes.c_void_p
-_i64 = ctypes.c_int64
-_int = ctypes.c_int
-_f32 = ctypes.c_float
+__all__ = ["NativeBackend", "available", "prepare", "reason", "supports"]
 
 
-class LayerSpec(ctypes.Structure):
-    """One decoder layer for `decode_layers` (mirrors ``tg_layer`` in tg_kernels.c): raw pointers into the
-    model's packed weights, norms and KV cache; NULL where a layer has no such part."""
-
-    _fields_ = [
-        ("input_norm", _p), ("post_norm", _p), ("eps", _f32), ("bf16", _int),
-        ("qkv", _p), ("qkv_bias", _p), ("o", _p), ("o_bias", _p),
-        ("n_q", _i64), ("n_kv", _i64), ("head_dim", _i64), ("window", _i64), ("scale", _f32),
-        ("router", _p), ("gate_up", _p), ("down", _p), ("num_experts", _i64), ("moe_intermediate", _i64),
-        ("normalize", _int),
-        ("mlp_gate_up", _p), ("mlp_gate_up_bias", _p), ("mlp_down", _p), ("mlp_down_bias", _p),
-        ("mlp_intermediate", _i64),
-        ("k_cache", _p), ("v_cache", _p),
-    ]
-
-
-def _load() -> None:
-    global _lib, _state
-    if os.environ.get("TIERGATE_ENGINE_NATIVE", "1") == "0":
-        _state = "turned off by TIERGATE_ENGINE_NATIVE=0"
-        return
-    try:
-        path = _build.build()
-        lib = ctypes.CDLL(str(path))
-    except (_build.BuildError, OSError) as exc:
-        _state = f"native kernels unavailable: {exc}"
-        log.warning("%s; the engine uses its plain-torch kernels", _state)
-        return
-    if lib.tg_abi_version() != ABI_VERSION:
-        _state = f"native library {path} has ABI {lib.tg_abi_version()}, expected {ABI_VERSION}"
-        log.warning("%s; the engine uses its plain-torch kernels", _state)
-        return
-    lib.tg_pack.argtypes = [_p, _i64, _i64, _i64, _p]
-    lib.tg_pack.restype = None
-    lib.tg_pack_bf16.argtypes = [_p, _i64, _i64, _i64, _p]
-    lib.tg_pack_bf16.restype = None
-    lib.tg_linear.argtypes = [_p, _i64, _i64, _i64, _p, _int, _i64, _p, _p, _i64, _int]
-    lib.tg_linear.restype = None
-    lib.tg_moe.argtypes = [_p, _i64, _i64, _p, _i64, _p, _p, _int, _i64, _int, _p, _int, _p, _int]
-    lib.tg_moe.restype = _int
-    lib.tg_paged_decode.argtypes = [_p, _p, _p, _p, _i64, _p, _i64, _i64, _i64, _i64, _i64, _f32, _i64, _p, _int]
-    lib.tg_paged_decode.restype = _int
-    lib.tg_add_rmsnorm.argtypes = [_p, _p, _p, _i64, _i64, _f32, _p]
-    lib.tg_add_rmsnorm.restype = None
-    lib.tg_rope_write_kv.argtypes = [_p, _i64, _i64, _i64, _i64, _p, _p, _p, _p, _p, _p]
-    lib.tg_rope_write_kv.restype = None
-    lib.tg_advise_huge.argtypes = [_p, _i64]
-    lib.tg_advise_huge.restype = _int
-    lib.tg_stream_sum.argtypes = [_p, _i64, _int]
-    lib.tg_stream_sum.restype = ctypes.c_double
-    lib.tg_layer_size.restype = _int
-    if lib.tg_layer_size() != ctypes.sizeof(LayerSpec):
-        _state = f"native library {path} lays out tg_layer in {lib.tg_layer_size()} bytes, ctypes in {ctypes.sizeof(LayerSpec)}"
-        log.warning("%s; the engine uses its plain-torch kernels", _state)
-        return
-    lib.tg_decode_layers.argtypes = [_p, _int, _p, _i64, _i64, _p, _p, _p, _p, _i64, _p, _i64, _int, _p, _p, _f32, _p,
-                                     _int]
-    lib.tg_decode_layers.restype = _int
-    _lib, _state = lib, ""
-
-
-def available() -> bool:
-    """True when the native kernels are loaded (building them on first use)."""
-    if _state is None:
-        with _lock:
-            if _state is None:
-                _load()
-    return _lib is not None
-
-
-def reason() -> str:
-    """Why the native kernels are not in use ('' when they are)."""
-    available()
-    return _state or ""
-
-
-def _ptr(t: torch.Tensor | None) -> int | None:
-    return None if t is None else t.data_ptr()
-
-
-class Packed:
-    """A weight matrix W[N, K] (or a stack of E of them) in the kernels' panel layout, fp32 or bf16 elements."""
-
-    __slots__ = ("bf16", "data", "k", "n")
-
-    def __init__(self, data: torch.Tensor, n: int, k: int, bf16: bool = False) -> None:
-        self.data, self.n, self.k, self.bf16 = data, n, k, bf16
-
-
-_HUGE = 2 << 20
-
-
-def empty_huge(numel: int) -> torch.Tensor:
-    """An uninitialised fp32 tensor of ``numel`` elements whose pages the kernel is asked to back with
-    transparent huge pages (before anything touches them). Decode streams the weights every step, and
-    with 4 KiB pages the TLB misses cost about a third of the bandwidth here."""
-    assert _lib is not None
-    if numel * 4 < 4 * _HUGE:
-        return torch.empty(numel, dtype=torch.float32)
-    base = torch.empty(numel + _HUGE // 4, dtype=torch.float32)
-    skip = (-base.data_ptr() % _HUGE) // 4
-    out = base[skip:skip + numel]  # 2 MiB-aligned start; `base` lives on as the view's storage
-    _lib.tg_advise_huge(out.data_ptr(), numel * 4)
-    return out
-
-
-def pack(weight: torch.Tensor, bf16: bool = False) -> Packed:
-    """Repack W[N, K] (or [E, N, K]) into 64-output panels (bf16 elements, rounded to nearest even, with
-    ``bf16``: half the bytes to stream, exact for a bf16 checkpoint); the source is left as it is."""
-    assert _lib is not None
-    if weight.dtype != torch.float32 or weight.device.type != "cpu" or weight.dim() not in (2, 3):
-        raise ValueError("pack takes an fp32 CPU matrix [N, K] or stack [E, N, K]")
-    stack = weight if weight.dim() == 3 else weight[None]
-    e, n, k = stack.shape
-    panels = -(-n // PANEL)
-    per = panels * k * PANEL
-    words = -(-per // 2) if bf16 else per  # bf16 panels stored two to an fp32 word
-    data = empty_huge(e * words).view(e, words)
-    for i in range(e):
-        w = stack[i] if stack[i].stride(-1) == 1 else stack[i].contiguous()
-        (_lib.tg_pack_bf16 if bf16 else _lib.tg_pack)(w.data_ptr(), n, k, w.stride(0), data[i].data_ptr())
-    return Packed(data if weight.dim() == 3 else data[0], n, k, bf16)
-
-
-def linear_ok(x: torch.Tensor, packed: Packed, bias: torch.Tensor | None) -> bool:
-    """Whether `linear` takes these operands: fp32 CPU rows x [M, K] with unit stride."""
-    return (
-        x.dim() == 2
-        and x.dtype == torch.float32
-        and x.device.type == "cpu"
-        and x.stride(-1) == 1
-        and x.shape[1] == packed.k
-        and packed.data.dim() == 1
-        and (bias is None or (bias.dtype == torch.float32 and bias.is_contiguous()))
-    )
-
-
-def linear(x: torch.Tensor, packed: Packed, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x [M, K] . W^T (+ bias) -> [M, N] with W packed (see `linear_ok`)."""
-    assert _lib is not None
-    m, k = x.shape
-    n = packed.n
-    y = torch.empty(m, n, dtype=torch.float32)
-    _lib.tg_linear(x.data_ptr(), m, k, x.stride(0), packed.data.data_ptr(), int(packed.bf16), n, _ptr(bias),
-                   y.data_ptr(), n, torch.get_num_threads())
-    return y
-
-
-def moe(x: torch.Tensor, router: torch.Tensor, gate_up: Packed, down: Packed, k_max: int,
-        per_token: torch.Tensor | None, normalize: bool) -> torch.Tensor:
-    """Routed experts for x [M, H] (see `tg_moe`): router [E, H]; gate_up packs [E, 2I, H], down [E, H, I]."""
-    assert _lib is not None
-    if gate_up.bf16 != down.bf16:
-        raise ValueError("gate_up and down must be packed with the same element type")
-    m, h = x.shape
-    x = x.contiguous()
-    router = router.contiguous()
-    ks = None if per_token is None else per_token.to(torch.int32).contiguous()
-    y = torch.empty(m, h, dtype=torch.float32)
-    rc = _lib.tg_moe(x.data_ptr(), m, h, router.data_ptr(), router.shape[0], gate_up.data.data_ptr(),
-                     down.data.data_ptr(), int(gate_up.bf16), gate_up.n // 2, k_max, _ptr(ks), int(normalize),
-                     y.data_ptr(), torch.get_num_threads())
-    if rc != 0:
-        raise MemoryError("tg_moe could not allocate its work buffers")
-    return y
-
-
-def moe_ok(x: torch.Tensor, router: torch.Tensor) -> bool:
-    return x.dim() == 2 and x.dtype == torch.float32 and x.device.type == "cpu" and router.dtype == torch.float32
-
-
-def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
-                 context_lens: torch.Tensor, scale: float, window: int | None) -> torch.Tensor:
-    """q [B, Hq, D] against the paged cache [num_blocks, block_size, Hkv, D] -> [B, Hq, D]."""
-    assert _lib is not None
-    b, hq, d = q.shape
-    _, block_size, hkv, _ = k_cache.shape
-    q = q.contiguous()
-    tables = block_tables.to(torch.int64).contiguous()
-    lens = context_lens.to(torch.int64).contiguous()
-    out = torch.empty_like(q)
-    rc = _lib.tg_paged_decode(q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), tables.data_ptr(),
-                              tables.shape[1], lens.data_ptr(), b, hq, hkv, d, block_size, scale, window or 0,
-                              out.data_ptr(), torch.get_num_threads())
-    if rc != 0:
-        raise MemoryError("tg_paged_decode could not allocate its work buffers")
-    return out
-
-
-def paged_decode_ok(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> bool:
-    return (
-        q.dtype == torch.float32
-        and q.device.type == "cpu"
-        and all(t.dtype == torch.float32 and t.device.type == "cpu" and t.is_contiguous() for t in (k_cache, v_cache))
-    )
-
-
-def add_rmsnorm(h: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """``h += delta`` in place (h [M, H] contiguous fp32), then return ``rms_norm(h) * weight``."""
-    assert _lib is not None
-    m, hidden = h.shape
-    if delta is not None:
-        delta = delta.contiguous()
-    x = torch.empty_like(h)
-    _lib.tg_add_rmsnorm(h.data_ptr(), _ptr(delta), weight.data_ptr(), m, hidden, eps, x.data_ptr())
-    return x
-
-
-def rope_write_kv(qkv: torch.Tensor, n_q: int, n_kv: int, head_dim: int, cos: torch.Tensor, sin: torch.Tensor,
-                  k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
-    """Rotate q/k of qkv [T, (Hq + 2 Hkv) D] with cos/sin [T, D], write k and v into the paged cache at
-    ``slots`` [T]; returns the rotated q [T, Hq, D]."""
-    assert _lib is not None
-    t = qkv.shape[0]
-    qkv, cos, sin = qkv.contiguous(), cos.contiguous(), sin.contiguous()
-    slots = slots.to(torch.int64).contiguous()
-    q = torch.empty(t, n_q, head_dim, dtype=torch.float32)
-    _lib.tg_rope_write_kv(qkv.data_ptr(), t, n_q, n_kv, head_dim, cos.data_ptr(), sin.data_ptr(), q.data_ptr(),
-                          k_cache.data_ptr(), v_cache.data_ptr(), slots.data_ptr())
-    return q
-
-
-def stream_sum(x: torch.Tensor) -> float:
-    """Sum of a contiguous fp32 CPU tensor, read once with ``torch.get_num_threads()`` threads."""
-    assert _lib is not None
-    if x.dtype != torch.float32 or x.device.type != "cpu" or not x.is_contiguous():
-        raise ValueError("stream_sum takes a contiguous fp32 CPU tensor")
-    return float(_lib.tg_stream_sum(x.data_ptr(), x.numel(), torch.get_num_threads()))
-
-
-class DecodeLayers:
-    """A model's layers as a `LayerSpec` array for `decode_layers`. It holds the tensors it points into, so
-    they live as long as it does; build a new one when the weights or the KV cache tensors change."""
-
-    def __init__(self, specs: list[LayerSpec], keep: list[torch.Tensor]) -> None:
-        self.array = (LayerSpec * len(specs))(*specs)
-        self.count = len(specs)
-        self._keep = keep
-
-
-def decode_layers(layers: DecodeLayers, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ctx_slots: torch.Tensor,
-                  block_tables: torch.Tensor, context_lens: torch.Tensor, block_size: int, k_max: int,
-                  per_token: torch.Tensor | None, final_norm: torch.Tensor, final_eps: float) -> torch.Tensor:
-    """Every layer of a decode step (one new token per sequence, h [B, H] updated in place as the
-    residual stream) and the final norm; returns the normed hidden states [B, H]."""
-    assert _lib is not None
-    b, hidden = h.shape
-    cos, sin = cos.contiguous(), sin.contiguous()
-    slots = ctx_slots.to(torch.int64).contiguous()
-    tables = block_tables.to(torch.int64).contiguous()
-    lens = context_lens.to(torch.int64).contiguous()
-    ks = None if per_token is None else per_token.to(torch.int32).contiguous()
-    out = torch.empty_like(h)
-    rc = _lib.tg_decode_layers(ctypes.addressof(layers.array), layers.count, h.data_ptr(), b, hidden, cos.data_ptr(),
-                               sin.data_ptr(), slots.data_ptr(), tables.data_ptr(), tables.shape[1], lens.data_ptr(),
-                               block_size, k_max, _ptr(ks), final_norm.data_ptr(), final_eps, out.data_ptr(),
-                               torch.get_num_threads())
-    if rc != 0:
-        raise MemoryError("tg_decode_layers could not allocate its work buffers")
-    return out
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'engine.native' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)

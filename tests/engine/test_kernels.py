@@ -1,9 +1,10 @@
 """The inference matmul dispatch (`engine.kernels.linear`): same numbers as `F.linear` on every layout, never
-on a path that needs gradients, and a whole model routed through it (oneDNN, or the native packed kernels)
-still matches HF transformers."""
+on a path that needs gradients, and a whole model routed through it (the plain model on oneDNN, or the
+runner's native backend on its packed kernels) still matches HF transformers."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,7 @@ import torch.nn.functional as F
 
 from engine import kernels, native
 from engine.model import load_model
+from engine.native import ops
 from tests.engine.hf_tiny import PagedSequences, build_hf_model
 
 needs_onednn = pytest.mark.skipif(not kernels._ONEDNN, reason="this torch build has no oneDNN linear")
@@ -56,8 +58,7 @@ def test_gradients_always_take_the_autograd_path() -> None:
 @needs_onednn
 @pytest.mark.parametrize("family", ["mixtral", "qwen2_moe"])
 def test_model_through_onednn_matches_hf(family: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every projection of a tiny model (even GEMVs) on oneDNN: prefill and 12 paged decode steps vs HF."""
-    monkeypatch.setattr(native, "available", lambda: False)  # no packed copies: the GEMM-library path
+    """Every projection of a tiny plain model (even GEMVs) on oneDNN: prefill and 12 paged decode steps vs HF."""
     monkeypatch.setattr(kernels, "MIN_ROWS", 1)
     monkeypatch.setattr(kernels, "MIN_WEIGHT_NUMEL", 0)
     hf = build_hf_model(family, seed=4)
@@ -88,24 +89,25 @@ DECODE_PATH = {"mixtral": "decode_layers", "llama": "decode_layers", "qwen2_moe"
 @pytest.mark.parametrize("family", sorted(DECODE_PATH))
 def test_model_through_native_kernels_matches_hf(family: str, tmp_path: Path,
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    """The default serving path: packed projections, fused MoE and paged decode attention in `engine.native`,
-    prefill and 12 paged decode steps vs HF, each family on the native path it should take."""
-    assert native.available(), native.reason()
+    """The default serving path: packed projections, fused MoE and paged decode attention in the native backend
+    (`engine.native`), prefill and 12 paged decode steps vs HF, each family on the native path it should take."""
+    assert ops.available(), ops.reason()
     hf = build_hf_model(family, seed=4)
     hf.save_pretrained(tmp_path)
     model, config = load_model(tmp_path)
+    backend = native.prepare(model, release=True)
     calls: dict[str, int] = {"linear": 0, "moe": 0, "paged_decode": 0, "decode_layers": 0}
     for name in calls:
-        real = getattr(native, name)
+        real = getattr(ops, name)
 
         def counting(*args: object, _name: str = name, _real: object = real, **kw: object) -> torch.Tensor:
             calls[_name] += 1
             return _real(*args, **kw)  # type: ignore[operator]
 
-        monkeypatch.setattr(native, name, counting)
+        monkeypatch.setattr(ops, name, counting)
     prompt = torch.randint(0, config.vocab_size, (9,), generator=torch.Generator().manual_seed(5))
     seqs = PagedSequences(num_blocks=16, block_size=4, seed=6)
-    ours = _greedy_against_hf(hf, model, prompt, seqs, model.allocate_kv_cache(16, 4), 12)
+    ours = _greedy_against_hf(hf, backend.forward, prompt, seqs, model.allocate_kv_cache(16, 4), 12)
     assert calls["linear"] and calls[DECODE_PATH[family]], calls
     assert bool(calls["decode_layers"]) == (DECODE_PATH[family] == "decode_layers"), calls
     assert bool(calls["moe"]) == config.is_moe, calls  # prefill (and per-op decode) call the fused MoE
@@ -118,8 +120,8 @@ def hf_out_tokens(hf: torch.nn.Module, prompt: torch.Tensor, steps: int) -> list
     return out[0, len(prompt):].tolist()  # type: ignore[no-any-return]
 
 
-def _greedy_against_hf(hf: torch.nn.Module, model: torch.nn.Module, prompt: torch.Tensor, seqs: PagedSequences,
-                       kv: list[tuple[torch.Tensor, torch.Tensor]], steps: int) -> list[int]:
+def _greedy_against_hf(hf: torch.nn.Module, model: Callable[..., torch.Tensor], prompt: torch.Tensor,
+                       seqs: PagedSequences, kv: list[tuple[torch.Tensor, torch.Tensor]], steps: int) -> list[int]:
     """Our prefill + paged greedy decode, each step's logits checked against HF's (fp32, 1e-4 relative)."""
     with torch.inference_mode():
         hf_out = hf.generate(prompt[None], max_new_tokens=steps, do_sample=False, output_logits=True,

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch import nn
 
 from engine.moe import (
     ExpertCount,
     SparseMoeBlock,
+    StackedExperts,
+    build_sparse_moe,
     grouped_moe,
     reference_moe,
     resolve_experts_per_token,
@@ -109,7 +112,7 @@ def test_k_tensor_shape_and_dtype_are_checked() -> None:
 
 def test_block_with_shared_expert_matches_reference_plus_gate() -> None:
     torch.manual_seed(5)
-    block = SparseMoeBlock(H, E, 2, INTER, normalize_topk=False, shared_expert_intermediate_size=16)
+    block = build_sparse_moe(H, E, 2, INTER, normalize_topk=False, shared_expert_intermediate_size=16)
     with torch.no_grad():
         block.experts.gate_up_proj.normal_(0, 0.2)
         block.experts.down_proj.normal_(0, 0.2)
@@ -123,10 +126,28 @@ def test_block_with_shared_expert_matches_reference_plus_gate() -> None:
 
 def test_grouped_path_is_differentiable() -> None:
     torch.manual_seed(6)
-    block = SparseMoeBlock(H, E, 2, INTER, normalize_topk=True)
+    block = build_sparse_moe(H, E, 2, INTER, normalize_topk=True)
     with torch.no_grad():
         block.experts.gate_up_proj.normal_(0, 0.2)
         block.experts.down_proj.normal_(0, 0.2)
     block(torch.randn(12, H), ExpertCount(3, torch.randint(1, 4, (12,)))).square().sum().backward()
     assert block.gate.weight.grad is not None and block.gate.weight.grad.abs().sum() > 0
     assert block.experts.gate_up_proj.grad is not None
+
+
+def test_block_routes_with_the_gate_and_experts_it_is_given() -> None:
+    """The block owns neither: a router and experts built elsewhere (shared, pre-loaded) are used as given."""
+    router, gate_up, down = _weights(8)
+    gate = nn.Linear(H, E, bias=False)
+    experts = StackedExperts(E, H, INTER)
+    with torch.no_grad():
+        gate.weight.copy_(router)
+        experts.gate_up_proj.copy_(gate_up)
+        experts.down_proj.copy_(down)
+    block = SparseMoeBlock(gate, experts, top_k=3, normalize_topk=True)
+    assert block.gate is gate and block.experts is experts and block.num_experts == E
+    x = torch.randn(7, H, generator=torch.Generator().manual_seed(9))
+    with torch.no_grad():
+        torch.testing.assert_close(block(x), reference_moe(x, router, gate_up, down, 3, True), rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="shared expert comes with its gate"):
+        SparseMoeBlock(gate, experts, 2, True, shared_expert_gate=nn.Linear(H, 1, bias=False))

@@ -1,7 +1,8 @@
-"""The native decode kernels (`engine.native`) against the plain-torch computations they replace: packed
-products with odd sizes and biases, the fused MoE (routing, per-token k, renormalisation), paged decode
-attention (GQA, windows, scattered blocks), the fused residual RMSNorm and RoPE + cache write; the same
-results on one thread and two; and the build cache."""
+"""The native kernels' per-op entry points (`engine.native.ops`) against the plain-torch computations they
+replace: packed products with odd sizes and biases, the fused MoE (routing, per-token k, renormalisation),
+paged decode attention (GQA, windows, scattered blocks), the fused residual RMSNorm and RoPE + cache write;
+the same results on one thread and two; and the build cache. The one-call decode kernel is tested layer by
+layer in test_decode_layers.py."""
 
 from __future__ import annotations
 
@@ -14,15 +15,15 @@ import torch
 import torch.nn.functional as F
 
 import engine.native.build as build
-from engine import native
 from engine.attention import AttentionContext, _decode, plan_paged, write_kv
 from engine.moe import ExpertCount, grouped_moe, route
+from engine.native import ops
 from engine.rope import apply_rotary
 
 
 @pytest.fixture(autouse=True)
 def _native() -> None:
-    assert native.available(), native.reason()  # the machine kinds this project runs on all have a C compiler
+    assert ops.available(), ops.reason()  # the machine kinds this project runs on all have a C compiler
 
 
 @pytest.fixture(params=[1, 2])
@@ -42,10 +43,10 @@ def test_packed_linear_equals_f_linear(m: int, k: int, n: int, threads: int) -> 
     x = torch.randn(m, k, generator=_gen(m))
     w = torch.randn(n, k, generator=_gen(n))
     b = torch.randn(n, generator=_gen(k))
-    packed = native.pack(w)
-    assert packed.data.numel() == -(-n // native.PANEL) * native.PANEL * k
+    packed = ops.pack(w)
+    assert packed.data.numel() == -(-n // ops.PANEL) * ops.PANEL * k
     for bias in (None, b):
-        torch.testing.assert_close(native.linear(x, packed, bias), F.linear(x, w, bias), rtol=1e-5, atol=1e-4)
+        torch.testing.assert_close(ops.linear(x, packed, bias), F.linear(x, w, bias), rtol=1e-5, atol=1e-4)
 
 
 def test_pack_leaves_the_source_and_reads_any_layout() -> None:
@@ -53,7 +54,7 @@ def test_pack_leaves_the_source_and_reads_any_layout() -> None:
     column_major = w.t().contiguous().t()
     before = w.clone()
     x = torch.randn(2, 40, generator=_gen(2))
-    torch.testing.assert_close(native.linear(x, native.pack(column_major)), x @ w.T, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(ops.linear(x, ops.pack(column_major)), x @ w.T, rtol=1e-5, atol=1e-5)
     assert torch.equal(w, before)
 
 
@@ -70,7 +71,7 @@ def test_fused_moe_equals_route_and_grouped_moe(tokens: int, normalize: bool, mi
     k_max = 3 if mixed_k else 2
     weights, ids = route(x @ router.T, ExpertCount(k_max, per_token), normalize, x.dtype)
     expected = grouped_moe(x, gate_up, down, weights, ids, per_token)
-    got = native.moe(x, router, native.pack(gate_up), native.pack(down), k_max, per_token, normalize)
+    got = ops.moe(x, router, ops.pack(gate_up), ops.pack(down), k_max, per_token, normalize)
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
 
 
@@ -85,14 +86,8 @@ def test_paged_decode_equals_torch_decode(window: int | None, threads: int) -> N
     ctx = AttentionContext(False, torch.arange(batch + 1), lens, torch.zeros(batch, dtype=torch.long), tables)
     plan = plan_paged(ctx, block)
     with torch.inference_mode():
-        got = native.paged_decode(q, k_cache, v_cache, tables, lens, 0.17, window)
-        # the torch reference: take the torch branch of _decode by turning the native kernels off
-        native_available = native.available
-        try:
-            native.available = lambda: False  # type: ignore[assignment]
-            expected = _decode(q, k_cache, v_cache, plan, 0.17, window)
-        finally:
-            native.available = native_available  # type: ignore[assignment]
+        got = ops.paged_decode(q, k_cache, v_cache, tables, lens, 0.17, window)
+        expected = _decode(q, k_cache, v_cache, plan, 0.17, window)  # the torch model's decode attention
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
 
 
@@ -102,10 +97,10 @@ def test_add_rmsnorm_updates_the_residual_and_normalises() -> None:
     weight = torch.rand(200, generator=_gen(3)) + 0.5
     expected_h = h + delta
     expected = F.rms_norm(expected_h, (200,), weight, 1e-6)
-    out = native.add_rmsnorm(h, delta, weight, 1e-6)
+    out = ops.add_rmsnorm(h, delta, weight, 1e-6)
     torch.testing.assert_close(h, expected_h)
     torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-6)
-    torch.testing.assert_close(native.add_rmsnorm(h, None, weight, 1e-6), expected, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(ops.add_rmsnorm(h, None, weight, 1e-6), expected, rtol=1e-5, atol=1e-6)
 
 
 def test_rope_write_kv_equals_apply_rotary_and_write_kv() -> None:
@@ -115,7 +110,7 @@ def test_rope_write_kv_equals_apply_rotary_and_write_kv() -> None:
     cos, sin = torch.cat((angles, angles), -1).cos(), torch.cat((angles, angles), -1).sin()
     slots = torch.tensor([5, 17, 2])
     caches = [torch.zeros(blocks, block, n_kv, d) for _ in range(4)]
-    q = native.rope_write_kv(qkv, n_q, n_kv, d, cos, sin, caches[0], caches[1], slots)
+    q = ops.rope_write_kv(qkv, n_q, n_kv, d, cos, sin, caches[0], caches[1], slots)
     heads = qkv.view(t, n_q + 2 * n_kv, d)
     expected_q = apply_rotary(heads[:, :n_q], cos, sin)
     write_kv(caches[2], caches[3], apply_rotary(heads[:, n_q:n_q + n_kv], cos, sin), heads[:, n_q + n_kv:], slots)
@@ -149,11 +144,11 @@ def test_bf16_panels_equal_f_linear_on_the_rounded_weights(m: int, k: int, n: in
     x = torch.randn(m, k, generator=_gen(m))
     w = torch.randn(n, k, generator=_gen(n))
     b = torch.randn(n, generator=_gen(k))
-    packed = native.pack(w, bf16=True)
-    assert packed.bf16 and packed.data.numel() * 4 == -(-n // native.PANEL) * native.PANEL * k * 2  # half the bytes
+    packed = ops.pack(w, bf16=True)
+    assert packed.bf16 and packed.data.numel() * 4 == -(-n // ops.PANEL) * ops.PANEL * k * 2  # half the bytes
     rounded = w.bfloat16().float()
     for bias in (None, b):
-        torch.testing.assert_close(native.linear(x, packed, bias), F.linear(x, rounded, bias), rtol=1e-5, atol=1e-4)
+        torch.testing.assert_close(ops.linear(x, packed, bias), F.linear(x, rounded, bias), rtol=1e-5, atol=1e-4)
 
 
 def test_bf16_moe_equals_the_fp32_kernel_on_bf16_exact_weights() -> None:
@@ -162,11 +157,11 @@ def test_bf16_moe_equals_the_fp32_kernel_on_bf16_exact_weights() -> None:
     router = torch.randn(e, h, generator=_gen(2))
     gate_up = (0.1 * torch.randn(e, 2 * i, h, generator=_gen(3))).bfloat16().float()
     down = (0.1 * torch.randn(e, h, i, generator=_gen(4))).bfloat16().float()
-    fp32 = native.moe(x, router, native.pack(gate_up), native.pack(down), 2, None, True)
-    bf16 = native.moe(x, router, native.pack(gate_up, bf16=True), native.pack(down, bf16=True), 2, None, True)
+    fp32 = ops.moe(x, router, ops.pack(gate_up), ops.pack(down), 2, None, True)
+    bf16 = ops.moe(x, router, ops.pack(gate_up, bf16=True), ops.pack(down, bf16=True), 2, None, True)
     torch.testing.assert_close(bf16, fp32, rtol=1e-6, atol=1e-6)
     with pytest.raises(ValueError, match="same element type"):
-        native.moe(x, router, native.pack(gate_up, bf16=True), native.pack(down), 2, None, True)
+        ops.moe(x, router, ops.pack(gate_up, bf16=True), ops.pack(down), 2, None, True)
 
 
 def test_the_portable_build_without_avx512_computes_the_same(tmp_path: Path) -> None:
@@ -180,16 +175,16 @@ def test_the_portable_build_without_avx512_computes_the_same(tmp_path: Path) -> 
         pytest.skip("x86-64-v3 is an x86 target")
     check = (
         "import torch, torch.nn.functional as F\n"
-        "from engine import native\n"
-        "assert native.available(), native.reason()\n"
-        "assert native._lib.tg_has_avx512() == 0\n"
+        "from engine.native import ops\n"
+        "assert ops.available(), ops.reason()\n"
+        "assert ops._lib.tg_has_avx512() == 0\n"
         "g = torch.Generator().manual_seed(0)\n"
         "x, w, b = torch.randn(5, 70, generator=g), torch.randn(130, 70, generator=g), torch.randn(130, generator=g)\n"
         "for bf16 in (False, True):\n"
         "    ref = F.linear(x, w.bfloat16().float() if bf16 else w, b)\n"
-        "    torch.testing.assert_close(native.linear(x, native.pack(w, bf16=bf16), b), ref, rtol=1e-5, atol=1e-4)\n"
+        "    torch.testing.assert_close(ops.linear(x, ops.pack(w, bf16=bf16), b), ref, rtol=1e-5, atol=1e-4)\n"
         "h = torch.randn(3, 70, generator=g)\n"
-        "torch.testing.assert_close(native.add_rmsnorm(h.clone(), None, torch.ones(70), 1e-6),\n"
+        "torch.testing.assert_close(ops.add_rmsnorm(h.clone(), None, torch.ones(70), 1e-6),\n"
         "                           F.rms_norm(h, (70,), torch.ones(70), 1e-6), rtol=1e-5, atol=1e-6)\n"
         "print('ok')\n"
     )

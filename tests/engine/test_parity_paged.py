@@ -146,15 +146,15 @@ def test_bfloat16_cache_and_weights_run(tmp_path: Path) -> None:
 
 
 def test_batched_no_cache_path_equals_per_sequence_and_is_differentiable(qwen3: CausalLM, qwen3_dir: Path) -> None:
-    """The training path: input_ids [B, T] with shared positions [T], experts_per_token an int (inference on
-    the serving layout, gradients on the trainable one)."""
+    """The training path: input_ids [B, T] with shared positions [T], experts_per_token an int (inference mode,
+    then gradients on a fresh copy of the same plain model)."""
     ids = torch.randint(0, qwen3.config.vocab_size, (3, 9), generator=torch.Generator().manual_seed(8))
     positions = torch.arange(9)
     with torch.inference_mode():
         batched = qwen3(ids, positions, experts_per_token=1)
         for row in range(3):
             _close(batched[row], qwen3(ids[row], positions, experts_per_token=1))
-    qwen3, _ = load_model(qwen3_dir, decode_layout=False)
+    qwen3, _ = load_model(qwen3_dir)
     logits = qwen3(ids, positions, None, None, experts_per_token=3)
     torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids.reshape(-1)).backward()
     grads = [p.grad for p in qwen3.parameters()]

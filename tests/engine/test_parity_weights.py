@@ -74,7 +74,7 @@ def test_hf_state_dict_round_trips_through_transformers(family: str, tmp_path: P
     src, dst = tmp_path / "src", tmp_path / "dst"
     hf = build_hf_model(family, seed=24)
     hf.save_pretrained(src)
-    model, _ = load_model(src, decode_layout=False)
+    model, _ = load_model(src)
     dst.mkdir()
     shutil.copy(src / "config.json", dst / "config.json")
     save_file(hf_state_dict(model), dst / "model.safetensors")

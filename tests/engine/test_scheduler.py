@@ -4,10 +4,14 @@ resumption mistake changes the tokens, so batched runs must equal each request r
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 from engine.blocks import BlockAllocator
-from engine.sampling import SamplingParams
+from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
 from engine.sequence import Sequence, SequenceStatus
 
@@ -137,3 +141,17 @@ def test_finish_frees_blocks_of_waiting_and_running_requests() -> None:
 def test_invalid_limits_are_rejected() -> None:
     with pytest.raises(ValueError):
         Scheduler(BlockAllocator(4, 4), max_num_seqs=0)
+
+
+def test_scheduler_blocks_and_sequence_run_without_torch() -> None:
+    """What the import-linter contract says, checked at run time in a fresh interpreter: the scheduler side of
+    the engine (scheduler, block allocator, sequence, sampling parameters) loads no torch."""
+    code = ("import sys\n"
+            "import engine.scheduler, engine.blocks, engine.sequence, engine.sampling_params\n"
+            "from engine import SamplingParams\n"
+            "loaded = sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.'))\n"
+            "print(len(loaded))\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False,
+                          cwd=Path(__file__).resolve().parents[2])
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "0"
