@@ -169,7 +169,9 @@ def _body(name: str) -> dict[str, Any]:
 
 
 def _paths() -> dict[str, Any]:
-    sse = {"text/event-stream": {"schema": {"type": "string"}}}
+    # Each server-sent event: ``data`` is a chat.completion.chunk as JSON text, or ``[DONE]``.
+    sse = {"text/event-stream": {"schema": {"type": "object", "required": ["data"], "properties": {
+        "data": {"type": "string"}, "event": {"type": "string"}, "id": {"type": "string"}}}}}
     listing = [_query("after", {"type": "string", "maxLength": 256}),
                _query("limit", {"type": "integer"})]
     return {

@@ -65,7 +65,6 @@ def test_schemathesis_finds_no_5xx_and_no_schema_violation(tmp_path: Path, upstr
 
         for result in schema.get_all_operations():
             fuzz(result.ok())
-    print("SEEN", seen)
     assert not failures, "\n\n".join(failures[:10])
     assert all(code < 500 for codes in seen.values() for code in codes), seen
     assert len(seen) >= 12 and any(200 in codes for codes in seen.values()), seen
