@@ -1,6 +1,6 @@
 """``create_app``: the FastAPI application factory. Nothing is built at import time: the
-lifespan builds the database engine, ledger, key store, provider registry and chat flow, unless
-the caller hands them in (tests pass small real ones). Errors are mapped here, once, to
+lifespan opens the process's ``Runtime`` (gateway.runtime), with whatever parts the caller hands
+in (tests pass small real ones), and puts it at ``app.state.tiergate``. Errors are mapped here, once, to
 OpenAI's error shape — never a stack trace or a secret in a response (gateway.edge answers
 and logs whatever escapes a route).
 
@@ -9,11 +9,9 @@ Other engineers add their router with one ``app.include_router(...)`` line in ``
 
 from __future__ import annotations
 
-import asyncio
 import gc
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
-from typing import Any
 
 import orjson
 from fastapi import FastAPI, Request, Response
@@ -21,20 +19,10 @@ from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from gateway.budget_execution import BudgetedExecutor  # noqa: F401  (registers the budgets tables on Base)
-from gateway.budgets import build_budget_runtime
-from gateway.chat_flow import ChatFlow
-from gateway.chat_runtime import budgeted, build_pipeline_executor
-from gateway.deps import GatewayState, KeyStoreLike
 from gateway.edge import EdgeMiddleware
 from gateway.errors import GatewayError, NotFound
-from gateway.execution import Executor
-from gateway.jobs.backends import start_jobs
-from gateway.providers.base import ChatProvider
-from gateway.providers.metering import warm_up
-from gateway.providers.openai_compat import SessionFactory
-from gateway.providers.registry import ProviderRegistry
 from gateway.request_body import FORM_OVERHEAD_BYTES, invalid_value
-from gateway.resolve import DecideAuto
+from gateway.runtime import RuntimeParts, open_runtime
 from gateway.settings import Settings
 
 
@@ -101,75 +89,19 @@ def _freeze_startup_heap(stack: AsyncExitStack) -> None:
     stack.callback(gc.unfreeze)
 
 
-def create_app(settings: Settings, *, session_factory: Any = None, ledger: Any = None,
-               registry: ProviderRegistry | None = None, key_store: KeyStoreLike | None = None,
-               executor: Executor | None = None, decide_auto: DecideAuto | None = None,
-               http_session_factory: SessionFactory | None = None,
-               local_provider: ChatProvider | None = None, budget_runtime: Any = None,
-               freeze_heap: bool = False) -> FastAPI:
-    """Build the app. Collaborators not passed in are built (and closed) by the lifespan.
-    ``freeze_heap``: after startup, freeze the heap out of full garbage collections (see
-    ``_freeze_startup_heap``); servers pass True."""
+def create_app(settings: Settings, parts: RuntimeParts = RuntimeParts(), *, freeze_heap: bool = False) -> FastAPI:
+    """Build the app. Its lifespan opens the ``Runtime`` (``gateway.runtime``): the parts not
+    handed in are built there and closed when the app stops. ``freeze_heap``: after startup,
+    freeze the heap out of full garbage collections (see ``_freeze_startup_heap``); servers pass
+    True."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         async with AsyncExitStack() as stack:
-            sf = session_factory
-            if sf is None:
-                from gateway.db.session import engine_from_settings, make_session_factory
-
-                engine = engine_from_settings(settings)
-                stack.callback(engine.dispose)
-                sf = make_session_factory(engine)
-            led = ledger
-            if led is None:
-                from gateway.ledger import Ledger
-
-                led = Ledger(sf, settings.resolve_path(settings.ledger.journal_dir),
-                             flush_interval_ms=settings.ledger.flush_interval_ms,
-                             batch_size=settings.ledger.batch_size)
-                led.start()
-                stack.push_async_callback(led.astop)
-            reg = registry
-            if reg is None:
-                reg = ProviderRegistry(settings, http_session_factory=http_session_factory,
-                                       local_provider=local_provider)
-                stack.push_async_callback(reg.aclose)
-            keys = key_store
-            if keys is None:
-                from gateway.auth import KeyStore
-
-                keys = KeyStore(sf, ttl_s=settings.server.key_cache_ttl_s)
-            budget_rt = budget_runtime
-            if budget_rt is None:  # Redis counters when settings.redis has a URL, else in-process
-                if hasattr(led, "aflush"):
-                    await led.aflush()  # counters load spend that includes a replayed journal
-                budget_rt = build_budget_runtime(settings, sf)
-                await budget_rt.start()
-                stack.push_async_callback(budget_rt.stop)
-            # Load the tokenizer used to bill streams without usage, off the loop, in the background.
-            warm = asyncio.ensure_future(asyncio.to_thread(warm_up, list(settings.models.values())))
-            execu = executor
-            if execu is None:
-                execu = build_pipeline_executor(settings, reg, led, budget_rt, sf)
-            execu = budgeted(settings, execu, budget_rt)
-            decide = decide_auto
-            if decide is None:  # the classifier's Perceiver (hot-reloads its artifact); None without one
-                from gateway.perceive import build_perceiver
-
-                perceiver = await asyncio.to_thread(build_perceiver, settings)
-                decide = perceiver.decide if perceiver is not None else None
-            flow = ChatFlow(settings, execu, led, decide_auto=decide)
-            # Batch jobs: an in-process runner (embedded) or a Celery producer (celery).
-            jobs = await start_jobs(settings, stack, session_factory=sf, registry=reg, budget_runtime=budget_rt,
-                                    decide_auto=decide, ledger=led, executor=executor)
-            app.state.tiergate = GatewayState(settings=settings, flow=flow, keys=keys, ledger=led,
-                                              registry=reg, session_factory=sf,
-                                              extras={"budgets": budget_rt, "jobs": jobs})
+            app.state.tiergate = await stack.enter_async_context(open_runtime(settings, parts))
             if freeze_heap:
                 _freeze_startup_heap(stack)
             yield
-            await warm
 
     app = FastAPI(title="tiergate", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.add_exception_handler(GatewayError, _gateway_error)

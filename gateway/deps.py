@@ -1,42 +1,27 @@
-"""Request-scoped dependencies for the routes: the app's wiring (``GatewayState``) and the
-authenticated principal. Bodies are read with gateway.request_body, after these.
+"""Request-scoped dependencies for the routes: the process's ``Runtime`` and the authenticated
+principal. Bodies are read with gateway.request_body, after these.
 
-Everything comes from ``app.state.tiergate``, set by create_app's lifespan (or by a test that
-hands in small real collaborators). Imports errors, chat_flow types and starlette only.
+The runtime is ``app.state.tiergate``, opened by create_app's lifespan (gateway.runtime); routes
+take their typed collaborators from it. Imports the runtime and auth types and starlette only.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Protocol
-
 from fastapi import Request
 
-from gateway.chat_flow import ChatFlow, PrincipalLike
-from gateway.settings import Settings
+from gateway.auth import Principal
+from gateway.runtime import Runtime
 
 
-class KeyStoreLike(Protocol):
-    async def authenticate(self, authorization_header: str | None) -> Any: ...
-
-
-@dataclass
-class GatewayState:
-    settings: Settings
-    flow: ChatFlow
-    keys: KeyStoreLike
-    ledger: Any
-    registry: Any
-    session_factory: Any
-    extras: dict[str, Any] = field(default_factory=dict)  # other engineers' collaborators
-
-
-async def gateway_state(request: Request) -> GatewayState:
-    # async on purpose: FastAPI would run a plain ``def`` dependency in its thread pool.
+def runtime_of(request: Request) -> Runtime:
     return request.app.state.tiergate  # type: ignore[no-any-return]
 
 
-async def principal(request: Request) -> PrincipalLike:
+async def get_runtime(request: Request) -> Runtime:
+    # async on purpose: FastAPI would run a plain ``def`` dependency in its thread pool.
+    return runtime_of(request)
+
+
+async def principal(request: Request) -> Principal:
     """The caller, from ``Authorization: Bearer <key>`` (raises AuthenticationFailed → 401)."""
-    state: GatewayState = request.app.state.tiergate
-    return await state.keys.authenticate(request.headers.get("authorization"))  # type: ignore[no-any-return]
+    return await runtime_of(request).keys.authenticate(request.headers.get("authorization"))

@@ -53,6 +53,12 @@ class NullLedger:
     async def wait_durable(self, level: str = "fsync") -> None:
         pass
 
+    async def aflush(self, timeout_s: float | None = 10.0) -> bool:
+        return True
+
+    def health(self) -> Any:
+        return type("Health", (), {"ok": True})()
+
 
 class SleepingUpstream:
     """An in-process ChatProvider: answers after ``delay_s`` with fixed usage."""
@@ -169,6 +175,7 @@ def run_serving(url: str, workdir: Path, n: int, concurrency: int, upstream_ms: 
     from gateway.db.queries import add_api_key, create_tenant
     from gateway.db.session import make_engine, make_session_factory
     from gateway.ledger import Ledger
+    from gateway.runtime import RuntimeParts
 
     settings = _settings(workdir, url)
     engine = make_engine(url, pool_size=10)
@@ -180,8 +187,7 @@ def run_serving(url: str, workdir: Path, n: int, concurrency: int, upstream_ms: 
     upstream = SleepingUpstream(upstream_ms / 1000)
 
     def app_with(ledger: Any) -> Any:
-        return create_app(settings, session_factory=sf, ledger=ledger, key_store=KeyStore(sf),
-                          local_provider=upstream, freeze_heap=True)
+        return create_app(settings, RuntimeParts(session_factory=sf, ledger=ledger, keys=KeyStore(sf), local_provider=upstream), freeze_heap=True)
 
     # The other replica writes its ledger rows during both phases: the phases differ only in
     # this process's own ledger (off: a ledger that drops everything; on: the real one).
@@ -189,37 +195,41 @@ def run_serving(url: str, workdir: Path, n: int, concurrency: int, upstream_ms: 
     stop = ctx.Event()
     replica = ctx.Process(target=_extra_replica, args=(url, str(workdir / "journal-extra"), extra_rows_per_s, stop))
     replica.start()
-    time.sleep(3.0)  # let the replica import and reach its steady rate
-    ledger = Ledger(sf, workdir / "journal", flush_interval_ms=50, batch_size=500)
-    ledger.start()
-    per_phase = max(1, n // rounds)
-    base: list[float] = []
-    on: list[float] = []
-    round_p99_ms: list[tuple[float, float]] = []
-    pauses = {"off": FullCollections(), "on": FullCollections()}
-    during, serve_s = 0, 0.0
-    for i in range(rounds):
-        latencies: dict[str, list[float]] = {}
-        for kind in ("off", "on") if i % 2 == 0 else ("on", "off"):  # ABBA
-            if kind == "off":
-                latencies[kind] = asyncio.run(_serve_phase(app_with(NullLedger()), raw, per_phase, concurrency,
-                                                           pauses[kind]))
-                continue
-            with sf() as s:
-                before = s.scalar(sa.select(sa.func.count()).select_from(LedgerEntryRow)) or 0
-            t0 = time.perf_counter()
-            latencies[kind] = asyncio.run(_serve_phase(app_with(ledger), raw, per_phase, concurrency, pauses[kind]))
-            serve_s += time.perf_counter() - t0
-            with sf() as s:
-                during += (s.scalar(sa.select(sa.func.count()).select_from(LedgerEntryRow)) or 0) - before
-            # Drain this phase's rows before the next phase, so no phase pays for the
-            # ledger-on phase's tail of writes.
-            assert ledger.flush(120), "ledger did not drain"
-        base += latencies["off"]
-        on += latencies["on"]
-        round_p99_ms.append((_pct(latencies["off"], 0.99) * 1000, _pct(latencies["on"], 0.99) * 1000))
-    stop.set()
-    replica.join(180)
+    try:
+        time.sleep(3.0)  # let the replica import and reach its steady rate
+        ledger = Ledger(sf, workdir / "journal", flush_interval_ms=50, batch_size=500)
+        ledger.start()
+        per_phase = max(1, n // rounds)
+        base: list[float] = []
+        on: list[float] = []
+        round_p99_ms: list[tuple[float, float]] = []
+        pauses = {"off": FullCollections(), "on": FullCollections()}
+        during, serve_s = 0, 0.0
+        for i in range(rounds):
+            latencies: dict[str, list[float]] = {}
+            for kind in ("off", "on") if i % 2 == 0 else ("on", "off"):  # ABBA
+                if kind == "off":
+                    latencies[kind] = asyncio.run(_serve_phase(app_with(NullLedger()), raw, per_phase, concurrency,
+                                                               pauses[kind]))
+                    continue
+                with sf() as s:
+                    before = s.scalar(sa.select(sa.func.count()).select_from(LedgerEntryRow)) or 0
+                t0 = time.perf_counter()
+                latencies[kind] = asyncio.run(_serve_phase(app_with(ledger), raw, per_phase, concurrency, pauses[kind]))
+                serve_s += time.perf_counter() - t0
+                with sf() as s:
+                    during += (s.scalar(sa.select(sa.func.count()).select_from(LedgerEntryRow)) or 0) - before
+                # Drain this phase's rows before the next phase, so no phase pays for the
+                # ledger-on phase's tail of writes.
+                assert ledger.flush(120), "ledger did not drain"
+            base += latencies["off"]
+            on += latencies["on"]
+            round_p99_ms.append((_pct(latencies["off"], 0.99) * 1000, _pct(latencies["on"], 0.99) * 1000))
+    finally:  # the replica never outlives the bench, whatever happened
+        stop.set()
+        replica.join(180)
+        if replica.is_alive():
+            replica.kill()
     assert ledger.flush(120), "ledger did not drain"
     ledger.stop()
     engine.dispose()

@@ -6,7 +6,8 @@
 - ``capture.AttemptLedger`` and ``batch.BatchWork``: a line through the live chat flow, its call
   rows journaled by the ledger as they happen, its result committed (fenced) afterwards.
 - ``runner.BatchRunner``: bounded concurrency over the database; ``backends``: the embedded
-  runner or the Celery producer for the app, ``drain_batch`` for workers.
+  runner or the Celery producer for the app; ``worker``: a worker process's runtime (opened
+  once per process) and ``drain_batch``.
 - ``celery_app`` / ``tasks``: the Celery app (built by a factory) and its thin task bodies.
 
 Nothing is imported here: ``gateway.db.migrate`` imports ``gateway.jobs.models`` alone, and the

@@ -112,32 +112,3 @@ async def requeue_runnable(session_factory: Any, enqueue: Callable[[str], Awaita
             break
         queued.append(batch_id)
     return queued
-
-
-async def drain_batch(settings: Settings, batch_id: str, *, decide_auto: DecideAuto | None = None) -> None:
-    """Run one batch to its end in this process (a Celery worker's task): builds the database
-    engine, the ledger (replaying journal segments a dead process left), providers and
-    budgets, runs up to ``jobs.concurrency`` lines at once (sharing the batch with any other
-    worker), and closes everything (the ledger last: what it cannot commit stays journaled)."""
-    from gateway.budgets import build_budget_runtime
-    from gateway.db.session import engine_from_settings, make_session_factory
-    from gateway.ledger import Ledger
-    from gateway.providers.registry import ProviderRegistry
-
-    async with AsyncExitStack() as stack:
-        engine = engine_from_settings(settings)
-        stack.callback(engine.dispose)
-        sf = make_session_factory(engine)
-        ledger = Ledger(sf, settings.resolve_path(settings.ledger.journal_dir),
-                        flush_interval_ms=settings.ledger.flush_interval_ms, batch_size=settings.ledger.batch_size)
-        ledger.start()
-        stack.push_async_callback(ledger.astop)
-        registry = ProviderRegistry(settings)
-        stack.push_async_callback(registry.aclose)
-        budget_rt = build_budget_runtime(settings, sf)
-        await budget_rt.start()
-        stack.push_async_callback(budget_rt.stop)
-        work = build_batch_work(settings, sf, registry, budget_rt, decide_auto, ledger=ledger)
-        runner = BatchRunner(work, concurrency=settings.jobs.concurrency,
-                             poll_interval_s=settings.jobs.poll_interval_s, batch_id=batch_id)
-        await runner.run_until_final()

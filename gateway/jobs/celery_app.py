@@ -7,10 +7,12 @@ in the database (see gateway.jobs.store). Imports celery and gateway.jobs.tasks 
 
 from __future__ import annotations
 
+from typing import Any
+
 from celery import Celery
+from celery.signals import worker_process_shutdown
 
 from gateway.jobs import tasks
-from gateway.resolve import DecideAuto
 from gateway.settings import ConfigError, Settings
 
 RUN_BATCH = "tiergate.run_batch"
@@ -32,12 +34,13 @@ def make_celery(settings: Settings) -> Celery:
                                    "interval_max": 0.2},
     )
 
-    decide: list[DecideAuto | None] = []  # the classifier, loaded by the first task of a process
-
     @app.task(name=RUN_BATCH)
     def run_batch(batch_id: str) -> None:
-        if not decide:
-            decide.append(tasks.load_decide_auto(settings))
-        tasks.run_batch(settings, batch_id, decide[0])
+        tasks.run_batch(settings, batch_id)  # on the process's runtime, opened by its first task
 
     return app
+
+
+@worker_process_shutdown.connect
+def _close_runtime(**_: Any) -> None:
+    tasks.close_worker_process()

@@ -1,23 +1,36 @@
-"""Celery task bodies: as thin as a web view — take an id, call the plain batch logic.
-Imports jobs.backends and perceive; no Celery (celery_app registers these)."""
+"""Celery task bodies: as thin as a web view — take an id, call the plain batch logic on the
+process's runtime (opened by the first task, see gateway.jobs.worker). No Celery here
+(celery_app registers these and closes the runtime when the worker process shuts down)."""
 
 from __future__ import annotations
 
-import asyncio
+import threading
 
-from gateway.jobs.backends import drain_batch
-from gateway.resolve import DecideAuto
+from gateway.jobs.worker import WorkerProcess
 from gateway.settings import Settings
 
-
-def load_decide_auto(settings: Settings) -> DecideAuto | None:
-    """The classifier for ``model: "auto"`` (loaded once per worker process by the caller)."""
-    from gateway.perceive import build_perceiver
-
-    perceiver = build_perceiver(settings)
-    return perceiver.decide if perceiver is not None else None
+_process: WorkerProcess | None = None
+_lock = threading.Lock()
 
 
-def run_batch(settings: Settings, batch_id: str, decide_auto: DecideAuto | None) -> None:
+def worker_process(settings: Settings) -> WorkerProcess:
+    """This process's runtime, opened on first use."""
+    global _process
+    with _lock:
+        if _process is None:
+            _process = WorkerProcess(settings)
+        return _process
+
+
+def run_batch(settings: Settings, batch_id: str) -> None:
     """Run ``batch_id``'s lines in this worker until the batch is final."""
-    asyncio.run(drain_batch(settings, batch_id, decide_auto=decide_auto))
+    worker_process(settings).run_batch(batch_id)
+
+
+def close_worker_process() -> None:
+    """Close this process's runtime, if a task opened one (worker process shutdown)."""
+    global _process
+    with _lock:
+        process, _process = _process, None
+    if process is not None:
+        process.close()

@@ -31,11 +31,12 @@ from fastapi.responses import HTMLResponse, RedirectResponse
 from gateway.admin import SESSION_COOKIE, SessionSigner
 from gateway.budgets.alerts import recent_alerts
 from gateway.db import admin_queries as aq
-from gateway.deps import GatewayState, gateway_state
+from gateway.deps import get_runtime
 from gateway.errors import InvalidRequest, NotFound, PermissionDenied, RateLimited
 from gateway.identifiers import Identifier, check_identifier
 from gateway.request_body import read_body
 from gateway.routes.admin_auth import admin_json, admin_key, check_key, same_origin, signed_in, throttled
+from gateway.runtime import Runtime
 
 router = APIRouter(prefix="/admin")
 
@@ -75,7 +76,7 @@ def _encode(value: Any) -> Any:
 
 # ---- auth (gateway.routes.admin_auth: one throttled check of every admin key sent) -----------
 
-def _disabled_message(state: GatewayState) -> str:
+def _disabled_message(state: Runtime) -> str:
     return f"admin dashboard disabled: set the environment variable {state.settings.server.admin_key_env}"
 
 
@@ -85,7 +86,7 @@ def _throttled_page(wait: RateLimited) -> Response:
     return refused
 
 
-def _page_gate(request: Request, state: GatewayState) -> Response | None:
+def _page_gate(request: Request, state: Runtime) -> Response | None:
     """For HTML pages: None when the caller may see the page, else the response to send."""
     key = admin_key(state)
     if key is None:
@@ -112,7 +113,7 @@ def _totals_json(t: aq.SpendTotals) -> dict[str, Any]:
             "savings_ratio": t.savings_ratio}
 
 
-def _overview(state: GatewayState, days: int, mix_hours: int) -> dict[str, Any]:
+def _overview(state: Runtime, days: int, mix_hours: int) -> dict[str, Any]:
     since, until = _window(days)
     with state.session_factory() as s:
         tenants = aq.spend_by_tenant(s, since, until)
@@ -129,7 +130,7 @@ def _mix_json(mix: aq.TierMix, hours: int) -> dict[str, Any]:
             "pipeline_share": mix.pipeline_share}
 
 
-def _tenant(state: GatewayState, tenant_id: str, days: int, mix_hours: int, limit: int,
+def _tenant(state: Runtime, tenant_id: str, days: int, mix_hours: int, limit: int,
             before: tuple[datetime, str] | None) -> dict[str, Any]:
     since, until = _window(days)
     mix_since = datetime.now(UTC) - timedelta(hours=mix_hours)
@@ -151,11 +152,8 @@ class _Tenant:
         self.tenant_id, self.key_id = tenant_id, None
 
 
-async def _budget(state: GatewayState, tenant_id: str) -> dict[str, Any] | None:
-    rt = state.extras.get("budgets")
-    if rt is None:
-        return None
-    return asdict(await rt.budgets.status(_Tenant(tenant_id)))
+async def _budget(state: Runtime, tenant_id: str) -> dict[str, Any] | None:
+    return asdict(await state.budgets.budgets.status(_Tenant(tenant_id)))
 
 
 def _cursor(before_at: str | None, before_id: str | None) -> tuple[datetime, str] | None:
@@ -167,7 +165,7 @@ def _cursor(before_at: str | None, before_id: str | None) -> tuple[datetime, str
         raise InvalidRequest("invalid paging cursor", param="before_at") from None
 
 
-async def _tenant_data(state: GatewayState, tenant_id: str, days: int, mix_hours: int, limit: int,
+async def _tenant_data(state: Runtime, tenant_id: str, days: int, mix_hours: int, limit: int,
                        before_at: str | None, before_id: str | None) -> dict[str, Any]:
     before = _cursor(before_at, before_id)
     data = await anyio.to_thread.run_sync(_tenant, state, tenant_id, days, mix_hours, limit, before)
@@ -183,14 +181,14 @@ LIMIT = Query(50, ge=1, le=aq.MAX_PAGE)
 # ---- HTML pages ------------------------------------------------------------------------------
 
 @router.get("/login", response_class=HTMLResponse)
-async def login_form(state: GatewayState = Depends(gateway_state)) -> Response:
+async def login_form(state: Runtime = Depends(get_runtime)) -> Response:
     if admin_key(state) is None:
         return _html("disabled.html", 403, message=_disabled_message(state))
     return _html("login.html", error=None)
 
 
 @router.post("/login")
-async def login(request: Request, state: GatewayState = Depends(gateway_state)) -> Response:
+async def login(request: Request, state: Runtime = Depends(get_runtime)) -> Response:
     key = admin_key(state)
     if key is None:
         return _html("disabled.html", 403, message=_disabled_message(state))
@@ -226,7 +224,7 @@ async def logout(request: Request) -> Response:
 
 @router.get("", response_class=HTMLResponse)
 async def overview_page(request: Request, days: int = DAYS, mix_hours: int = MIX_HOURS,
-                        state: GatewayState = Depends(gateway_state)) -> Response:
+                        state: Runtime = Depends(get_runtime)) -> Response:
     gate = _page_gate(request, state)
     if gate is not None:
         return gate
@@ -236,7 +234,7 @@ async def overview_page(request: Request, days: int = DAYS, mix_hours: int = MIX
 @router.get("/tenants/{tenant_id}", response_class=HTMLResponse)
 async def tenant_page(request: Request, tenant_id: str, days: int = DAYS, mix_hours: int = MIX_HOURS,
                       limit: int = LIMIT, before_at: str | None = None, before_id: str | None = None,
-                      state: GatewayState = Depends(gateway_state)) -> Response:
+                      state: Runtime = Depends(get_runtime)) -> Response:
     gate = _page_gate(request, state)
     if gate is not None:
         return gate
@@ -259,7 +257,7 @@ async def static_file(name: str) -> Response:
 
 @router.get("/api/overview")
 async def overview_json(days: int = DAYS, mix_hours: int = MIX_HOURS,
-                        state: GatewayState = Depends(admin_json)) -> Response:
+                        state: Runtime = Depends(admin_json)) -> Response:
     d = await anyio.to_thread.run_sync(_overview, state, days, mix_hours)
     return _json({"since": d["since"], "until": d["until"], "total": _totals_json(d["total"]),
                   "mix": _mix_json(d["mix"], mix_hours),
@@ -271,7 +269,7 @@ async def overview_json(days: int = DAYS, mix_hours: int = MIX_HOURS,
 @router.get("/api/tenants/{tenant_id}")
 async def tenant_json(tenant_id: Identifier, days: int = DAYS, mix_hours: int = MIX_HOURS, limit: int = LIMIT,
                       before_at: str | None = None, before_id: Identifier | None = None,
-                      state: GatewayState = Depends(admin_json)) -> Response:
+                      state: Runtime = Depends(admin_json)) -> Response:
     d = await _tenant_data(state, tenant_id, days, mix_hours, limit, before_at, before_id)
     page: aq.RequestPage = d["page"]
     mix: aq.TierMix = d["mix"]

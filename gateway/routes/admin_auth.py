@@ -20,17 +20,15 @@ from urllib.parse import urlparse
 from fastapi import Request
 
 from gateway.admin import SESSION_COOKIE, LoginThrottle, SessionSigner
-from gateway.deps import GatewayState
 from gateway.errors import AuthenticationFailed, PermissionDenied, RateLimited
+from gateway.runtime import Runtime
 
-THROTTLE = "admin_login_throttle"  # GatewayState.extras key
 
-
-def admin_key(state: GatewayState) -> str | None:
+def admin_key(state: Runtime) -> str | None:
     return os.environ.get(state.settings.server.admin_key_env) or None
 
 
-def disabled(state: GatewayState) -> PermissionDenied:
+def disabled(state: Runtime) -> PermissionDenied:
     return PermissionDenied(f"admin API disabled: set the environment variable {state.settings.server.admin_key_env}")
 
 
@@ -38,11 +36,11 @@ def client_address(request: Request) -> str:
     return request.client.host if request.client else "unknown"
 
 
-def throttle(state: GatewayState) -> LoginThrottle:
-    return state.extras.setdefault(THROTTLE, LoginThrottle())  # type: ignore[no-any-return]
+def throttle(state: Runtime) -> LoginThrottle:
+    return state.admin_throttle
 
 
-def throttled(request: Request, state: GatewayState) -> RateLimited | None:
+def throttled(request: Request, state: Runtime) -> RateLimited | None:
     """The 429 to answer when this client may not try an admin key now, else None."""
     wait = throttle(state).retry_after_s(client_address(request))
     if wait is None:
@@ -52,7 +50,7 @@ def throttled(request: Request, state: GatewayState) -> RateLimited | None:
                        headers={"retry-after": str(seconds)})
 
 
-def check_key(request: Request, state: GatewayState, given: str, key: str) -> bool:
+def check_key(request: Request, state: Runtime, given: str, key: str) -> bool:
     """Compare a key the client sent with the admin key, throttled; False counts as a failure."""
     refused = throttled(request, state)
     if refused is not None:
@@ -71,9 +69,9 @@ def bearer(request: Request) -> str | None:
     return token if scheme.lower() == "bearer" and token else None
 
 
-async def require_admin(request: Request) -> GatewayState:
+async def require_admin(request: Request) -> Runtime:
     """Dependency of the admin APIs that take the admin key only as a bearer token."""
-    state: GatewayState = request.app.state.tiergate
+    state: Runtime = request.app.state.tiergate
     key = admin_key(state)
     if key is None:
         raise disabled(state)
@@ -83,7 +81,7 @@ async def require_admin(request: Request) -> GatewayState:
     return state
 
 
-def signed_in(request: Request, state: GatewayState, key: str) -> bool:
+def signed_in(request: Request, state: Runtime, key: str) -> bool:
     """A bearer admin key (checked, throttled: may raise RateLimited) or a valid session cookie."""
     given = bearer(request)
     if given is not None:
@@ -91,10 +89,10 @@ def signed_in(request: Request, state: GatewayState, key: str) -> bool:
     return SessionSigner(key).valid(request.cookies.get(SESSION_COOKIE))
 
 
-async def admin_json(request: Request) -> GatewayState:
+async def admin_json(request: Request) -> Runtime:
     """Dependency of the dashboard's JSON API: 403 when disabled, 401 without a valid key or
     session, 429 while this client's wrong admin keys are throttled."""
-    state: GatewayState = request.app.state.tiergate
+    state: Runtime = request.app.state.tiergate
     key = admin_key(state)
     if key is None:
         raise disabled(state)

@@ -18,10 +18,10 @@ import orjson
 from fastapi import APIRouter, Depends, Request, Response
 
 from gateway.db.models import ApiKey, utcnow
-from gateway.deps import GatewayState
 from gateway.errors import NotFound, PermissionDenied
 from gateway.identifiers import Identifier
 from gateway.routes.admin_auth import admin_json, bearer, same_origin
+from gateway.runtime import Runtime
 
 router = APIRouter(prefix="/admin/api/keys")
 
@@ -31,7 +31,7 @@ def _iso(ts: datetime) -> str:
     return (ts if ts.tzinfo else ts.replace(tzinfo=UTC)).isoformat()
 
 
-def _revoke(state: GatewayState, key_id: str) -> tuple[dict[str, Any], str]:
+def _revoke(state: Runtime, key_id: str) -> tuple[dict[str, Any], str]:
     with state.session_factory.begin() as session:
         key = session.get(ApiKey, key_id)
         if key is None:
@@ -46,11 +46,9 @@ def _revoke(state: GatewayState, key_id: str) -> tuple[dict[str, Any], str]:
 
 
 @router.post("/{key_id}/revoke")
-async def revoke_key(request: Request, key_id: Identifier, state: GatewayState = Depends(admin_json)) -> Response:
+async def revoke_key(request: Request, key_id: Identifier, state: Runtime = Depends(admin_json)) -> Response:
     if bearer(request) is None and not same_origin(request):
         raise PermissionDenied("cross-site request refused")
     body, key_hash = await anyio.to_thread.run_sync(_revoke, state, key_id)
-    invalidate = getattr(state.keys, "invalidate", None)
-    if invalidate is not None:
-        invalidate(key_hash)
+    state.keys.invalidate(key_hash)
     return Response(orjson.dumps(body), media_type="application/json", headers={"Cache-Control": "no-store"})

@@ -15,7 +15,7 @@ from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
 from gateway.chat_flow import PrincipalLike
-from gateway.deps import GatewayState, gateway_state, principal
+from gateway.deps import get_runtime, principal
 from gateway.errors import InvalidRequest
 from gateway.identifiers import Identifier, is_clean, is_storable
 from gateway.jobs import store
@@ -23,6 +23,7 @@ from gateway.jobs.backends import QueueUnavailable
 from gateway.jobs.files import get_file
 from gateway.jobs.validate import parse_batch_file
 from gateway.request_body import read_model
+from gateway.runtime import Runtime
 
 router = APIRouter()
 
@@ -59,7 +60,7 @@ def _json(session: Session, batch: store.Batch) -> dict[str, Any]:
     return store.batch_json(batch, store.line_counts(session, [batch.id]).get(batch.id))
 
 
-def _create(state: GatewayState, who: PrincipalLike, body: BatchCreate) -> dict[str, Any]:
+def _create(state: Runtime, who: PrincipalLike, body: BatchCreate) -> dict[str, Any]:
     store.check_batch_params(body.endpoint, body.completion_window)
     with state.session_factory() as session, session.begin():
         f = get_file(session, who.tenant_id, body.input_file_id, param="input_file_id")
@@ -73,13 +74,13 @@ def _create(state: GatewayState, who: PrincipalLike, body: BatchCreate) -> dict[
         return store.batch_json(batch, None)
 
 
-def _fail(state: GatewayState, batch_id: str, err: QueueUnavailable) -> None:
+def _fail(state: Runtime, batch_id: str, err: QueueUnavailable) -> None:
     with state.session_factory() as session:
         store.fail_batch(session, batch_id, err.code or "queue_unavailable", err.message, store.utc_now())
 
 
 @router.post("/v1/batches")
-async def create_batch(request: Request, state: GatewayState = Depends(gateway_state),
+async def create_batch(request: Request, state: Runtime = Depends(get_runtime),
                        who: PrincipalLike = Depends(principal)) -> Any:
     """Commit the batch, then hand it to the jobs backend; when the backend cannot take it the
     batch is marked failed (its ``errors`` say why) and the client gets a 503 to retry. The body
@@ -87,7 +88,8 @@ async def create_batch(request: Request, state: GatewayState = Depends(gateway_s
     body = await read_model(request, state.settings.server, BatchCreate, max_bytes=MAX_CREATE_BYTES)
     created = await run_in_threadpool(_create, state, who, body)
     try:
-        await state.extras["jobs"].submit(created["id"])
+        assert state.jobs is not None, "a gateway runtime has a jobs backend"
+        await state.jobs.submit(created["id"])
     except QueueUnavailable as err:
         await run_in_threadpool(_fail, state, created["id"], err)
         raise
@@ -95,7 +97,7 @@ async def create_batch(request: Request, state: GatewayState = Depends(gateway_s
 
 
 @router.get("/v1/batches/{batch_id}")
-async def retrieve_batch(batch_id: Identifier, state: GatewayState = Depends(gateway_state),
+async def retrieve_batch(batch_id: Identifier, state: Runtime = Depends(get_runtime),
                          who: PrincipalLike = Depends(principal)) -> Any:
     def read() -> dict[str, Any]:
         with state.session_factory() as session:
@@ -104,7 +106,7 @@ async def retrieve_batch(batch_id: Identifier, state: GatewayState = Depends(gat
 
 
 @router.get("/v1/batches")
-async def list_batches(after: Identifier | None = None, limit: int = 20, state: GatewayState = Depends(gateway_state),
+async def list_batches(after: Identifier | None = None, limit: int = 20, state: Runtime = Depends(get_runtime),
                        who: PrincipalLike = Depends(principal)) -> Any:
     if not 1 <= limit <= 100:
         raise InvalidRequest("limit must be between 1 and 100", param="limit")
@@ -120,7 +122,7 @@ async def list_batches(after: Identifier | None = None, limit: int = 20, state: 
 
 
 @router.post("/v1/batches/{batch_id}/cancel")
-async def cancel_batch(batch_id: Identifier, state: GatewayState = Depends(gateway_state),
+async def cancel_batch(batch_id: Identifier, state: Runtime = Depends(get_runtime),
                        who: PrincipalLike = Depends(principal)) -> Any:
     """Pending lines are cancelled at once; running ones finish; the batch then becomes cancelled
     (right here when nothing is running)."""

@@ -7,7 +7,7 @@ alerts (newest first) for the dashboard. Protected by the admin key: ``Authoriza
 <value of the environment variable named by server.admin_key_env>`` (gateway.routes.admin_auth:
 checked before the body is read, wrong keys throttled per client address); when that variable is
 unset every call is refused. Values are bounded (gateway.budgets.bounds). Uses the
-``BudgetRuntime`` the lifespan put in ``GatewayState.extras["budgets"]``.
+``BudgetRuntime`` of the process's ``Runtime``.
 """
 
 from __future__ import annotations
@@ -26,11 +26,11 @@ from gateway.budgets.alerts import recent_alerts
 from gateway.budgets.models import BudgetPolicyRow
 from gateway.budgets.policies import Scope
 from gateway.db.models import ApiKey, Tenant
-from gateway.deps import GatewayState
 from gateway.errors import InvalidRequest, NotFound
 from gateway.identifiers import Identifier
 from gateway.request_body import read_model
 from gateway.routes.admin_auth import require_admin
+from gateway.runtime import Runtime
 
 router = APIRouter(prefix="/admin/budgets")
 
@@ -48,11 +48,8 @@ class BudgetUpdate(BaseModel):
                         "tokens_per_min"]] = []
 
 
-def _runtime(state: GatewayState) -> BudgetRuntime:
-    rt = state.extras.get("budgets")
-    if rt is None:
-        raise NotFound("budgets are not enabled on this server")
-    return rt  # type: ignore[no-any-return]
+def _runtime(state: Runtime) -> BudgetRuntime:
+    return state.budgets
 
 
 class _Caller:
@@ -60,7 +57,7 @@ class _Caller:
         self.tenant_id, self.key_id = tenant_id, key_id
 
 
-def _tenant_of(state: GatewayState, scope: Scope, subject_id: str) -> str:
+def _tenant_of(state: Runtime, scope: Scope, subject_id: str) -> str:
     with state.session_factory() as session:
         if scope == "tenant":
             if session.get(Tenant, subject_id) is None:
@@ -72,7 +69,7 @@ def _tenant_of(state: GatewayState, scope: Scope, subject_id: str) -> str:
         return key.tenant_id
 
 
-def _policy_json(state: GatewayState, scope: Scope, subject_id: str) -> dict[str, Any] | None:
+def _policy_json(state: Runtime, scope: Scope, subject_id: str) -> dict[str, Any] | None:
     with state.session_factory() as session:
         row = session.get(BudgetPolicyRow, subject_of(scope, subject_id))
         if row is None:
@@ -86,7 +83,7 @@ def _num(value: Decimal | None) -> float | None:
     return None if value is None else float(value)
 
 
-async def _show(state: GatewayState, scope: Scope, subject_id: str) -> Response:
+async def _show(state: Runtime, scope: Scope, subject_id: str) -> Response:
     rt = _runtime(state)
     tenant_id = await anyio.to_thread.run_sync(_tenant_of, state, scope, subject_id)
     policy = await anyio.to_thread.run_sync(_policy_json, state, scope, subject_id)
@@ -96,7 +93,7 @@ async def _show(state: GatewayState, scope: Scope, subject_id: str) -> Response:
     return Response(orjson.dumps(body), media_type="application/json")
 
 
-async def _update(state: GatewayState, scope: Scope, subject_id: str, update: BudgetUpdate) -> Response:
+async def _update(state: Runtime, scope: Scope, subject_id: str, update: BudgetUpdate) -> Response:
     rt = _runtime(state)
     tenant_id = await anyio.to_thread.run_sync(_tenant_of, state, scope, subject_id)
 
@@ -119,32 +116,32 @@ async def _update(state: GatewayState, scope: Scope, subject_id: str, update: Bu
 MAX_UPDATE_BYTES = 16 * 1024
 
 
-async def _read_update(request: Request, state: GatewayState) -> BudgetUpdate:
+async def _read_update(request: Request, state: Runtime) -> BudgetUpdate:
     return await read_model(request, state.settings.server, BudgetUpdate, max_bytes=MAX_UPDATE_BYTES)
 
 
 @router.get("/tenants/{tenant_id}")
-async def show_tenant(tenant_id: Identifier, state: GatewayState = Depends(require_admin)) -> Response:
+async def show_tenant(tenant_id: Identifier, state: Runtime = Depends(require_admin)) -> Response:
     return await _show(state, "tenant", tenant_id)
 
 
 @router.put("/tenants/{tenant_id}")
-async def set_tenant(request: Request, tenant_id: Identifier, state: GatewayState = Depends(require_admin)) -> Response:
+async def set_tenant(request: Request, tenant_id: Identifier, state: Runtime = Depends(require_admin)) -> Response:
     return await _update(state, "tenant", tenant_id, await _read_update(request, state))
 
 
 @router.get("/keys/{key_id}")
-async def show_key(key_id: Identifier, state: GatewayState = Depends(require_admin)) -> Response:
+async def show_key(key_id: Identifier, state: Runtime = Depends(require_admin)) -> Response:
     return await _show(state, "key", key_id)
 
 
 @router.put("/keys/{key_id}")
-async def set_key(request: Request, key_id: Identifier, state: GatewayState = Depends(require_admin)) -> Response:
+async def set_key(request: Request, key_id: Identifier, state: Runtime = Depends(require_admin)) -> Response:
     return await _update(state, "key", key_id, await _read_update(request, state))
 
 
 @router.get("/tenants/{tenant_id}/alerts")
-async def tenant_alerts(tenant_id: Identifier, state: GatewayState = Depends(require_admin)) -> Response:
+async def tenant_alerts(tenant_id: Identifier, state: Runtime = Depends(require_admin)) -> Response:
     await anyio.to_thread.run_sync(_tenant_of, state, "tenant", tenant_id)  # an unknown tenant is 404
 
     def read() -> list[dict[str, Any]]:

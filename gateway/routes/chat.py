@@ -11,8 +11,8 @@ from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from gateway.chat_flow import ChatStream
-from gateway.deps import GatewayState
 from gateway.request_body import read_json
+from gateway.runtime import Runtime
 
 router = APIRouter()
 
@@ -55,7 +55,7 @@ def _json(content: object, headers: dict[str, str] | None = None) -> Response:
 async def chat_completions(request: Request) -> Response:
     # A plain Starlette route (added below), not a FastAPI one: the hot path skips dependency
     # solving. Same steps as the deps: app state, then the key, then the body (gateway.request_body).
-    state: GatewayState = request.app.state.tiergate
+    state: Runtime = request.app.state.tiergate
     who = await state.keys.authenticate(request.headers.get("authorization"))
     data = await read_json(request, state.settings.server)
     rr, req = state.flow.prepare(who, data)

@@ -21,11 +21,12 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
 from gateway.chat_flow import PrincipalLike
-from gateway.deps import GatewayState, gateway_state, principal
+from gateway.deps import get_runtime, principal
 from gateway.errors import InvalidRequest, NotFound
 from gateway.identifiers import Identifier
 from gateway.perceive import TIER_SCORES, feedback_fields, record_verdict
 from gateway.request_body import read_model
+from gateway.runtime import Runtime
 from gateway.settings import TIER_NAMES, Tier
 
 router = APIRouter()
@@ -59,9 +60,9 @@ def _request_tier(session_factory: Any, request_id: str, tenant_id: str) -> str 
     return _MISSING if row is None else row[0]
 
 
-async def _find_request(state: GatewayState, request_id: str, tenant_id: str) -> str | None:
+async def _find_request(state: Runtime, request_id: str, tenant_id: str) -> str | None:
     used = await run_in_threadpool(_request_tier, state.session_factory, request_id, tenant_id)
-    if used == _MISSING and hasattr(state.ledger, "aflush"):
+    if used == _MISSING:
         # The request row may still be in the ledger's journal (flushed every few ms): flush, retry.
         await state.ledger.aflush()
         used = await run_in_threadpool(_request_tier, state.session_factory, request_id, tenant_id)
@@ -82,7 +83,7 @@ def _label(body: FeedbackBody, used: str | None) -> str:
 
 
 @router.post("/v1/feedback")
-async def post_feedback(request: Request, state: GatewayState = Depends(gateway_state),
+async def post_feedback(request: Request, state: Runtime = Depends(get_runtime),
                         who: PrincipalLike = Depends(principal)) -> Response:
     body = await read_model(request, state.settings.server, FeedbackBody, max_bytes=MAX_FEEDBACK_BYTES)
     tenant_id = str(who.tenant_id)

@@ -14,23 +14,24 @@ from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import UploadFile
 
 from gateway.chat_flow import PrincipalLike
-from gateway.deps import GatewayState, gateway_state, principal
+from gateway.deps import get_runtime, principal
 from gateway.errors import InvalidRequest, PayloadTooLarge
 from gateway.identifiers import FORBIDDEN_MESSAGE, Identifier, is_clean
 from gateway.jobs.files import create_file, delete_file, file_json, get_file, list_files
 from gateway.jobs.store import utc_now
 from gateway.request_body import FORM_OVERHEAD_BYTES, read_form
+from gateway.runtime import Runtime
 
 router = APIRouter()
 UPLOAD_PURPOSES = ("batch",)
 
 
-def _tx(state: GatewayState, fn: Any, *args: Any) -> Any:
+def _tx(state: Runtime, fn: Any, *args: Any) -> Any:
     with state.session_factory() as session, session.begin():
         return fn(session, *args)
 
 
-async def _upload(request: Request, state: GatewayState) -> tuple[str, str, bytes]:
+async def _upload(request: Request, state: Runtime) -> tuple[str, str, bytes]:
     """(file name, purpose, content) of a multipart upload, streamed under the file size limit
     (``jobs.max_file_bytes``) and the upload read timeout."""
     jobs = state.settings.jobs
@@ -54,7 +55,7 @@ async def _upload(request: Request, state: GatewayState) -> tuple[str, str, byte
 
 
 @router.post("/v1/files")
-async def upload_file(request: Request, state: GatewayState = Depends(gateway_state),
+async def upload_file(request: Request, state: Runtime = Depends(get_runtime),
                       who: PrincipalLike = Depends(principal)) -> Any:
     filename, purpose, content = await _upload(request, state)
     f = await run_in_threadpool(_tx, state, create_file, who.tenant_id, filename, purpose, content, utc_now())
@@ -63,7 +64,7 @@ async def upload_file(request: Request, state: GatewayState = Depends(gateway_st
 
 @router.get("/v1/files")
 async def list_files_route(purpose: Identifier | None = None, limit: int = 10_000, after: Identifier | None = None,
-                           order: str = "desc", state: GatewayState = Depends(gateway_state),
+                           order: str = "desc", state: Runtime = Depends(get_runtime),
                            who: PrincipalLike = Depends(principal)) -> Any:
     if not 1 <= limit <= 10_000:
         raise InvalidRequest("limit must be between 1 and 10000", param="limit")
@@ -76,20 +77,20 @@ async def list_files_route(purpose: Identifier | None = None, limit: int = 10_00
 
 
 @router.get("/v1/files/{file_id}")
-async def retrieve_file(file_id: Identifier, state: GatewayState = Depends(gateway_state),
+async def retrieve_file(file_id: Identifier, state: Runtime = Depends(get_runtime),
                         who: PrincipalLike = Depends(principal)) -> Any:
     return file_json(await run_in_threadpool(_tx, state, get_file, who.tenant_id, file_id))
 
 
 @router.get("/v1/files/{file_id}/content")
-async def file_content(file_id: Identifier, state: GatewayState = Depends(gateway_state),
+async def file_content(file_id: Identifier, state: Runtime = Depends(get_runtime),
                        who: PrincipalLike = Depends(principal)) -> Response:
     f = await run_in_threadpool(_tx, state, get_file, who.tenant_id, file_id)
     return Response(f.content, media_type="application/octet-stream")
 
 
 @router.delete("/v1/files/{file_id}")
-async def remove_file(file_id: Identifier, state: GatewayState = Depends(gateway_state),
+async def remove_file(file_id: Identifier, state: Runtime = Depends(get_runtime),
                       who: PrincipalLike = Depends(principal)) -> Any:
     await run_in_threadpool(_tx, state, delete_file, who.tenant_id, file_id)
     return {"id": file_id, "object": "file", "deleted": True}

@@ -9,7 +9,8 @@ import orjson
 import sqlalchemy as sa
 from fastapi import APIRouter, Depends, Response
 
-from gateway.deps import GatewayState, gateway_state
+from gateway.deps import get_runtime
+from gateway.runtime import Runtime
 
 router = APIRouter()
 log = logging.getLogger("tiergate.health")
@@ -20,7 +21,7 @@ async def healthz() -> Response:
     return Response(b'{"status":"ok"}', media_type="application/json")
 
 
-def _db_ok(state: GatewayState) -> bool:
+def _db_ok(state: Runtime) -> bool:
     try:
         with state.session_factory() as session:
             session.execute(sa.text("SELECT 1"))
@@ -31,10 +32,9 @@ def _db_ok(state: GatewayState) -> bool:
 
 
 @router.get("/readyz")
-async def readyz(state: GatewayState = Depends(gateway_state)) -> Response:
+async def readyz(state: Runtime = Depends(get_runtime)) -> Response:
     db = await anyio.to_thread.run_sync(_db_ok, state)
-    health = getattr(state.ledger, "health", None)
-    ledger = bool(health().ok) if callable(health) else True
+    ledger = state.ledger.health().ok
     ok = db and ledger
     body = {"status": "ok" if ok else "unavailable", "database": db, "ledger": ledger}
     return Response(orjson.dumps(body), status_code=200 if ok else 503, media_type="application/json")

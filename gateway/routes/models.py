@@ -8,9 +8,10 @@ import orjson
 from fastapi import APIRouter, Depends, Response
 
 from gateway.chat_flow import PrincipalLike
-from gateway.deps import GatewayState, gateway_state, principal
+from gateway.deps import get_runtime, principal
 from gateway.errors import ModelNotFound
 from gateway.resolve import public_model_names
+from gateway.runtime import Runtime
 
 router = APIRouter()
 
@@ -20,14 +21,14 @@ def _card(name: str) -> dict[str, Any]:
 
 
 @router.get("/v1/models")
-async def list_models(state: GatewayState = Depends(gateway_state),
+async def list_models(state: Runtime = Depends(get_runtime),
                       _: PrincipalLike = Depends(principal)) -> Response:
     body = {"object": "list", "data": [_card(n) for n in public_model_names(state.settings)]}
     return Response(orjson.dumps(body), media_type="application/json")
 
 
 @router.get("/v1/models/{model_id:path}")
-async def get_model(model_id: str, state: GatewayState = Depends(gateway_state),
+async def get_model(model_id: str, state: Runtime = Depends(get_runtime),
                     _: PrincipalLike = Depends(principal)) -> Response:
     if model_id not in public_model_names(state.settings):
         raise ModelNotFound(f"The model '{model_id[:100]}' does not exist", param="model")

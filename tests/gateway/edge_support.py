@@ -25,6 +25,7 @@ from gateway.db import migrate
 from gateway.db.queries import add_api_key, create_tenant
 from gateway.db.session import make_engine, make_session_factory
 from gateway.ledger import Ledger
+from gateway.runtime import RuntimeParts
 from gateway.settings import settings_from_dict
 from tests.gateway.gateway_harness import Gateway, asgi_client
 from tests.gateway.jobs_support import batch_config
@@ -67,7 +68,7 @@ async def edge_gateway(tmp_path: Path, upstream: ScriptedUpstream, *, db_url: st
     settings = settings_from_dict(cfg, base_dir=tmp_path)
     ledger = Ledger(sf, tmp_path / "journal", flush_interval_ms=5)
     ledger.start()
-    app = create_app(settings, session_factory=sf, ledger=ledger)
+    app = create_app(settings, RuntimeParts(session_factory=sf, ledger=ledger))
     try:
         async with asgi_client(app) as client:
             yield Gateway(app, client, settings, upstream, ledger, sf, tenant_id, raw)

@@ -26,6 +26,7 @@ from gateway.db.models import Base, Feedback, LedgerEntryRow, Request
 from gateway.db.queries import add_api_key, create_tenant
 from gateway.db.session import make_engine, make_session_factory
 from gateway.ledger import Ledger
+from gateway.runtime import RuntimeParts
 from gateway.settings import Settings, settings_from_dict
 from tests.gateway.scripted_upstream import ScriptedUpstream, config_for
 
@@ -99,7 +100,7 @@ def _app_with_ledger(tmp_path: Path, upstream: ScriptedUpstream,
     settings = settings_from_dict(config_for(upstream.base_url, db_url=url, **config), base_dir=tmp_path)
     ledger = Ledger(sf, tmp_path / "journal", flush_interval_ms=5)
     ledger.start()
-    app = create_app(settings, session_factory=sf, ledger=ledger, key_store=KeyStore(sf))
+    app = create_app(settings, RuntimeParts(session_factory=sf, ledger=ledger, keys=KeyStore(sf)))
     try:
         yield app, lambda client: Gateway(app, client, settings, upstream, ledger, sf, tenant_id, raw)
     finally:

@@ -17,6 +17,7 @@ from gateway.app import create_app
 from gateway.auth import KeyStore
 from gateway.cli.serve import app_from_env
 from gateway.ledger import Ledger
+from gateway.runtime import RuntimeParts
 from gateway.settings import settings_from_dict
 from tests.gateway.gateway_harness import asgi_client, gateway, make_database
 from tests.gateway.scripted_upstream import ScriptedUpstream, config_for
@@ -39,7 +40,7 @@ async def test_freeze_heap_freezes_the_startup_heap_until_shutdown(tmp_path: Pat
     settings = settings_from_dict(config_for(upstream.base_url, db_url=url), base_dir=tmp_path)
     ledger = Ledger(sf, tmp_path / "journal", flush_interval_ms=5)
     ledger.start()
-    app = create_app(settings, session_factory=sf, ledger=ledger, key_store=KeyStore(sf), freeze_heap=True)
+    app = create_app(settings, RuntimeParts(session_factory=sf, ledger=ledger, keys=KeyStore(sf)), freeze_heap=True)
     before_startup = [object()]
     assert gc.get_freeze_count() == 0 and _tracked(before_startup)
     try:

@@ -24,6 +24,7 @@ from gateway.app import create_app
 from gateway.auth import KeyStore
 from gateway.db.models import LedgerEntryRow
 from gateway.ledger import Ledger
+from gateway.runtime import RuntimeParts
 from gateway.settings import settings_from_dict
 from tests.gateway.gateway_harness import Gateway, asgi_client, make_database
 from tests.gateway.jobs_support import FINAL, batch_config, create_batch, jsonl, line, upload
@@ -81,7 +82,7 @@ async def test_a_hard_budget_holds_against_an_upstream_that_writes_the_maximum(t
         settings = settings_from_dict(_config(upstream, url), base_dir=tmp_path)
         ledger = Ledger(sf, tmp_path / "journal", flush_interval_ms=5)
         ledger.start()
-        app = create_app(settings, session_factory=sf, ledger=ledger, key_store=KeyStore(sf))
+        app = create_app(settings, RuntimeParts(session_factory=sf, ledger=ledger, keys=KeyStore(sf)))
         try:
             async with asgi_client(app) as client:
                 gw = Gateway(app, client, settings, upstream, ledger, sf, tenant_id, raw)

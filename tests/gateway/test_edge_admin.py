@@ -24,6 +24,7 @@ from typer.testing import CliRunner
 from gateway.app import create_app
 from gateway.cli import budgets_cmd
 from gateway.ledger import Ledger
+from gateway.runtime import RuntimeParts
 from tests.gateway.cli_support import admin_cli_root
 from tests.gateway.edge_support import ADMIN, edge_gateway, new_tenant_and_key, openai_error
 from tests.gateway.gateway_harness import Gateway
@@ -157,7 +158,7 @@ async def _replica(gw: Gateway, tmp_path: Path) -> AsyncIterator[httpx.AsyncClie
     """A second gateway process's app on the same database, its key store built from settings."""
     ledger = Ledger(gw.session_factory, tmp_path / "journal-b", flush_interval_ms=5)
     ledger.start()
-    app = create_app(gw.settings, session_factory=gw.session_factory, ledger=ledger)
+    app = create_app(gw.settings, RuntimeParts(session_factory=gw.session_factory, ledger=ledger))
     try:
         async with app.router.lifespan_context(app), httpx.AsyncClient(
                 transport=httpx.ASGITransport(app=app), base_url="http://replica-b") as client:

@@ -26,6 +26,7 @@ import pytest
 from gateway.app import create_app
 from gateway.auth import KeyStore
 from gateway.ledger import Ledger
+from gateway.runtime import RuntimeParts
 from gateway.settings import settings_from_dict
 from tests.gateway.gateway_harness import Gateway, asgi_client, make_database
 from tests.gateway.jobs_support import batch_config, create_batch, jsonl, line, upload, wait_final
@@ -141,7 +142,7 @@ async def provider_gateway(tmp_path: Path, upstream: ScriptedUpstream, provider:
     settings = settings_from_dict(cfg, base_dir=tmp_path)
     ledger = Ledger(sf, tmp_path / "journal", flush_interval_ms=5)
     ledger.start()
-    app = create_app(settings, session_factory=sf, ledger=ledger, key_store=KeyStore(sf))
+    app = create_app(settings, RuntimeParts(session_factory=sf, ledger=ledger, keys=KeyStore(sf)))
     try:
         async with asgi_client(app) as client:
             yield Gateway(app, client, settings, upstream, ledger, sf, tenant_id, raw)

@@ -170,6 +170,7 @@ def test_openai_sdk_streams_local_model_through_the_gateway(model_dir: Path, tmp
     from gateway.auth import KeyStore
     from gateway.db.models import LedgerEntryRow
     from gateway.ledger import Ledger
+    from gateway.runtime import RuntimeParts
     from gateway.settings import settings_from_dict
     from tests.gateway.gateway_harness import make_database, served
 
@@ -186,7 +187,7 @@ def test_openai_sdk_streams_local_model_through_the_gateway(model_dir: Path, tmp
     ledger = Ledger(sf, tmp_path / "journal", flush_interval_ms=5)
     ledger.start()
     provider = LocalEngineProvider(settings)
-    app = create_app(settings, session_factory=sf, ledger=ledger, key_store=KeyStore(sf), local_provider=provider)
+    app = create_app(settings, RuntimeParts(session_factory=sf, ledger=ledger, keys=KeyStore(sf), local_provider=provider))
     msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
     try:
         with served(app) as base:

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 from gateway.budget_execution import BudgetedExecutor
-from gateway.deps import GatewayState
 from gateway.execution import ResolvedRequest
+from gateway.runtime import Runtime
 from tests.gateway.gateway_harness import Gateway, gateway
 from tests.gateway.scripted_upstream import ADMIN_KEY, ScriptedUpstream
 
@@ -30,7 +30,7 @@ async def _budget(gw: Gateway, **policy: Any) -> None:
 
 
 def _worst_case(gw: Gateway, body: dict[str, Any]) -> Decimal:
-    state: GatewayState = gw.app.state.tiergate
+    state: Runtime = gw.app.state.tiergate
 
     class Who:
         tenant_id, key_id, allow_prompt_storage = gw.tenant_id, None, False
@@ -98,7 +98,7 @@ async def test_a_soft_only_budget_caps_effort_alerts_and_shows(tmp_path: Path, u
         cap = gw.settings.budgets.soft_effort_cap
         assert capped.headers["x-tiergate-tier"] == capped.headers["x-tiergate-effort"] == cap
         assert capped.headers["x-tiergate-effort-source"] == "budget_cap"
-        await gw.app.state.tiergate.extras["budgets"].alerts.drain()
+        await gw.app.state.tiergate.budgets.alerts.drain()
         alerts = (await gw.client.get(f"/admin/budgets/tenants/{gw.tenant_id}/alerts", headers=ADMIN)).json()
         assert alerts["data"], alerts  # crossing the soft limit alerted
 

@@ -19,6 +19,7 @@ from gateway.execution import DirectExecutor
 from gateway.ledger import Ledger
 from gateway.pipeline.executor import PipelineExecutor
 from gateway.providers.registry import ProviderRegistry
+from gateway.runtime import RuntimeParts
 from gateway.settings import settings_from_dict
 from tests.gateway.gateway_harness import Gateway, asgi_client, make_database
 from tests.gateway.scripted_models import ScriptedProvider, plan_json, scripted_settings
@@ -43,8 +44,7 @@ async def pipeline_gateway(tmp_path: Path, provider: ScriptedProvider,
             return soft_exceeded
         executor = PipelineExecutor(settings, registry, ledger, DirectExecutor(settings, registry, ledger),
                                     soft_budget_exceeded=check)
-    app = create_app(settings, session_factory=sf, ledger=ledger, key_store=KeyStore(sf), registry=registry,
-                     executor=executor)
+    app = create_app(settings, RuntimeParts(session_factory=sf, ledger=ledger, keys=KeyStore(sf), registry=registry, executor=executor))
     try:
         async with asgi_client(app) as client:
             yield Gateway(app, client, settings, None, ledger, sf, tenant_id, raw)  # type: ignore[arg-type]

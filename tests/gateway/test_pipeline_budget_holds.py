@@ -32,6 +32,7 @@ from gateway.providers.registry import ProviderRegistry
 from gateway.request_budget import RequestBudget
 from gateway.resolve import resolve_model
 from gateway.routing import direct_body, resolve_execution
+from gateway.runtime import RuntimeParts
 from gateway.settings import settings_from_dict
 from tests.gateway.budgets_support import Caller, FakeClock, migrated_db, small_settings, sqlite_url
 from tests.gateway.gateway_harness import Gateway, asgi_client, make_database
@@ -182,8 +183,7 @@ async def budgeted_gateway(tmp_path: Path, provider: ScriptedProvider,
     settings = settings_from_dict(cfg, base_dir=tmp_path)
     ledger = Ledger(sf, tmp_path / "journal", flush_interval_ms=5)
     ledger.start()
-    app = create_app(settings, session_factory=sf, ledger=ledger, key_store=KeyStore(sf),
-                     registry=ProviderRegistry(settings, local_provider=provider))
+    app = create_app(settings, RuntimeParts(session_factory=sf, ledger=ledger, keys=KeyStore(sf), registry=ProviderRegistry(settings, local_provider=provider)))
     try:
         async with asgi_client(app) as client:
             yield Gateway(app, client, settings, None, ledger, sf, tenant_id, raw)  # type: ignore[arg-type]
@@ -204,7 +204,7 @@ async def test_concurrent_pipelines_never_overspend_a_hard_budget(tmp_path: Path
     revise = "VERDICT: revise\nFAILING: s1\nANSWER:\n" + " ".join(["draft"] * 40)
     provider = ScriptedProvider(plans=[PLAN], reviews=[revise], step=lambda m, t: long_step, step_delay_s=0.005)
     async with budgeted_gateway(tmp_path, provider, prefix) as gw:
-        assert (gw.app.state.tiergate.extras["budgets"].redis is not None) == (counters == "redis")
+        assert (gw.app.state.tiergate.budgets.redis is not None) == (counters == "redis")
         await _admin_put(gw, Decimal(1))
         r = await gw.client.post("/v1/chat/completions", headers=gw.auth, json=HIGH)
         assert r.status_code == 200, r.text

@@ -16,6 +16,7 @@ import yaml
 from gateway.app import create_app
 from gateway.auth import KeyStore
 from gateway.ledger import Ledger
+from gateway.runtime import RuntimeParts
 from gateway.settings import Settings, settings_from_dict
 from tests.gateway.gateway_harness import make_database
 
@@ -44,7 +45,7 @@ async def test_default_config_pipeline_runs_all_four_stages_on_the_demo_model(tm
     settings = default_settings(url)
     ledger = Ledger(sf, tmp_path / "journal", flush_interval_ms=5)
     ledger.start()
-    app = create_app(settings, session_factory=sf, ledger=ledger, key_store=KeyStore(sf))
+    app = create_app(settings, RuntimeParts(session_factory=sf, ledger=ledger, keys=KeyStore(sf)))
     try:
         async with app.router.lifespan_context(app), httpx.AsyncClient(
                 transport=httpx.ASGITransport(app=app), base_url="http://tiergate", timeout=300) as client:

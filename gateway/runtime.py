@@ -1,0 +1,125 @@
+"""``Runtime``: the one typed composition root. Everything a serving process needs — database
+sessions, the spend ledger, the key store, the provider registry, budgets, the classifier hook,
+the chat flow and the batch-jobs backend — is built here, once, in one order, and closed in the
+reverse order by ``open_runtime``. The FastAPI app (its lifespan), a Celery worker process and
+the benches all open one; tests hand in small real parts through ``RuntimeParts`` instead.
+
+Imports the gateway's building blocks; no FastAPI, no Celery.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
+from dataclasses import dataclass
+from typing import Literal
+
+from sqlalchemy.orm import Session, sessionmaker
+
+from gateway.admin.throttle import LoginThrottle
+from gateway.auth import KeyStore
+from gateway.budgets import BudgetRuntime, build_budget_runtime
+from gateway.chat_flow import ChatFlow
+from gateway.chat_runtime import budgeted, build_pipeline_executor
+from gateway.execution import Executor
+from gateway.jobs.backends import JobsBackend, start_jobs
+from gateway.ledger import Ledger
+from gateway.providers.base import ChatProvider
+from gateway.providers.metering import warm_up
+from gateway.providers.openai_compat import SessionFactory
+from gateway.providers.registry import ProviderRegistry
+from gateway.resolve import DecideAuto
+from gateway.settings import Settings
+
+Role = Literal["gateway", "worker"]
+
+
+@dataclass(frozen=True)
+class RuntimeParts:
+    """Parts handed in instead of built (tests pass small real ones); a part handed in is also
+    closed by its owner, not by the runtime."""
+
+    session_factory: sessionmaker[Session] | None = None
+    ledger: Ledger | None = None
+    keys: KeyStore | None = None
+    registry: ProviderRegistry | None = None
+    budgets: BudgetRuntime | None = None
+    executor: Executor | None = None  # the executor under the budgets (default: pipeline over direct)
+    decide_auto: DecideAuto | None = None  # the ``auto`` hook (default: the classifier, if one is found)
+    http_session_factory: SessionFactory | None = None
+    local_provider: ChatProvider | None = None
+
+
+@dataclass(frozen=True)
+class Runtime:
+    settings: Settings
+    session_factory: sessionmaker[Session]
+    ledger: Ledger
+    keys: KeyStore
+    registry: ProviderRegistry
+    budgets: BudgetRuntime
+    decide_auto: DecideAuto | None
+    flow: ChatFlow  # the live route's: budgets and rate limits in front
+    jobs: JobsBackend | None  # None in a worker process (it runs batches, it does not submit them)
+    admin_throttle: LoginThrottle  # failed admin credential checks per client address
+
+
+def _session_factory(settings: Settings, stack: AsyncExitStack) -> sessionmaker[Session]:
+    from gateway.db.session import engine_from_settings, make_session_factory
+
+    engine = engine_from_settings(settings)
+    stack.callback(engine.dispose)
+    return make_session_factory(engine)
+
+
+def _ledger(settings: Settings, sf: sessionmaker[Session], stack: AsyncExitStack) -> Ledger:
+    led = Ledger(sf, settings.resolve_path(settings.ledger.journal_dir),
+                 flush_interval_ms=settings.ledger.flush_interval_ms, batch_size=settings.ledger.batch_size)
+    led.start()  # replays what a dead process left in the journal
+    stack.push_async_callback(led.astop)  # closed last of all but the database: it drains first
+    return led
+
+
+async def _budgets(settings: Settings, sf: sessionmaker[Session], ledger: Ledger,
+                   stack: AsyncExitStack) -> BudgetRuntime:
+    await ledger.aflush()  # the counters load spend that includes a replayed journal
+    rt = build_budget_runtime(settings, sf)  # Redis counters when settings.redis has a URL
+    await rt.start()
+    stack.push_async_callback(rt.stop)
+    return rt
+
+
+async def _decide_auto(settings: Settings) -> DecideAuto | None:
+    from gateway.perceive import build_perceiver
+
+    perceiver = await asyncio.to_thread(build_perceiver, settings)
+    return perceiver.decide if perceiver is not None else None
+
+
+@asynccontextmanager
+async def open_runtime(settings: Settings, parts: RuntimeParts = RuntimeParts(), *,
+                       role: Role = "gateway") -> AsyncIterator[Runtime]:
+    """Build the runtime for this process; close what it built (in reverse) on exit."""
+    async with AsyncExitStack() as stack:
+        sf = parts.session_factory or _session_factory(settings, stack)
+        ledger = parts.ledger or _ledger(settings, sf, stack)
+        registry = parts.registry
+        if registry is None:
+            registry = ProviderRegistry(settings, http_session_factory=parts.http_session_factory,
+                                        local_provider=parts.local_provider)
+            stack.push_async_callback(registry.aclose)
+        budgets = parts.budgets or await _budgets(settings, sf, ledger, stack)
+        # The tokenizer that bills streams without usage: loaded off the loop, in the background.
+        warm = asyncio.ensure_future(asyncio.to_thread(warm_up, list(settings.models.values())))
+        stack.push_async_callback(lambda: warm)
+        decide = parts.decide_auto if parts.decide_auto is not None else await _decide_auto(settings)
+        inner = parts.executor or build_pipeline_executor(settings, registry, ledger, budgets, sf)
+        flow = ChatFlow(settings, budgeted(settings, inner, budgets), ledger, decide_auto=decide)
+        jobs = None
+        if role == "gateway":  # batch lines: an in-process runner (embedded) or a Celery producer
+            jobs = await start_jobs(settings, stack, session_factory=sf, registry=registry, budget_runtime=budgets,
+                                    decide_auto=decide, ledger=ledger, executor=parts.executor)
+        yield Runtime(settings=settings, session_factory=sf, ledger=ledger, keys=parts.keys or KeyStore(
+            sf, ttl_s=settings.server.key_cache_ttl_s), registry=registry, budgets=budgets, decide_auto=decide,
+            flow=flow, jobs=jobs, admin_throttle=LoginThrottle())
