@@ -20,7 +20,6 @@ from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from gateway.budget_execution import BudgetedExecutor  # noqa: F401  (registers the budgets tables on Base)
 from gateway.budgets import build_budget_runtime
 from gateway.chat_flow import ChatFlow
 from gateway.chat_runtime import budgeted, build_pipeline_executor

@@ -26,10 +26,10 @@ from sqlalchemy import update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
-from gateway.budgets.models import BudgetAlertRow
 from gateway.budgets.periods import utc_now
 from gateway.budgets.policies import BudgetPolicy
 from gateway.budgets.reservations import NANOS_PER_USD
+from gateway.db.models import BudgetAlertRow
 from gateway.log_safety import describe
 
 log = logging.getLogger(__name__)

@@ -20,9 +20,9 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from gateway.budgets import bounds
-from gateway.budgets.models import BudgetPolicyRow
 from gateway.budgets.periods import PERIOD_NAMES, PeriodName
 from gateway.budgets.reservations import from_nanos, to_nanos
+from gateway.db.models import BudgetPolicyRow
 from gateway.settings import BudgetDefaults
 
 Scope = Literal["tenant", "key"]

@@ -19,8 +19,8 @@ from decimal import ROUND_HALF_UP, Decimal
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from gateway.budgets.models import BudgetReservationRow
 from gateway.budgets.periods import PeriodWindow
+from gateway.db.models import BudgetReservationRow
 from gateway.log_safety import describe
 from gateway.settings import Price, Settings
 

@@ -28,10 +28,10 @@ import orjson
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
+from gateway.db.models import Batch, BatchLine
 from gateway.errors import InvalidRequest, NotFound
 from gateway.ids import fast_id
 from gateway.jobs.files import create_file, unix
-from gateway.jobs.models import Batch, BatchLine
 from gateway.jobs.validate import ENDPOINTS, LineSpec
 from gateway.ledger.entries import RequestRecord
 from gateway.ledger.writer import write_records

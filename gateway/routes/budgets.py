@@ -23,9 +23,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from gateway.budgets import BudgetRuntime, put_policy, subject_of
 from gateway.budgets.alerts import recent_alerts
-from gateway.budgets.models import BudgetPolicyRow
 from gateway.budgets.policies import Scope
-from gateway.db.models import ApiKey, Tenant
+from gateway.db.models import ApiKey, BudgetPolicyRow, Tenant
 from gateway.deps import GatewayState
 from gateway.errors import InvalidRequest, NotFound
 from gateway.identifiers import Identifier

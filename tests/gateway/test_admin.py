@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from gateway.admin import SESSION_COOKIE, LoginThrottle, SessionSigner
-from gateway.budgets.models import BudgetAlertRow
+from gateway.db.models import BudgetAlertRow
 from gateway.db.queries import create_tenant
 from tests.gateway.admin_support import ADMIN, db_sums, seed
 from tests.gateway.gateway_harness import Gateway, gateway

@@ -9,7 +9,7 @@ import httpx
 from sqlalchemy import select
 
 from gateway.budgets import AlertNotifier, BudgetPolicy, to_nanos
-from gateway.budgets.models import BudgetAlertRow
+from gateway.db.models import BudgetAlertRow
 from tests.gateway.budgets_support import FakeClock, migrated_db, sqlite_url
 
 POLICY = BudgetPolicy("tenant:t1", "tenant", "t1", None, "month", limit_nanos=to_nanos(10),

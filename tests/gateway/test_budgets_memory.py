@@ -12,7 +12,7 @@ import pytest
 from sqlalchemy import select
 
 from gateway.budgets import budget_guard, build_budget_runtime, put_policy, to_nanos, worst_case_cost
-from gateway.budgets.models import BudgetReservationRow
+from gateway.db.models import BudgetReservationRow
 from gateway.errors import BudgetExceeded
 from gateway.ledger import Ledger, LedgerEntry, new_entry_id
 from gateway.providers.base import Usage

@@ -12,10 +12,9 @@ import orjson
 import sqlalchemy as sa
 from sqlalchemy.orm import Session, sessionmaker
 
-from gateway.db.models import Base, DailySpend, LedgerEntryRow, Request
+from gateway.db.models import Base, Batch, BatchLine, DailySpend, FileObject, LedgerEntryRow, Request
 from gateway.db.session import make_engine, make_session_factory
 from gateway.jobs import store
-from gateway.jobs.models import Batch, BatchLine, FileObject
 from gateway.jobs.validate import LineSpec
 from gateway.ledger.entries import RequestRecord
 

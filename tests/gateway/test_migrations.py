@@ -38,7 +38,6 @@ def _up_down_up(url: str) -> None:
 
 def _drift(url: str) -> list[object]:
     migrate.upgrade(url)
-    migrate.import_model_modules()
     engine = make_engine(url)
     try:
         with engine.connect() as conn:
