@@ -49,10 +49,10 @@ from typing import Literal
 
 from sqlalchemy.orm import Session, sessionmaker
 
+from gateway.ledger.applier import write_batch
 from gateway.ledger.entries import LedgerEntry, Record, RequestRecord
 from gateway.ledger.journal import Journal, claim_writer_dir, read_segment, release_journal_dir
 from gateway.ledger.waiters import Waiter, resolve_waiter, take_waiters
-from gateway.ledger.writer import write_batch
 from gateway.log_safety import describe
 
 log = logging.getLogger("tiergate.ledger")

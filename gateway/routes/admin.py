@@ -155,7 +155,7 @@ async def _budget(state: GatewayState, tenant_id: str) -> dict[str, Any] | None:
     rt = state.extras.get("budgets")
     if rt is None:
         return None
-    return asdict(await rt.budgets.status(_Tenant(tenant_id)))
+    return (await rt.budgets.status(_Tenant(tenant_id))).to_json()
 
 
 def _cursor(before_at: str | None, before_id: str | None) -> tuple[datetime, str] | None:

@@ -12,7 +12,6 @@ unset every call is refused. Values are bounded (gateway.budgets.bounds). Uses t
 
 from __future__ import annotations
 
-from dataclasses import asdict
 from decimal import Decimal
 from typing import Any, Literal
 
@@ -91,7 +90,7 @@ async def _show(state: GatewayState, scope: Scope, subject_id: str) -> Response:
     policy = await anyio.to_thread.run_sync(_policy_json, state, scope, subject_id)
     status = await rt.budgets.status(_Caller(tenant_id, subject_id if scope == "key" else None))
     body = {"subject": subject_of(scope, subject_id), "tenant_id": tenant_id, "policy": policy,
-            "status": asdict(status)}
+            "status": status.to_json()}
     return Response(orjson.dumps(body), media_type="application/json")
 
 

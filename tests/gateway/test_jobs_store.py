@@ -25,7 +25,7 @@ def _request(request_id: str) -> RequestRecord:
     """What one attempt hands to its result commit: its request record (its call rows went to the
     ledger's journal as the calls finished, not through the store)."""
     return RequestRecord(id=request_id, tenant_id="t", key_id="k", requested_model="low", status="ok",
-                         http_status=200, cost_usd=1e-6, baseline_cost_usd=2e-6)
+                         http_status=200, cost_nanos=1_000, baseline_cost_nanos=2_000)
 
 
 def _statuses(s: Session) -> dict[str, str]:

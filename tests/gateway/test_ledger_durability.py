@@ -29,7 +29,7 @@ MSGS = [{"role": "user", "content": "hi"}]
 def entry(i: int) -> LedgerEntry:
     return LedgerEntry(id=new_entry_id(), request_id=f"req-{i}", tenant_id="t1", key_id="k1", stage="direct",
                        tier="low", model="demo-moe", usage=Usage(prompt_tokens=i, completion_tokens=1),
-                       cost_usd=0.5, baseline_cost_usd=1.0)
+                       cost_nanos=500_000_000, baseline_cost_nanos=1_000_000_000)
 
 
 @pytest.fixture
