@@ -61,8 +61,8 @@ class GatedSync:
 
 
 def gate_sync(ledger: Ledger) -> GatedSync:
-    gated = GatedSync(ledger._journal.sync)
-    ledger._journal.sync = gated  # type: ignore[method-assign]
+    gated = GatedSync(ledger.writer.journal.sync)
+    ledger.writer.journal.sync = gated  # type: ignore[method-assign]
     return gated
 
 
@@ -129,7 +129,7 @@ async def test_failed_sync_fails_fsync_waiters_only_and_is_surfaced(db: sessionm
         # retried: a later fsync waiter succeeds and health recovers
         await asyncio.wait_for(ledger.record_durable(entry(2), "fsync"), 5)
         assert ledger.health().ok
-        assert ledger._journal.last_seq == 2  # the failed segment was sealed: entry 2 went to a new one
+        assert ledger.writer.journal.last_seq == 2  # the failed segment was sealed: entry 2 went to a new one
         assert await ledger.aflush(5)
     finally:
         sync.gate.set()

@@ -188,7 +188,8 @@ def test_record_requires_a_running_ledger_and_the_right_type(db, tmp_path: Path)
 async def test_journal_write_failure_fails_durable_waiters_and_retries(db, tmp_path: Path, level) -> None:  # type: ignore[no-untyped-def]
     ledger = Ledger(db, tmp_path / "j", retry_max_s=0.05)
     ledger.start()
-    journal = ledger._journal
+    journal = ledger.writer.journal
+    assert journal is not None
     real_write = journal.write
     calls = {"n": 0}
 
