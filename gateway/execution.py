@@ -29,6 +29,7 @@ from gateway.settings import Settings
 if TYPE_CHECKING:
     from gateway.budgets import Hold
 
+
 class LedgerSink(Protocol):
     def record(self, entry: LedgerEntry) -> None: ...
 

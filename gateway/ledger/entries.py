@@ -1,9 +1,12 @@
 """The ledger's plain data: one ``LedgerEntry`` per upstream call, one ``RequestRecord`` per
 client request, and their JSON journal encoding. Money is integer nano-USD (``cost_nanos``,
-``baseline_cost_nanos``); journal lines carry the same integers. Lines of the older format
-(float ``cost_usd`` / ``baseline_cost_usd``, still found in journals written before the
-upgrade) are read and converted exactly as that format's writer stored them
-(``gateway.money.legacy_usd_to_nanos``). Imports only providers.base (Usage) and gateway.money.
+``baseline_cost_nanos``); journal lines carry the same integers, which are what this version
+reads. Lines of the older format (float ``cost_usd`` / ``baseline_cost_usd`` only, found in
+journals written before the upgrade) are converted exactly as that format's writer stored them
+(``gateway.money.legacy_usd_to_nanos``). Ledger-entry lines also carry the float fields, never
+read back when the integers are present: a rollback to the older version, which reads only
+those, still replays the billing rows of a journal this version left behind.
+Imports only providers.base (Usage) and gateway.money.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal
 
-from gateway.money import legacy_usd_to_nanos
+from gateway.money import legacy_usd_to_nanos, usd_number
 from gateway.providers.base import Usage
 
 Stage = Literal["direct", "perceive", "plan", "execute", "review"]
@@ -71,6 +74,7 @@ class LedgerEntry:
                 "prompt_tokens": u.prompt_tokens, "cached_tokens": u.cached_tokens,
                 "completion_tokens": u.completion_tokens, "reasoning_tokens": u.reasoning_tokens,
                 "cost_nanos": self.cost_nanos, "baseline_cost_nanos": self.baseline_cost_nanos,
+                "cost_usd": usd_number(self.cost_nanos), "baseline_cost_usd": usd_number(self.baseline_cost_nanos),
                 "status": self.status, "created_at": self.created_at.isoformat()}
 
     @classmethod

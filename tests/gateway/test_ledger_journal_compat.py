@@ -17,6 +17,7 @@ from gateway.db.models import Base
 from gateway.db.session import make_engine, make_session_factory
 from gateway.ledger import Ledger, LedgerEntry, RequestRecord
 from gateway.ledger.journal import decode_line, encode_line, read_segment
+from gateway.money import legacy_usd_to_nanos
 from gateway.providers.base import Usage
 
 AT = "2026-03-01T12:00:00+00:00"
@@ -89,3 +90,15 @@ def test_an_old_format_journal_replays_into_the_database(tmp_path: Path) -> None
     assert Decimal(str(daily[0])) == sum(expected.values()) + Decimal("0.000000042") and daily[1] == 4
     assert tuple(Decimal(str(v)) for v in request) == (Decimal("0.00025"), Decimal("0.003"))
     assert list(journal.rglob("*.jsonl")) == []  # replayed, committed, deleted
+
+
+def test_new_entry_lines_still_carry_what_the_older_version_reads() -> None:
+    """A rollback to the float-money version replays this version's ledger-entry lines: their
+    ``cost_usd`` fields give back the same nano-USD the old writer would store; this version
+    reads the integers and ignores the floats."""
+    for nanos in (0, 1, 123_457, 999_999_999, 4_200_000_000_001, 10**15 - 1):
+        entry = LedgerEntry("e", "req", "t1", None, "direct", "low", "m", Usage(1, 1), nanos, nanos + 7)
+        d = entry.to_json()
+        assert legacy_usd_to_nanos(d["cost_usd"]) == nanos and legacy_usd_to_nanos(d["baseline_cost_usd"]) == nanos + 7
+        skewed = {**d, "cost_usd": 123.0}
+        assert isinstance(decoded := decode_line(line(skewed)), LedgerEntry) and decoded.cost_nanos == nanos
