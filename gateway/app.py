@@ -18,7 +18,6 @@ from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from gateway.budget_execution import BudgetedExecutor  # noqa: F401  (registers the budgets tables on Base)
 from gateway.edge import EdgeMiddleware
 from gateway.errors import GatewayError, NotFound
 from gateway.request_body import FORM_OVERHEAD_BYTES, invalid_value

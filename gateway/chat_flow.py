@@ -124,7 +124,7 @@ class ChatFlow:
                 classifier_version=r.classifier_version, pipeline=t.pipeline, http_status=http_status,
                 error_code=error_code, latency_ms=round((time.perf_counter() - rr.started) * 1000, 3),
                 prompt_tokens=t.usage.prompt_tokens, completion_tokens=t.usage.completion_tokens,
-                cost_usd=t.cost_usd, baseline_cost_usd=t.baseline_cost_usd)
+                cost_nanos=t.cost_nanos, baseline_cost_nanos=t.baseline_cost_nanos)
         finally:
             for entry in rows:  # back to back with the request record: one journal batch, one fsync
                 self.ledger.record(entry)

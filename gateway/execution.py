@@ -6,7 +6,8 @@ one ``LedgerEntry`` (stage ``direct``) per upstream attempt, failed and cancelle
 The four-layer pipeline plugs in by passing another ``Executor`` to ``create_app`` (or by
 wrapping this one and delegating low tiers to it).
 
-Imports providers, ledger entries, settings and errors; knows nothing of FastAPI.
+Imports providers, ledger entries and pricing, settings and errors (and the budgets' ``Hold``
+type, for type checking only); knows nothing of FastAPI.
 """
 
 from __future__ import annotations
@@ -14,40 +15,34 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from gateway.ids import fast_id
 from gateway.ledger.entries import LedgerEntry
-from gateway.ledger.pricing import cost_for, model_price
+from gateway.ledger.pricing import baseline_nanos, cost_nanos_for, model_price
 from gateway.providers.base import CallOptions, Usage
 from gateway.providers.registry import ProviderRegistry
 from gateway.providers.router import Attempt, call_models, stream_models
 from gateway.resolve import Resolution
 from gateway.settings import Settings
 
-BASELINE_TIER = "high"
+if TYPE_CHECKING:
+    from gateway.budgets import Hold
 
 
 class LedgerSink(Protocol):
     def record(self, entry: LedgerEntry) -> None: ...
 
 
-class CallHold(Protocol):
-    """A budget hold covering one upstream call (``gateway.request_budget.CallHoldOnBudgets``)."""
-
-    async def settle(self, cost_nanos: int) -> None:
-        """Replace the hold by what the call cost (nano-USD, summed over its ledger rows); 0 releases."""
-        ...
-
-
 class CallBudget(Protocol):
     """Per-call budget holds for one request (set by ``BudgetedExecutor``). An executor that makes
     several upstream calls (the pipeline) calls ``meter_per_call`` once, then holds each call's
-    worst case before making it; ``hold`` raises ``BudgetExceeded`` when the budget cannot."""
+    worst case (nano-USD) before making it and settles the ``Hold`` to what the call cost (its
+    ledger rows); ``hold`` raises ``BudgetExceeded`` when the budget cannot."""
 
     async def meter_per_call(self) -> None: ...
 
-    async def hold(self, worst_case_usd: float) -> CallHold: ...
+    async def hold(self, worst_case_nanos: int) -> Hold: ...
 
 
 @dataclass
@@ -55,8 +50,8 @@ class CallTally:
     """What one request has spent so far (summed over its upstream attempts)."""
 
     usage: Usage = field(default_factory=Usage)
-    cost_usd: float = 0.0
-    baseline_cost_usd: float = 0.0
+    cost_nanos: int = 0  # nano-USD, the sum of the request's ledger rows
+    baseline_cost_nanos: int = 0
     calls: int = 0
     model: str | None = None
     pipeline: bool = False  # set by the pipeline executor (gateway.pipeline.executor)
@@ -101,15 +96,13 @@ class Executor(Protocol):
         ...
 
 
-def cost_of(settings: Settings, tier: str | None, model_name: str, usage: Usage) -> tuple[float, float]:
-    """(cost, baseline) of one call (``gateway.ledger.cost_for``) at ``tier``'s prices; a model
-    called by its own name (``tier`` None, see ``Resolution.price_tier``) at its own price."""
+def cost_nanos_of(settings: Settings, tier: str | None, model_name: str, usage: Usage) -> tuple[int, int]:
+    """(cost, baseline) of one call in nano-USD (``gateway.ledger.cost_nanos_for``) at ``tier``'s
+    prices; a model called by its own name (``tier`` None, see ``Resolution.price_tier``) at its
+    own price."""
     if tier is not None and tier in settings.tiers:
-        return cost_for(settings, tier, model_name, usage)
-    cost = model_price(settings.models[model_name]).cost_usd(
-        usage.prompt_tokens, usage.cached_tokens, usage.completion_tokens)
-    _, baseline = cost_for(settings, BASELINE_TIER, settings.tiers["high"].model, usage)
-    return cost, baseline
+        return cost_nanos_for(settings, tier, model_name, usage)
+    return model_price(settings.models[model_name]).cost_nanos(usage), baseline_nanos(settings, usage)
 
 
 class DirectExecutor:
@@ -121,19 +114,19 @@ class DirectExecutor:
     def _on_attempt(self, req: ResolvedRequest) -> Callable[[Attempt], None]:
         def record(attempt: Attempt) -> None:
             tier = req.resolution.tier
-            cost, baseline = cost_of(self.settings, req.resolution.price_tier(self.settings), attempt.model_name,
-                                     attempt.usage)
+            cost, baseline = cost_nanos_of(self.settings, req.resolution.price_tier(self.settings),
+                                           attempt.model_name, attempt.usage)
             entry = LedgerEntry(
                 id=fast_id(), request_id=req.request_id, tenant_id=req.tenant_id, key_id=req.key_id,
-                stage="direct", tier=tier, model=attempt.model_name, usage=attempt.usage, cost_usd=cost,
-                baseline_cost_usd=baseline, status=attempt.status)
+                stage="direct", tier=tier, model=attempt.model_name, usage=attempt.usage, cost_nanos=cost,
+                baseline_cost_nanos=baseline, status=attempt.status)
             t = req.tally
             if t.deferred is not None:
                 t.deferred.append(entry)
             else:
                 self.ledger.record(entry)
-            t.usage, t.cost_usd, t.baseline_cost_usd = t.usage + attempt.usage, t.cost_usd + cost, \
-                t.baseline_cost_usd + baseline
+            t.usage, t.cost_nanos, t.baseline_cost_nanos = t.usage + attempt.usage, t.cost_nanos + cost, \
+                t.baseline_cost_nanos + baseline
             t.calls += 1
             t.model = attempt.model_name
         return record

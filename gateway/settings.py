@@ -2,7 +2,7 @@
 
 Secrets are never stored in config.yaml; fields ending in ``_env`` name the
 environment variable that holds them. Must not import anything from the gateway
-besides its own errors (it sits below every other module).
+besides its own errors and ``gateway.money`` (it sits below every other module).
 """
 
 from __future__ import annotations
@@ -13,6 +13,8 @@ from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from gateway.money import TokenCounts, rate, round_nanos
 
 TIER_NAMES: tuple[str, ...] = ("none", "minimal", "low", "medium", "high", "xhigh")
 Tier = Literal["none", "minimal", "low", "medium", "high", "xhigh"]
@@ -98,16 +100,25 @@ class LedgerSettings(_Strict):
 
 
 class Price(_Strict):
-    """USD per one million tokens."""
+    """USD per one million tokens (as configured); costs come out in integer nano-USD."""
 
     input: float = Field(0.0, ge=0)
     cached_input: float | None = Field(None, ge=0)
     output: float = Field(0.0, ge=0)
 
-    def cost_usd(self, prompt_tokens: int, cached_tokens: int, completion_tokens: int) -> float:
+    def nanos(self, prompt_tokens: int, cached_tokens: int, completion_tokens: int) -> int:
+        """What these tokens cost, in nano-USD. Each count is multiplied by its price as the
+        exact decimal it was configured as (``gateway.money.rate``), the products are summed
+        exactly, and the sum is rounded once, half-up, to a whole nano-USD. Cached tokens are
+        part of ``prompt_tokens`` and cost ``cached_input`` (``input`` when unset)."""
         cached_price = self.input if self.cached_input is None else self.cached_input
         uncached = max(prompt_tokens - cached_tokens, 0)
-        return (uncached * self.input + cached_tokens * cached_price + completion_tokens * self.output) / 1e6
+        return round_nanos(uncached * rate(self.input) + cached_tokens * rate(cached_price)
+                           + completion_tokens * rate(self.output))
+
+    def cost_nanos(self, usage: TokenCounts) -> int:
+        """The cost of one call's ``usage`` in nano-USD (see ``nanos``)."""
+        return self.nanos(usage.prompt_tokens, usage.cached_tokens, usage.completion_tokens)
 
 
 class EngineKnobs(_Strict):

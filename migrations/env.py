@@ -1,5 +1,5 @@
-"""Alembic environment. target_metadata is the shared ``gateway.db.models.Base.metadata``
-with every model module imported (budgets etc. register their tables on the same Base).
+"""Alembic environment. target_metadata is ``gateway.db.models.Base.metadata``: importing
+``gateway.db.models`` registers every table of tiergate, nothing else is needed.
 
 The URL comes from ``config.attributes["url"]`` (set by gateway.db.migrate) or, when run
 through plain ``alembic`` with alembic.ini, from config.yaml via load_settings().
@@ -11,11 +11,9 @@ from logging.config import fileConfig
 
 from alembic import context
 
-from gateway.db.migrate import import_model_modules
 from gateway.db.models import Base
 from gateway.db.session import database_url, make_engine
 
-import_model_modules()  # every module listed in gateway.db.migrate.MODEL_MODULES
 config = context.config
 if config.config_file_name is not None:  # plain `alembic` with alembic.ini: use its logging setup
     fileConfig(config.config_file_name, disable_existing_loggers=False)

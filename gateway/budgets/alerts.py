@@ -26,11 +26,11 @@ from sqlalchemy import update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
-from gateway.budgets.models import BudgetAlertRow
 from gateway.budgets.periods import utc_now
 from gateway.budgets.policies import BudgetPolicy
-from gateway.budgets.reservations import NANOS_PER_USD
+from gateway.db.models import BudgetAlertRow
 from gateway.log_safety import describe
+from gateway.money import nanos_to_decimal, usd_number
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +49,7 @@ class Alert:
     def payload(self) -> dict[str, Any]:
         return {"type": "budget.threshold_crossed", "id": self.id, "subject": self.subject,
                 "tenant_id": self.tenant_id, "period": self.period_key, "threshold": self.threshold,
-                "spent_usd": self.spent_nanos / NANOS_PER_USD, "limit_usd": self.limit_nanos / NANOS_PER_USD,
+                "spent_usd": usd_number(self.spent_nanos), "limit_usd": usd_number(self.limit_nanos),
                 "created_at": self.created_at.isoformat()}
 
 
@@ -97,7 +97,7 @@ class AlertNotifier:
         for t in sorted(thresholds):
             permille = round(t * 1000)
             mark = (policy.subject, period_key, permille)
-            if t <= 0 or mark in self._seen or spent_nanos < base * t:
+            if t <= 0 or mark in self._seen or spent_nanos < base * Decimal(repr(t)):  # exact
                 continue
             self._seen.add(mark)
             self._queue.put_nowait(Alert(uuid.uuid4().hex, policy.subject, policy.tenant_id, period_key, t,
@@ -128,8 +128,8 @@ class AlertNotifier:
                 session.add(BudgetAlertRow(
                     id=alert.id, subject=alert.subject, tenant_id=alert.tenant_id, period_key=alert.period_key,
                     threshold_permille=round(alert.threshold * 1000),
-                    spent_usd=Decimal(alert.spent_nanos) / NANOS_PER_USD,
-                    limit_usd=Decimal(alert.limit_nanos) / NANOS_PER_USD, created_at=alert.created_at,
+                    spent_usd=nanos_to_decimal(alert.spent_nanos),
+                    limit_usd=nanos_to_decimal(alert.limit_nanos), created_at=alert.created_at,
                     attempts=0))
         except IntegrityError:
             return False

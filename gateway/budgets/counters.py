@@ -2,7 +2,7 @@
 
 A counter is ``spent`` (settled nano-dollars in one subject's period window, loaded
 from the database on first use) plus ``held`` (outstanding reservations). Reserving
-checks ``spent + held + amount <= limit`` for every counter of a request atomically and
+checks ``spent + held + amount <= limit`` for every counter of a hold atomically and
 either holds on all of them or on none. Must not import routes, the app or the pipeline.
 """
 
@@ -12,7 +12,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from gateway.budgets.reservations import CounterRef, Reservation
+from gateway.budgets.holds import CounterRef, Hold
 
 SpentLoader = Callable[[CounterRef], Awaitable[int]]
 
@@ -38,10 +38,10 @@ class CounterBackend(Protocol):
 
     async def stop(self) -> None: ...
 
-    async def reserve(self, res: Reservation, load: SpentLoader) -> ReserveOutcome: ...
+    async def reserve(self, hold: Hold, load: SpentLoader) -> ReserveOutcome: ...
 
-    async def settle(self, res: Reservation, actual_nanos: int) -> tuple[CounterState, ...]: ...
+    async def settle(self, hold: Hold, actual_nanos: int) -> tuple[CounterState, ...]: ...
 
-    async def release(self, res: Reservation) -> None: ...
+    async def release(self, hold: Hold) -> None: ...
 
     async def snapshot(self, refs: Sequence[CounterRef], load: SpentLoader) -> tuple[CounterState, ...]: ...

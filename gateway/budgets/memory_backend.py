@@ -17,15 +17,18 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from gateway.budgets.counters import CounterState, ReserveOutcome, SpentLoader
+from gateway.budgets.holds import CounterRef, Hold
 from gateway.budgets.periods import utc_now
-from gateway.budgets.reservations import CounterRef, Reservation, ReservationStore
+from gateway.budgets.reservations import ReservationStore
 
 
 @dataclass
-class _Hold:
+class _Held:
+    """What one hold holds on which counters (by hold id)."""
+
     keys: tuple[str, ...]
     amount: int
-    expires_at: datetime | None  # None: held by this live process (released by its guard)
+    expires_at: datetime | None  # None: held by this live process (which ends it)
 
 
 class MemoryCounters:
@@ -36,7 +39,7 @@ class MemoryCounters:
         self._lock = asyncio.Lock()
         self._spent: dict[str, int] = {}
         self._held: dict[str, int] = {}
-        self._holds: dict[str, _Hold] = {}
+        self._holds: dict[str, _Held] = {}
         self._loading: dict[str, asyncio.Future[int]] = {}
 
     async def start(self) -> None:
@@ -45,18 +48,18 @@ class MemoryCounters:
         await self._store.start()
         for row in await self._store.load_held(self._clock()):
             async with self._lock:
-                self._add_hold(row.id, _Hold(row.counter_keys, row.amount_nanos, row.expires_at))
+                self._add_hold(row.id, _Held(row.counter_keys, row.amount_nanos, row.expires_at))
 
     async def stop(self) -> None:
         if self._store is not None:
             await self._store.stop()
 
-    def _add_hold(self, rid: str, hold: _Hold) -> None:
+    def _add_hold(self, rid: str, hold: _Held) -> None:
         self._holds[rid] = hold
         for k in hold.keys:
             self._held[k] = self._held.get(k, 0) + hold.amount
 
-    def _drop_hold(self, rid: str) -> _Hold | None:
+    def _drop_hold(self, rid: str) -> _Held | None:
         hold = self._holds.pop(rid, None)
         if hold is not None:
             for k in hold.keys:
@@ -84,7 +87,7 @@ class MemoryCounters:
     def _state(self, key: str) -> CounterState:
         return CounterState(self._spent.get(key, 0), self._held.get(key, 0))
 
-    async def reserve(self, res: Reservation, load: SpentLoader) -> ReserveOutcome:
+    async def reserve(self, res: Hold, load: SpentLoader) -> ReserveOutcome:
         await self._ensure_loaded(res.counters, load)
         async with self._lock:
             expired = self._expire_orphans(self._clock())
@@ -94,7 +97,7 @@ class MemoryCounters:
                     outcome = ReserveOutcome(False, states, i)
                     break
             else:
-                self._add_hold(res.id, _Hold(tuple(r.key for r in res.counters), res.amount_nanos, None))
+                self._add_hold(res.id, _Held(tuple(r.key for r in res.counters), res.amount_nanos, None))
                 outcome = ReserveOutcome(True, tuple(self._state(r.key) for r in res.counters))
         if self._store is not None:
             await self._store.expire(expired)
@@ -107,7 +110,7 @@ class MemoryCounters:
                     raise
         return outcome
 
-    async def settle(self, res: Reservation, actual_nanos: int) -> tuple[CounterState, ...]:
+    async def settle(self, res: Hold, actual_nanos: int) -> tuple[CounterState, ...]:
         async with self._lock:
             self._drop_hold(res.id)
             for ref in res.counters:
@@ -118,7 +121,7 @@ class MemoryCounters:
             self._store.finish(res.id, "settled", actual_nanos)
         return states
 
-    async def release(self, res: Reservation) -> None:
+    async def release(self, res: Hold) -> None:
         async with self._lock:
             self._drop_hold(res.id)
         if self._store is not None:

@@ -20,9 +20,9 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from gateway.budgets import bounds
-from gateway.budgets.models import BudgetPolicyRow
 from gateway.budgets.periods import PERIOD_NAMES, PeriodName
-from gateway.budgets.reservations import from_nanos, to_nanos
+from gateway.db.models import BudgetPolicyRow
+from gateway.money import fraction_of, usd_number, usd_to_nanos
 from gateway.settings import BudgetDefaults
 
 Scope = Literal["tenant", "key"]
@@ -59,18 +59,18 @@ class BudgetPolicy:
         return {
             "subject": self.subject, "scope": self.scope, "tenant_id": self.tenant_id, "key_id": self.key_id,
             "period": self.period,
-            "limit_usd": None if self.limit_nanos is None else from_nanos(self.limit_nanos),
-            "soft_limit_usd": None if self.soft_limit_nanos is None else from_nanos(self.soft_limit_nanos),
+            "limit_usd": None if self.limit_nanos is None else usd_number(self.limit_nanos),
+            "soft_limit_usd": None if self.soft_limit_nanos is None else usd_number(self.soft_limit_nanos),
             "alert_thresholds": list(self.alert_thresholds),
             "requests_per_min": self.requests_per_min, "tokens_per_min": self.tokens_per_min,
         }
 
 
 def _row_to_policy(row: BudgetPolicyRow, defaults: BudgetDefaults) -> BudgetPolicy:
-    limit = None if row.limit_usd is None else to_nanos(row.limit_usd)
-    soft = None if row.soft_limit_usd is None else to_nanos(row.soft_limit_usd)
+    limit = None if row.limit_usd is None else usd_to_nanos(row.limit_usd)
+    soft = None if row.soft_limit_usd is None else usd_to_nanos(row.soft_limit_usd)
     if soft is None and limit is not None:
-        soft = int(limit * defaults.soft_limit_fraction)
+        soft = fraction_of(limit, defaults.soft_limit_fraction)
     thresholds = tuple(row.alert_thresholds) if row.alert_thresholds is not None else defaults.alert_thresholds
     return BudgetPolicy(subject=row.id, scope=cast(Scope, row.scope), tenant_id=row.tenant_id,
                         key_id=row.key_id, period=cast(PeriodName, row.period), limit_nanos=limit,
@@ -79,11 +79,11 @@ def _row_to_policy(row: BudgetPolicyRow, defaults: BudgetDefaults) -> BudgetPoli
 
 
 def default_tenant_policy(tenant_id: str, defaults: BudgetDefaults) -> BudgetPolicy:
-    limit = None if defaults.limit_usd is None else to_nanos(defaults.limit_usd)
+    limit = None if defaults.limit_usd is None else usd_to_nanos(defaults.limit_usd)
     return BudgetPolicy(
         subject=subject_of("tenant", tenant_id), scope="tenant", tenant_id=tenant_id, key_id=None,
         period=defaults.period, limit_nanos=limit,
-        soft_limit_nanos=None if limit is None else int(limit * defaults.soft_limit_fraction),
+        soft_limit_nanos=None if limit is None else fraction_of(limit, defaults.soft_limit_fraction),
         alert_thresholds=defaults.alert_thresholds,
         requests_per_min=defaults.requests_per_min,
         tokens_per_min=defaults.tokens_per_min)

@@ -30,8 +30,8 @@ from redis.asyncio import Redis
 from sqlalchemy.orm import Session, sessionmaker
 
 from gateway.budgets.counters import CounterState, ReserveOutcome, SpentLoader
+from gateway.budgets.holds import CounterRef, Hold
 from gateway.budgets.periods import PeriodWindow, utc_now, window_from_key
-from gateway.budgets.reservations import CounterRef, Reservation
 from gateway.budgets.spend import ledger_nanos_by_request, spent_nanos
 from gateway.log_safety import describe
 
@@ -226,7 +226,7 @@ class RedisCounters:
                 await self._task
             self._task = None
 
-    async def reserve(self, res: Reservation, load: SpentLoader) -> ReserveOutcome:
+    async def reserve(self, res: Hold, load: SpentLoader) -> ReserveOutcome:
         keys = [self._k(r) for r in res.counters]
         ttl = max((_ttl_s(r.window, self._clock()) for r in res.counters), default=0)
         args: list[str | int] = [res.id, res.amount_nanos, self._lease_ms, ttl, *[r.limit_nanos for r in res.counters]]
@@ -240,7 +240,7 @@ class RedisCounters:
         denied = int(out[1])
         return ReserveOutcome(int(out[0]) == 1, _pairs(out[2:]), denied - 1 if denied else None)
 
-    async def settle(self, res: Reservation, actual_nanos: int) -> tuple[CounterState, ...]:
+    async def settle(self, res: Hold, actual_nanos: int) -> tuple[CounterState, ...]:
         if not res.counters:
             return ()
         ttl = max(_ttl_s(r.window, self._clock()) for r in res.counters)
@@ -248,7 +248,7 @@ class RedisCounters:
                                  args=[res.id, actual_nanos, res.request_id or res.id, ttl])
         return _pairs(out)
 
-    async def release(self, res: Reservation) -> None:
+    async def release(self, res: Hold) -> None:
         if res.counters:
             await self._release(keys=[self._k(r) for r in res.counters], args=[res.id])
 

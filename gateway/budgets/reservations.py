@@ -1,10 +1,9 @@
-"""Reservations: the worst-case hold taken on budget counters before an upstream call.
+"""``ReservationStore``: embedded-mode persistence of budget holds (``budget_reservations``).
 
-Money is counted in integer nano-dollars (1e-9 USD, the ledger's Numeric(18,9) scale) so
-counters in memory, in Redis (Lua numbers) and in SQL agree to the last digit.
-``ReservationStore`` persists embedded-mode reservations so that a process that dies
-leaves holds that expire after their lease instead of vanishing or living forever.
-Must not import routes, the app, the pipeline or providers.
+A hold is written before its upstream call (so a process that dies leaves holds that expire
+after their lease instead of vanishing or living forever); how it ended (settled with its
+nano-USD, or released) is written in batches afterwards. Must not import routes, the app,
+the pipeline or providers.
 """
 
 from __future__ import annotations
@@ -14,91 +13,20 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from decimal import ROUND_HALF_UP, Decimal
 
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from gateway.budgets.models import BudgetReservationRow
-from gateway.budgets.periods import PeriodWindow
+from gateway.budgets.holds import Hold
+from gateway.db.models import BudgetReservationRow
 from gateway.log_safety import describe
-from gateway.settings import Price, Settings
 
 log = logging.getLogger(__name__)
-NANOS_PER_USD = 10**9
-
-
-def to_nanos(usd: float | Decimal | int) -> int:
-    """USD → integer nano-dollars, rounded half-up exactly like Numeric(18,9) storage."""
-    return int((Decimal(str(usd)) * NANOS_PER_USD).quantize(Decimal(1), rounding=ROUND_HALF_UP))
-
-
-def from_nanos(nanos: int) -> float:
-    return nanos / NANOS_PER_USD
-
-
-def worst_case_cost(settings: Settings, tier: str, model: str | None, prompt_tokens: int,
-                    max_tokens: int | None, *, price: Price | None = None) -> float:
-    """Worst-case USD of one upstream call: prompt × input price + max output × output price.
-
-    ``model`` is the upstream model actually called (a fallback can be dearer than the
-    tier's own model); ``max_tokens`` is what the call may generate (the client's
-    max_tokens), defaulting to the tier's ``max_output_tokens``. ``price`` overrides the
-    configured price (e.g. litellm's price map). Cached-input discounts are ignored.
-    """
-    tier_settings = settings.tiers.get(tier)  # type: ignore[call-overload]
-    if price is None:
-        if tier_settings is not None and (model is None or model == tier_settings.model or tier_settings.price):
-            price = settings.tier_price(tier)
-        else:
-            price = settings.models[model].price if model is not None else Price()
-    default_out = tier_settings.max_output_tokens if tier_settings is not None else 0
-    if max_tokens is None and model is not None and tier_settings is None:
-        default_out = settings.models[model].context_window
-    out_tokens = default_out if max_tokens is None else max_tokens
-    return (max(prompt_tokens, 0) * price.input + max(out_tokens, 0) * price.output) / 1e6
-
-
-@dataclass(frozen=True)
-class CounterRef:
-    """One budget counter a reservation holds against: a subject in one period window."""
-
-    subject: str  # "tenant:<id>" | "key:<id>"
-    scope: str  # "tenant" | "key"
-    tenant_id: str
-    key_id: str | None
-    window: PeriodWindow
-    limit_nanos: int
-
-    @property
-    def key(self) -> str:
-        return f"{self.subject}|{self.window.key}"
-
-
-@dataclass(frozen=True)
-class Reservation:
-    id: str
-    tenant_id: str
-    key_id: str | None
-    request_id: str | None
-    counters: tuple[CounterRef, ...]
-    amount_nanos: int
-    created_at: datetime
-    expires_at: datetime
-    remaining_nanos: int | None = None  # tightest remaining budget right after reserving
-
-    @property
-    def amount_usd(self) -> float:
-        return from_nanos(self.amount_nanos)
-
-    @property
-    def remaining_usd(self) -> float | None:
-        return None if self.remaining_nanos is None else from_nanos(self.remaining_nanos)
 
 
 @dataclass(frozen=True)
 class HeldRow:
-    """A persisted, still-held reservation (after a restart: another incarnation's hold)."""
+    """A persisted, still-open hold (after a restart: another incarnation's)."""
 
     id: str
     counter_keys: tuple[str, ...]
@@ -137,7 +65,7 @@ class ReservationStore:
             self._task = None
         await asyncio.to_thread(self._write_outcomes, self._take())
 
-    async def insert(self, res: Reservation) -> None:
+    async def insert(self, res: Hold) -> None:
         row = BudgetReservationRow(
             id=res.id, tenant_id=res.tenant_id, key_id=res.key_id, request_id=res.request_id,
             counters=[c.key for c in res.counters], amount_nanos=res.amount_nanos, status="held",
@@ -149,7 +77,7 @@ class ReservationStore:
             session.add(row)
 
     def finish(self, reservation_id: str, status: str, settled_nanos: int | None) -> None:
-        """Queue the outcome of a reservation (settled | released); never blocks."""
+        """Queue how a hold ended (settled | released); never blocks."""
         self._pending.append((reservation_id, status, settled_nanos))
         self._wake.set()
 

@@ -11,15 +11,14 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
-from decimal import Decimal
 from typing import Any
 
 from sqlalchemy import Table, func, select, text
 from sqlalchemy.orm import Session, sessionmaker
 
 from gateway.budgets.periods import PeriodWindow
-from gateway.budgets.reservations import to_nanos
 from gateway.db.models import Base
+from gateway.money import decimal_to_nanos
 
 
 def _table(name: str) -> Table:
@@ -39,7 +38,7 @@ def spent_nanos(session: Session, scope: str, subject_id: str, window: PeriodWin
         if window.start is not None and window.end is not None:
             stmt = stmt.where(t.c.created_at >= window.start, t.c.created_at < window.end)
     value = session.execute(stmt).scalar_one()
-    return to_nanos(Decimal(str(value or 0)))
+    return decimal_to_nanos(value)
 
 
 def ledger_nanos_by_request(session: Session, scope: str, subject_id: str, window: PeriodWindow,
@@ -54,7 +53,7 @@ def ledger_nanos_by_request(session: Session, scope: str, subject_id: str, windo
             .group_by(t.c.request_id))
     if window.start is not None and window.end is not None:
         stmt = stmt.where(t.c.created_at >= window.start, t.c.created_at < window.end)
-    return {rid: to_nanos(Decimal(str(v))) for rid, v in session.execute(stmt)}
+    return {rid: decimal_to_nanos(v) for rid, v in session.execute(stmt)}
 
 
 def spend_summary(session: Session, tenant_id: str, since_day: Any, until_day: Any) -> list[dict[str, Any]]:

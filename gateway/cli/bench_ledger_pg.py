@@ -159,7 +159,7 @@ def _extra_replica(url: str, journal_dir: str, rate: float, stop: Any) -> None:
         due = int((time.perf_counter() - t0) * rate)
         for _ in range(due - sent):
             ledger.record(LedgerEntry(new_entry_id(), "req_bench_extra", "bench-extra", None, "execute", "low",
-                                      "bench", Usage(100, 20), 0.0001, 0.001))
+                                      "bench", Usage(100, 20), 100_000, 1_000_000))
         sent = max(sent, due)
         time.sleep(0.005)
     if not ledger.stop(120):

@@ -22,7 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from gateway.cli.bench_workload import WorkItem, sample_workload
-from gateway.ledger.pricing import cost_for
+from gateway.ledger.pricing import cost_nanos_for
+from gateway.money import format_usd
 from gateway.pipeline import Pipeline, RequestContext
 from gateway.providers.base import CallOptions, Usage
 from gateway.providers.router import Attempt, OnAttempt
@@ -179,12 +180,14 @@ def load_decider(settings: Settings | None) -> tuple[Decide | None, str]:
 
 @dataclass
 class BenchTotals:
-    routed: float = 0.0
-    all_high: float = 0.0
-    all_low: float = 0.0
-    ledger_baseline: float = 0.0
-    pipeline_cost: float = 0.0
-    pipeline_all_high: float = 0.0
+    """Costs in nano-USD."""
+
+    routed: int = 0
+    all_high: int = 0
+    all_low: int = 0
+    ledger_baseline: int = 0
+    pipeline_cost: int = 0
+    pipeline_all_high: int = 0
     pruned_paths: int = 0
     revisions: int = 0
     effort: Counter[str] = field(default_factory=Counter)
@@ -203,32 +206,33 @@ async def replay(items: list[WorkItem], decide: Decide | None, seed: int) -> Ben
         upstream = SimulatedUpstream(settings, item.difficulty, rng)
         prompt = prompt_tokens(messages)
         high_usage = Usage(prompt, ANSWER_TOKENS[item.difficulty] + HIGH_REASONING_TOKENS[item.difficulty])
-        all_high = cost_for(settings, "high", "frontier", high_usage)[0]
+        all_high = cost_nanos_for(settings, "high", "frontier", high_usage)[0]
         if ex.uses_pipeline:
             pipe = Pipeline(settings, upstream.complete, lambda e: None, None, lambda: 0.0, upstream.stream)
             result = await pipe.run(RequestContext(f"req_{n}", "bench", None), {"messages": messages}, ex)
-            cost, baseline = result.cost_usd, result.baseline_cost_usd
+            cost, baseline = result.cost_nanos, result.baseline_cost_nanos
             totals.pipeline_cost += cost
             totals.pipeline_all_high += all_high
             totals.pruned_paths += sum(1 for c in result.calls if c.status == "cancelled")
             totals.revisions += result.review_rounds
         else:
             usage = Usage(prompt, direct_completion(settings, ex.tier, item.difficulty))
-            cost, baseline = cost_for(settings, ex.tier, settings.tiers[ex.tier].model, usage)
+            cost, baseline = cost_nanos_for(settings, ex.tier, settings.tiers[ex.tier].model, usage)
         totals.routed += cost
         totals.ledger_baseline += baseline
         totals.all_high += all_high
-        totals.all_low += cost_for(settings, "low", "local-moe", Usage(prompt, ANSWER_TOKENS[item.difficulty]))[0]
+        totals.all_low += cost_nanos_for(settings, "low", "local-moe",
+                                         Usage(prompt, ANSWER_TOKENS[item.difficulty]))[0]
         totals.effort[ex.effort] += 1
         totals.modes[(item.difficulty, ex.mode)] += 1
-        totals.cost_by_effort[ex.effort] += cost  # type: ignore[assignment]
+        totals.cost_by_effort[ex.effort] += cost
     return totals
 
 
 def report(totals: BenchTotals, *, n: int, mix: tuple[float, float, float], seed: int, decided_by: str,
            data_dir: Path) -> str:
     def share(t: str) -> str:
-        return f"{t} {totals.effort[t] / n:.1%} (${totals.cost_by_effort[t]:.4f})"
+        return f"{t} {totals.effort[t] / n:.1%} (${format_usd(totals.cost_by_effort[t], 4)})"
     lines = [
         f"tiergate bench pipeline: {n} requests from {data_dir}, source difficulty mix easy/medium/hard "
         f"{mix[0]:.2f}/{mix[1]:.2f}/{mix[2]:.2f}, seed {seed}",
@@ -237,14 +241,16 @@ def report(totals: BenchTotals, *, n: int, mix: tuple[float, float, float], seed
             f"{t} ${p[0]:.2f}/${p[1]:.2f}/${p[2]:.2f}" for t, p in PRICES.items()) + " (xhigh = high)",
         "simulated upstreams: " + ASSUMPTIONS,
         "effort mix: " + ", ".join(share(t) for t in TIER_NAMES),
-        f"routed total:               ${totals.routed:.4f}",
-        f"all requests on high tier:  ${totals.all_high:.4f}   routed / all-high = {totals.routed / totals.all_high:.3f}"
-        f"  (target <= 0.40)",
-        f"all requests on low tier:   ${totals.all_low:.4f}   routed / all-low  = {totals.routed / totals.all_low:.2f}",
-        f"pipeline requests only:     ${totals.pipeline_cost:.4f} vs ${totals.pipeline_all_high:.4f} answered "
+        f"routed total:               ${format_usd(totals.routed, 4)}",
+        f"all requests on high tier:  ${format_usd(totals.all_high, 4)}   routed / all-high = "
+        f"{totals.routed / totals.all_high:.3f}  (target <= 0.40)",
+        f"all requests on low tier:   ${format_usd(totals.all_low, 4)}   routed / all-low  = "
+        f"{totals.routed / totals.all_low:.2f}",
+        f"pipeline requests only:     ${format_usd(totals.pipeline_cost, 4)} vs "
+        f"${format_usd(totals.pipeline_all_high, 4)} answered "
         f"directly on high = {totals.pipeline_cost / totals.pipeline_all_high:.3f}" if totals.pipeline_all_high else
         "pipeline requests only:     none",
-        f"ledger baseline (same tokens at high price): ${totals.ledger_baseline:.4f}; pruned paths: "
+        f"ledger baseline (same tokens at high price): ${format_usd(totals.ledger_baseline, 4)}; pruned paths: "
         f"{totals.pruned_paths}; revise rounds: {totals.revisions}",
         "routing by source difficulty: " + "; ".join(
             f"{d}: " + ", ".join(f"{m} {totals.modes[(d, m)]}" for m in ("direct", "thinking", "pipeline"))

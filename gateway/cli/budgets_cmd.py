@@ -90,9 +90,9 @@ def show_budgets(
     """Show a tenant's policies (tenant and keys) with settled spend in the current period."""
     from gateway.budgets import get_policy_rows, window_for
     from gateway.budgets.periods import utc_now
-    from gateway.budgets.reservations import from_nanos
     from gateway.budgets.spend import spent_nanos
     from gateway.cli.tenants import _session
+    from gateway.money import usd_number
 
     with _session(config) as session:
         tenant_id = _resolve_tenant(session, tenant)
@@ -100,11 +100,11 @@ def show_budgets(
         for row in get_policy_rows(session, tenant_id):
             window = window_for(row.period, utc_now())  # type: ignore[arg-type]
             subject_id = row.key_id if row.scope == "key" else row.tenant_id
-            spent = from_nanos(spent_nanos(session, row.scope, subject_id or "", window))
+            spent = usd_number(spent_nanos(session, row.scope, subject_id or "", window))
             out.append({"subject": row.id, "period": window.key,
                         "limit_usd": None if row.limit_usd is None else float(row.limit_usd),
                         "soft_limit_usd": None if row.soft_limit_usd is None else float(row.soft_limit_usd),
-                        "spent_usd": round(spent, 9), "alert_thresholds": row.alert_thresholds,
+                        "spent_usd": spent, "alert_thresholds": row.alert_thresholds,
                         "rpm": row.requests_per_min, "tpm": row.tokens_per_min})
     if as_json:
         typer.echo(json.dumps(out, indent=2))

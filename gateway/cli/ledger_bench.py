@@ -24,7 +24,7 @@ def _entries(n: int, tag: str) -> list:  # type: ignore[type-arg]
 
     return [LedgerEntry(id=f"{tag}-{i}", request_id=f"req-{tag}-{i}", tenant_id="bench", key_id="k",
                         stage="direct", tier="low", model="demo-moe", usage=Usage(100, 20, 10, 0),
-                        cost_usd=0.0001, baseline_cost_usd=0.001) for i in range(n)]
+                        cost_nanos=100_000, baseline_cost_nanos=1_000_000) for i in range(n)]
 
 
 async def _bounded(items: list, concurrency: int, fn) -> None:  # type: ignore[no-untyped-def, type-arg]
@@ -41,7 +41,7 @@ async def _run(workdir: Path, n: int, concurrency: int) -> dict[str, float]:
     from gateway.db import migrate
     from gateway.db.session import make_engine, make_session_factory
     from gateway.ledger import Ledger
-    from gateway.ledger.writer import write_batch
+    from gateway.ledger.applier import write_batch
 
     url = f"sqlite:///{workdir}/bench.db"
     migrate.upgrade(url)

@@ -6,8 +6,6 @@ Must not import gateway modules other than settings and gateway.db.
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 from pathlib import Path
 
 from alembic import command
@@ -19,20 +17,6 @@ from gateway.db.session import make_engine
 
 MIGRATIONS_DIR = Path(__file__).resolve().parents[2] / "migrations"
 HEAD_REVISION = "heads"
-# Modules that declare tables on the shared Base. Named here (not imported statically) so this
-# bottom layer never depends on the packages above it; modules that do not exist are skipped.
-MODEL_MODULES = ("gateway.db.models", "gateway.budgets.models", "gateway.jobs.models")
-
-
-def import_model_modules() -> None:
-    """Import every model module so ``Base.metadata`` holds all of tiergate's tables."""
-    for name in MODEL_MODULES:
-        parent = name.rsplit(".", 1)[0]
-        if importlib.util.find_spec(parent) is None or importlib.util.find_spec(name) is None:
-            continue
-        importlib.import_module(name)
-
-
 def alembic_config(url: str | URL) -> Config:
     cfg = Config()
     cfg.set_main_option("script_location", str(MIGRATIONS_DIR))

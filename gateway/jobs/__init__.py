@@ -1,6 +1,6 @@
 """Batch jobs: the OpenAI Files + Batch API's work, run exactly once per line.
 
-- ``models``: the ``files``, ``batches`` and ``batch_lines`` tables.
+- the ``files``, ``batches`` and ``batch_lines`` tables live in ``gateway.db.models`` (``jobs``).
 - ``files`` / ``validate`` / ``store``: plain functions on a Session (tenant-scoped files, JSONL
   validation, line claims with leases, fenced finish, cancel, finalize).
 - ``capture.AttemptLedger`` and ``batch.BatchWork``: a line through the live chat flow, its call
@@ -10,6 +10,5 @@
   once per process) and ``drain_batch``.
 - ``celery_app`` / ``tasks``: the Celery app (built by a factory) and its thin task bodies.
 
-Nothing is imported here: ``gateway.db.migrate`` imports ``gateway.jobs.models`` alone, and the
-batch logic must never pull in FastAPI or Celery (import-linter contract).
+Nothing is imported here: the batch logic must never pull in FastAPI or Celery (import-linter contract).
 """

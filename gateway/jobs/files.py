@@ -12,9 +12,9 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
+from gateway.db.models import FileObject
 from gateway.errors import InvalidRequest, NotFound
 from gateway.ids import fast_id
-from gateway.jobs.models import FileObject
 
 PURPOSES = ("batch", "batch_output")  # what this gateway accepts / produces
 MAX_LIST = 10_000

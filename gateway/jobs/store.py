@@ -13,7 +13,7 @@ exactly one result per line. ``finalize_if_done`` writes the output and error fi
 line is left to run and moves the batch to its final status, once.
 
 Plain functions on a Session with an explicit ``now``; imports the jobs tables, files, the
-ledger writer and errors. Knows nothing of FastAPI or Celery.
+ledger applier and errors. Knows nothing of FastAPI or Celery.
 """
 
 from __future__ import annotations
@@ -28,13 +28,13 @@ import orjson
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
+from gateway.db.models import Batch, BatchLine
 from gateway.errors import InvalidRequest, NotFound
 from gateway.ids import fast_id
 from gateway.jobs.files import create_file, unix
-from gateway.jobs.models import Batch, BatchLine
 from gateway.jobs.validate import ENDPOINTS, LineSpec
+from gateway.ledger.applier import write_records
 from gateway.ledger.entries import RequestRecord
-from gateway.ledger.writer import write_records
 
 ACTIVE = ("validating", "in_progress")
 OPEN = (*ACTIVE, "cancelling")  # lines may still be running

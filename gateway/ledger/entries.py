@@ -1,5 +1,12 @@
 """The ledger's plain data: one ``LedgerEntry`` per upstream call, one ``RequestRecord`` per
-client request, and their JSON journal encoding. Imports only providers.base (Usage).
+client request, and their JSON journal encoding. Money is integer nano-USD (``cost_nanos``,
+``baseline_cost_nanos``); journal lines carry the same integers, which are what this version
+reads. Lines of the older format (float ``cost_usd`` / ``baseline_cost_usd`` only, found in
+journals written before the upgrade) are converted exactly as that format's writer stored them
+(``gateway.money.legacy_usd_to_nanos``). Ledger-entry lines also carry the float fields, never
+read back when the integers are present: a rollback to the older version, which reads only
+those, still replays the billing rows of a journal this version left behind.
+Imports only providers.base (Usage) and gateway.money.
 """
 
 from __future__ import annotations
@@ -9,6 +16,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal
 
+from gateway.money import legacy_usd_to_nanos, usd_number
 from gateway.providers.base import Usage
 
 Stage = Literal["direct", "perceive", "plan", "execute", "review"]
@@ -30,6 +38,17 @@ def _dt(value: str) -> datetime:
     return dt if dt.tzinfo else dt.replace(tzinfo=UTC)
 
 
+def _nanos(d: dict[str, Any], name: str) -> int:
+    """``<name>_nanos`` of a journal line, or its older float ``<name>_usd`` converted; a line
+    with neither is malformed (KeyError: the journal reader counts it as a corrupt line)."""
+    if f"{name}_nanos" in d:
+        value = d[f"{name}_nanos"]
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise TypeError(f"{name}_nanos must be an integer")
+        return value
+    return legacy_usd_to_nanos(float(d[f"{name}_usd"]))
+
+
 @dataclass(frozen=True)
 class LedgerEntry:
     """One upstream call. ``id`` is chosen by the caller (``new_entry_id()``), so recording the
@@ -43,8 +62,8 @@ class LedgerEntry:
     tier: str
     model: str
     usage: Usage
-    cost_usd: float
-    baseline_cost_usd: float
+    cost_nanos: int
+    baseline_cost_nanos: int
     status: str = "ok"
     created_at: datetime = field(default_factory=_utcnow)
 
@@ -54,7 +73,8 @@ class LedgerEntry:
                 "key_id": self.key_id, "stage": self.stage, "tier": self.tier, "model": self.model,
                 "prompt_tokens": u.prompt_tokens, "cached_tokens": u.cached_tokens,
                 "completion_tokens": u.completion_tokens, "reasoning_tokens": u.reasoning_tokens,
-                "cost_usd": self.cost_usd, "baseline_cost_usd": self.baseline_cost_usd,
+                "cost_nanos": self.cost_nanos, "baseline_cost_nanos": self.baseline_cost_nanos,
+                "cost_usd": usd_number(self.cost_nanos), "baseline_cost_usd": usd_number(self.baseline_cost_nanos),
                 "status": self.status, "created_at": self.created_at.isoformat()}
 
     @classmethod
@@ -63,8 +83,8 @@ class LedgerEntry:
                    stage=d["stage"], tier=d["tier"], model=d["model"],
                    usage=Usage(prompt_tokens=d["prompt_tokens"], completion_tokens=d["completion_tokens"],
                                cached_tokens=d["cached_tokens"], reasoning_tokens=d["reasoning_tokens"]),
-                   cost_usd=d["cost_usd"], baseline_cost_usd=d["baseline_cost_usd"], status=d["status"],
-                   created_at=_dt(d["created_at"]))
+                   cost_nanos=_nanos(d, "cost"), baseline_cost_nanos=_nanos(d, "baseline_cost"),
+                   status=d["status"], created_at=_dt(d["created_at"]))
 
 
 @dataclass(frozen=True)
@@ -88,8 +108,8 @@ class RequestRecord:
     latency_ms: float | None = None
     prompt_tokens: int = 0
     completion_tokens: int = 0
-    cost_usd: float = 0.0
-    baseline_cost_usd: float = 0.0
+    cost_nanos: int = 0
+    baseline_cost_nanos: int = 0
     created_at: datetime = field(default_factory=_utcnow)
 
     def to_json(self) -> dict[str, Any]:
@@ -99,13 +119,18 @@ class RequestRecord:
                 "classifier_version": self.classifier_version, "pipeline": self.pipeline,
                 "http_status": self.http_status, "error_code": self.error_code,
                 "latency_ms": self.latency_ms, "prompt_tokens": self.prompt_tokens,
-                "completion_tokens": self.completion_tokens, "cost_usd": self.cost_usd,
-                "baseline_cost_usd": self.baseline_cost_usd, "created_at": self.created_at.isoformat()}
+                "completion_tokens": self.completion_tokens, "cost_nanos": self.cost_nanos,
+                "baseline_cost_nanos": self.baseline_cost_nanos, "created_at": self.created_at.isoformat()}
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> RequestRecord:
-        fields = {k: v for k, v in d.items() if k not in ("t", "created_at")}
-        return cls(**fields, created_at=_dt(d["created_at"]))
+        fields = {k: v for k, v in d.items() if k not in _REQUEST_NOT_FIELDS}
+        return cls(**fields, cost_nanos=_nanos(d, "cost"), baseline_cost_nanos=_nanos(d, "baseline_cost"),
+                   created_at=_dt(d["created_at"]))
+
+
+_REQUEST_NOT_FIELDS = frozenset({"t", "created_at", "cost_nanos", "baseline_cost_nanos", "cost_usd",
+                                 "baseline_cost_usd"})
 
 
 Record = LedgerEntry | RequestRecord

@@ -1,4 +1,5 @@
-"""What an upstream call cost, and what the same tokens would have cost on the high tier.
+"""What an upstream call cost, and what the same tokens would have cost on the high tier, in
+integer nano-USD (``Price.cost_nanos``: exact per-token rates, one half-up rounding per call).
 
 Price source, in order: the tier's ``price`` override, the model's configured ``price``, and
 for ``litellm`` models without a configured price litellm's bundled price map
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+from decimal import Decimal
 from functools import lru_cache
 
 from gateway.providers.base import Usage
@@ -30,9 +32,15 @@ def litellm_price(model: str) -> Price | None:
     if not info or info.get("input_cost_per_token") is None:
         return None
     cached = info.get("cache_read_input_token_cost")
-    return Price(input=float(info["input_cost_per_token"]) * 1e6,
-                 cached_input=None if cached is None else float(cached) * 1e6,
-                 output=float(info.get("output_cost_per_token") or 0.0) * 1e6)
+    return Price(input=_per_million(info["input_cost_per_token"]),
+                 cached_input=None if cached is None else _per_million(cached),
+                 output=_per_million(info.get("output_cost_per_token") or 0))
+
+
+def _per_million(per_token: object) -> float:
+    """litellm's USD per token → USD per million tokens, shifted in decimal (1.5e-07 → 0.15,
+    never 0.15000000000000002)."""
+    return float(Decimal(str(per_token)).scaleb(6))
 
 
 def model_price(model: ModelSettings) -> Price:
@@ -58,13 +66,15 @@ def price_for(settings: Settings, tier: str, model_name: str) -> Price:
     return model_price(model)
 
 
-def cost_for(settings: Settings, tier: str, model_name: str, usage: Usage) -> tuple[float, float]:
-    """(cost_usd, baseline_cost_usd) of one upstream call."""
-    args = (usage.prompt_tokens, usage.cached_tokens, usage.completion_tokens)
-    cost = price_for(settings, tier, model_name).cost_usd(*args)
+def baseline_nanos(settings: Settings, usage: Usage) -> int:
+    """What ``usage`` would have cost on the high tier's own model, in nano-USD."""
     high = settings.tiers[BASELINE_TIER]  # type: ignore[index]
-    baseline = price_for(settings, BASELINE_TIER, high.model).cost_usd(*args)
-    return cost, baseline
+    return price_for(settings, BASELINE_TIER, high.model).cost_nanos(usage)
+
+
+def cost_nanos_for(settings: Settings, tier: str, model_name: str, usage: Usage) -> tuple[int, int]:
+    """(cost, baseline cost) of one upstream call, in nano-USD."""
+    return price_for(settings, tier, model_name).cost_nanos(usage), baseline_nanos(settings, usage)
 
 
 def preload_prices(settings: Settings) -> dict[str, Price]:

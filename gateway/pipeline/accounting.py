@@ -1,12 +1,13 @@
 """Per-stage accounting for one pipeline request: prices every upstream call, sends it to the
 ledger sink as it happens, enforces the request's cost cap, and sums usage and cost.
 
-Prices come from ``gateway.ledger.cost_for``. Baseline: each call's tokens priced at the high
-tier (what the same work costs when the high tier does all of it); the request's baseline is
-the sum over its calls, so ledger rows, headers and the response always add up. Ledger-sink
-failures propagate (money path).
+Prices come from ``gateway.ledger.cost_nanos_for``; every amount is integer nano-USD (the cost
+cap, ``tiergate.max_cost_usd``, is converted once). Baseline: each call's tokens priced at the
+high tier (what the same work costs when the high tier does all of it); the request's baseline
+is the sum over its calls, so ledger rows, headers and the response always add up exactly.
+Ledger-sink failures propagate (money path).
 
-Imports settings, the ledger's pricing, the provider contract and pipeline types only.
+Imports settings, gateway.money, the ledger's pricing, the provider contract and pipeline types only.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 from gateway.ledger.entries import new_entry_id
-from gateway.ledger.pricing import cost_for, price_for
+from gateway.ledger.pricing import cost_nanos_for, price_for
+from gateway.money import format_usd, usd_to_nanos
 from gateway.pipeline.types import (
     CallStatus,
     Clock,
@@ -23,8 +25,8 @@ from gateway.pipeline.types import (
     RequestContext,
     Stage,
     StageCall,
-    calls_baseline_cost_usd,
-    calls_cost_usd,
+    calls_baseline_cost_nanos,
+    calls_cost_nanos,
     calls_usage,
 )
 from gateway.providers.base import Usage
@@ -48,10 +50,10 @@ class CostCapReached(StopEarly):
 
     reason = "cost_cap"
 
-    def __init__(self, stage: str, spent_usd: float, estimate_usd: float, cap_usd: float) -> None:
-        super().__init__(f"{stage} would cost up to ${estimate_usd:.6f}; ${spent_usd:.6f} of "
-                         f"${cap_usd:.6f} already spent", stage)
-        self.spent_usd, self.estimate_usd, self.cap_usd = spent_usd, estimate_usd, cap_usd
+    def __init__(self, stage: str, spent_nanos: int, estimate_nanos: int, cap_nanos: int) -> None:
+        super().__init__(f"{stage} would cost up to ${format_usd(estimate_nanos, 6)}; "
+                         f"${format_usd(spent_nanos, 6)} of ${format_usd(cap_nanos, 6)} already spent", stage)
+        self.spent_nanos, self.estimate_nanos, self.cap_nanos = spent_nanos, estimate_nanos, cap_nanos
 
 
 class BudgetRefused(StopEarly):
@@ -76,49 +78,49 @@ class Accountant:
     def __init__(self, settings: Settings, ctx: RequestContext, ledger_sink: LedgerSink, clock: Clock,
                  max_cost_usd: float | None = None) -> None:
         self.settings, self.ctx, self.ledger_sink, self.clock = settings, ctx, ledger_sink, clock
-        self.max_cost_usd = max_cost_usd
+        self.max_cost_nanos = None if max_cost_usd is None else usd_to_nanos(max_cost_usd)
         self.calls: list[StageCall] = []
-        self._reserved_usd = 0.0  # worst-case cost of calls in flight
+        self._reserved_nanos = 0  # worst-case cost of calls in flight
 
     @property
-    def cost_usd(self) -> float:
-        return calls_cost_usd(self.calls)
+    def cost_nanos(self) -> int:
+        return calls_cost_nanos(self.calls)
 
     @property
-    def baseline_cost_usd(self) -> float:
-        return calls_baseline_cost_usd(self.calls)
+    def baseline_cost_nanos(self) -> int:
+        return calls_baseline_cost_nanos(self.calls)
 
     @property
     def usage(self) -> Usage:
         return calls_usage(self.calls)
 
-    def worst_case_usd(self, tier: str, messages: list[dict[str, Any]], max_tokens: int) -> float:
+    def worst_case_nanos(self, tier: str, messages: list[dict[str, Any]], max_tokens: int) -> int:
         """The most one call may cost: over-estimated prompt tokens and ``max_tokens`` of output at
         the dearest price of the tier's model chain (a fallback can cost more than the primary)."""
         prompt = estimate_prompt_tokens(messages)
         t = self.settings.tiers[tier]  # type: ignore[index]
-        return max(price_for(self.settings, tier, name).cost_usd(prompt, 0, max_tokens)
+        return max(price_for(self.settings, tier, name).nanos(prompt, 0, max_tokens)
                    for name in (t.model, *t.fallbacks))
 
-    def reserve(self, stage: str, tier: str, messages: list[dict[str, Any]], max_tokens: int) -> float:
-        """Check the cost cap before a call; returns the amount held until ``release``."""
-        estimate = self.worst_case_usd(tier, messages, max_tokens)
-        cap = self.max_cost_usd
-        if cap is not None and self.cost_usd + self._reserved_usd + estimate > cap:
-            raise CostCapReached(stage, self.cost_usd + self._reserved_usd, estimate, cap)
-        self._reserved_usd += estimate
+    def reserve(self, stage: str, tier: str, messages: list[dict[str, Any]], max_tokens: int) -> int:
+        """Check the cost cap before a call; returns the nano-USD held until ``release``."""
+        estimate = self.worst_case_nanos(tier, messages, max_tokens)
+        cap = self.max_cost_nanos
+        if cap is not None and self.cost_nanos + self._reserved_nanos + estimate > cap:
+            raise CostCapReached(stage, self.cost_nanos + self._reserved_nanos, estimate, cap)
+        self._reserved_nanos += estimate
         return estimate
 
-    def release(self, amount: float) -> None:
-        self._reserved_usd = max(0.0, self._reserved_usd - amount)
+    def release(self, amount_nanos: int) -> None:
+        self._reserved_nanos = max(0, self._reserved_nanos - amount_nanos)
 
     def record(self, stage: Stage, tier: str, model: str, usage: Usage, status: CallStatus = "ok", *,
                step_id: str | None = None, path: int | None = None, round: int = 0) -> StageCall:
-        cost, baseline = cost_for(self.settings, tier, model, usage)
+        cost, baseline = cost_nanos_for(self.settings, tier, model, usage)
         call = StageCall(
             id=new_entry_id(), request_id=self.ctx.request_id, tenant_id=self.ctx.tenant_id,
-            key_id=self.ctx.key_id, stage=stage, tier=tier, model=model, usage=usage, cost_usd=cost,
-            baseline_cost_usd=baseline, status=status,
+            key_id=self.ctx.key_id, stage=stage, tier=tier, model=model, usage=usage, cost_nanos=cost,
+            baseline_cost_nanos=baseline, status=status,
             created_at=datetime.fromtimestamp(self.clock(), tz=UTC), step_id=step_id, path=path,
             round=round)
         self.calls.append(call)
@@ -129,11 +131,11 @@ class Accountant:
         out: dict[str, dict[str, Any]] = {}
         for c in self.calls:
             row = out.setdefault(c.stage, {"calls": 0, "prompt_tokens": 0, "completion_tokens": 0,
-                                           "cost_usd": 0.0, "tiers": []})
+                                           "cost_nanos": 0, "tiers": []})
             row["calls"] += 1
             row["prompt_tokens"] += c.usage.prompt_tokens
             row["completion_tokens"] += c.usage.completion_tokens
-            row["cost_usd"] += c.cost_usd
+            row["cost_nanos"] += c.cost_nanos
             if c.tier not in row["tiers"]:
                 row["tiers"].append(c.tier)
         return out

@@ -6,8 +6,8 @@ call's worst case is held on the tenant's and key's budgets (``BudgetRefused`` w
 hold it). The ticket is settled to the call's ledger rows when the call ends, fails, is
 cancelled, or (streams) is closed.
 
-Imports pipeline types/accounting, the execution hook's budget protocol, budget money units,
-the provider contract and router types only (the model is reached through the injected
+Imports pipeline types/accounting, the execution hook's budget protocol, the budgets' ``Hold``
+type, the provider contract and router types only (the model is reached through the injected
 ``CallModel`` / ``StreamModel`` callables).
 """
 
@@ -18,9 +18,9 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.budgets import to_nanos
+from gateway.budgets import Hold
 from gateway.errors import BudgetExceeded, UpstreamError
-from gateway.execution import CallBudget, CallHold
+from gateway.execution import CallBudget
 from gateway.pipeline.accounting import Accountant, BudgetRefused
 from gateway.pipeline.types import CallModel, Stage, StageCall, StreamModel
 from gateway.providers.base import CallOptions, Usage
@@ -52,8 +52,8 @@ def message_text(response: dict[str, Any]) -> str:
 class Ticket:
     """What one call holds before it runs: its share of the cost cap and its budget hold."""
 
-    def __init__(self, accountant: Accountant, capped_usd: float, hold: CallHold | None) -> None:
-        self.accountant, self.capped_usd, self.hold = accountant, capped_usd, hold
+    def __init__(self, accountant: Accountant, capped_nanos: int, hold: Hold | None) -> None:
+        self.accountant, self.capped_nanos, self.hold = accountant, capped_nanos, hold
         self.opened = False  # a stream was opened on it (the stream closes it)
         self.closed = False
 
@@ -62,9 +62,9 @@ class Ticket:
         if self.closed:
             return
         self.closed = True
-        self.accountant.release(self.capped_usd)
+        self.accountant.release(self.capped_nanos)
         if self.hold is not None:
-            await asyncio.shield(self.hold.settle(sum(to_nanos(c.cost_usd) for c in calls)))
+            await asyncio.shield(self.hold.settle(sum(c.cost_nanos for c in calls)))
 
 
 class HeldStream:
@@ -107,7 +107,7 @@ class StageCaller:
         """Check the cost cap (``CostCapReached``), then hold the call's worst case on the budgets
         (``BudgetRefused``). Close the ticket, or hand it to ``call``/``stream``."""
         worst = self.accountant.reserve(stage, tier, messages, max_tokens)
-        hold: CallHold | None = None
+        hold: Hold | None = None
         if self.budget is not None:
             try:
                 hold = await self.budget.hold(worst)

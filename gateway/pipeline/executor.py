@@ -84,8 +84,8 @@ class PipelineExecutor:
         def record(entry: LedgerEntry) -> None:
             self.ledger.record(entry)  # never swallowed: the money path fails loudly
             t = req.tally
-            t.usage, t.cost_usd = t.usage + entry.usage, t.cost_usd + entry.cost_usd
-            t.baseline_cost_usd += entry.baseline_cost_usd
+            t.usage, t.cost_nanos = t.usage + entry.usage, t.cost_nanos + entry.cost_nanos
+            t.baseline_cost_nanos += entry.baseline_cost_nanos
             t.calls += 1
             t.model = entry.model
 

@@ -1,7 +1,8 @@
 """The outcome of one pipeline request and its wire forms: the OpenAI ``chat.completion`` dict
 with the ``tiergate`` extension object (per-stage tier, model, tokens, cost), total usage, and
 the ``x-tiergate-*`` headers. Every figure is derived from the same ``StageCall`` rows that
-went to the ledger, so rows, headers and response always agree.
+went to the ledger (integer nano-USD, formatted as USD only here), so rows, headers and
+response always agree.
 
 Imports pipeline types, routing and the provider contract only.
 """
@@ -11,15 +12,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from gateway.pipeline.types import StageCall, calls_baseline_cost_usd, calls_cost_usd, calls_usage
+from gateway.money import format_usd, usd_number
+from gateway.pipeline.types import StageCall, calls_baseline_cost_nanos, calls_cost_nanos, calls_usage
 from gateway.providers.base import Usage
 from gateway.routing import ExecutionPlan
 
 BASELINE_NOTE = "the same tokens priced at the high tier"
-
-
-def usd(value: float) -> str:
-    return f"{value:.9f}"
 
 
 @dataclass
@@ -36,16 +34,16 @@ class PipelineResult:
     notes: list[str] = field(default_factory=list)
 
     @property
-    def cost_usd(self) -> float:
-        return calls_cost_usd(self.calls)
+    def cost_nanos(self) -> int:
+        return calls_cost_nanos(self.calls)
 
     @property
-    def baseline_cost_usd(self) -> float:
-        return calls_baseline_cost_usd(self.calls)
+    def baseline_cost_nanos(self) -> int:
+        return calls_baseline_cost_nanos(self.calls)
 
     @property
-    def saved_usd(self) -> float:
-        return self.baseline_cost_usd - self.cost_usd
+    def saved_nanos(self) -> int:
+        return self.baseline_cost_nanos - self.cost_nanos
 
     @property
     def usage(self) -> Usage:
@@ -71,16 +69,16 @@ class PipelineResult:
             "plan_source": self.plan_source, "plan": self.plan, "verdict": self.verdict,
             "review_rounds": self.review_rounds,
             "paths": ex.paths, "pruned_paths": sum(1 for c in self.calls if c.status == "cancelled"),
-            "pruned_cost_usd": round(sum(c.cost_usd for c in self.calls if c.status == "cancelled"), 9),
+            "pruned_cost_usd": usd_number(sum(c.cost_nanos for c in self.calls if c.status == "cancelled")),
             "stages": [c.to_dict() for c in self.calls],
-            "cost_usd": round(self.cost_usd, 9), "baseline_cost_usd": round(self.baseline_cost_usd, 9),
-            "saved_usd": round(self.saved_usd, 9), "baseline": BASELINE_NOTE,
+            "cost_usd": usd_number(self.cost_nanos), "baseline_cost_usd": usd_number(self.baseline_cost_nanos),
+            "saved_usd": usd_number(self.saved_nanos), "baseline": BASELINE_NOTE,
             "max_cost_usd": ex.max_cost_usd, "stopped_early": self.stopped_early, "notes": list(self.notes),
         }
 
     def headers(self) -> dict[str, str]:
-        return {"x-tiergate-effort": self.execution.effort, "x-tiergate-cost-usd": usd(self.cost_usd),
-                "x-tiergate-saved-usd": usd(self.saved_usd)}
+        return {"x-tiergate-effort": self.execution.effort, "x-tiergate-cost-usd": format_usd(self.cost_nanos),
+                "x-tiergate-saved-usd": format_usd(self.saved_nanos)}
 
     def to_response(self, request_id: str, requested_model: str, created: int) -> dict[str, Any]:
         return {

@@ -26,6 +26,7 @@ from typing import Any
 from gateway.errors import InvalidRequest
 from gateway.execution import CallBudget
 from gateway.log_safety import describe
+from gateway.money import format_usd, usd_number
 from gateway.pipeline.accounting import Accountant, BudgetRefused, CostCapReached, StopEarly
 from gateway.pipeline.calls import StageCaller
 from gateway.pipeline.execute import execute_plan, request_text
@@ -262,9 +263,9 @@ class Pipeline:
         cheap direct answer; a budget refusal is the request's 429 ``budget_exceeded``."""
         progress(f"[stop] {_why(err)}")
         result.stopped_early = {"reason": err.reason, "stage": err.stage,
-                                "spent_usd": round(caller.accountant.cost_usd, 9)}
+                                "spent_usd": usd_number(caller.accountant.cost_nanos)}
         if isinstance(err, CostCapReached):
-            result.stopped_early["max_cost_usd"] = err.cap_usd
+            result.stopped_early["max_cost_usd"] = ex.max_cost_usd
         if state.review is not None:
             result.answer, result.answer_call = state.review.answer or _best_outputs(state), state.review_call
             result.verdict, result.review_rounds = state.review.verdict, state.rounds
@@ -288,7 +289,7 @@ class Pipeline:
 
 def _why(err: StopEarly) -> str:
     if isinstance(err, CostCapReached):
-        return f"the next {err.stage} call could exceed the cost cap of ${err.cap_usd:.6f}"
+        return f"the next {err.stage} call could exceed the cost cap of ${format_usd(err.cap_nanos, 6)}"
     return f"the budget cannot cover the next {err.stage} call"
 
 

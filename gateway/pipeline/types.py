@@ -13,6 +13,7 @@ from datetime import datetime
 from typing import Any, Literal, Protocol
 
 from gateway.ledger.entries import LedgerEntry
+from gateway.money import usd_number
 from gateway.providers.base import CallOptions, Usage
 from gateway.providers.router import OnAttempt
 
@@ -60,8 +61,8 @@ class StageCall:
     tier: str
     model: str
     usage: Usage
-    cost_usd: float
-    baseline_cost_usd: float
+    cost_nanos: int  # nano-USD
+    baseline_cost_nanos: int
     status: CallStatus
     created_at: datetime
     step_id: str | None = None
@@ -71,8 +72,9 @@ class StageCall:
     def to_ledger_entry(self) -> LedgerEntry:
         return LedgerEntry(id=self.id, request_id=self.request_id, tenant_id=self.tenant_id,
                            key_id=self.key_id, stage=self.stage, tier=self.tier, model=self.model,
-                           usage=self.usage, cost_usd=self.cost_usd, baseline_cost_usd=self.baseline_cost_usd,
-                           status=self.status, created_at=self.created_at)
+                           usage=self.usage, cost_nanos=self.cost_nanos,
+                           baseline_cost_nanos=self.baseline_cost_nanos, status=self.status,
+                           created_at=self.created_at)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -81,16 +83,16 @@ class StageCall:
             "prompt_tokens": self.usage.prompt_tokens, "cached_tokens": self.usage.cached_tokens,
             "completion_tokens": self.usage.completion_tokens,
             "reasoning_tokens": self.usage.reasoning_tokens,
-            "cost_usd": round(self.cost_usd, 9), "baseline_cost_usd": round(self.baseline_cost_usd, 9),
+            "cost_usd": usd_number(self.cost_nanos), "baseline_cost_usd": usd_number(self.baseline_cost_nanos),
         }
 
 
-def calls_cost_usd(calls: Iterable[StageCall]) -> float:
-    return sum(c.cost_usd for c in calls)
+def calls_cost_nanos(calls: Iterable[StageCall]) -> int:
+    return sum(c.cost_nanos for c in calls)
 
 
-def calls_baseline_cost_usd(calls: Iterable[StageCall]) -> float:
-    return sum(c.baseline_cost_usd for c in calls)
+def calls_baseline_cost_nanos(calls: Iterable[StageCall]) -> int:
+    return sum(c.baseline_cost_nanos for c in calls)
 
 
 def calls_usage(calls: Iterable[StageCall]) -> Usage:

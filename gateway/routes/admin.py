@@ -153,7 +153,7 @@ class _Tenant:
 
 
 async def _budget(state: Runtime, tenant_id: str) -> dict[str, Any] | None:
-    return asdict(await state.budgets.budgets.status(_Tenant(tenant_id)))
+    return (await state.budgets.budgets.status(_Tenant(tenant_id))).to_json()
 
 
 def _cursor(before_at: str | None, before_id: str | None) -> tuple[datetime, str] | None:

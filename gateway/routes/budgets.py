@@ -12,7 +12,6 @@ unset every call is refused. Values are bounded (gateway.budgets.bounds). Uses t
 
 from __future__ import annotations
 
-from dataclasses import asdict
 from decimal import Decimal
 from typing import Any, Literal
 
@@ -23,9 +22,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from gateway.budgets import BudgetRuntime, put_policy, subject_of
 from gateway.budgets.alerts import recent_alerts
-from gateway.budgets.models import BudgetPolicyRow
 from gateway.budgets.policies import Scope
-from gateway.db.models import ApiKey, Tenant
+from gateway.db.models import ApiKey, BudgetPolicyRow, Tenant
 from gateway.errors import InvalidRequest, NotFound
 from gateway.identifiers import Identifier
 from gateway.request_body import read_model
@@ -89,7 +87,7 @@ async def _show(state: Runtime, scope: Scope, subject_id: str) -> Response:
     policy = await anyio.to_thread.run_sync(_policy_json, state, scope, subject_id)
     status = await rt.budgets.status(_Caller(tenant_id, subject_id if scope == "key" else None))
     body = {"subject": subject_of(scope, subject_id), "tenant_id": tenant_id, "policy": policy,
-            "status": asdict(status)}
+            "status": status.to_json()}
     return Response(orjson.dumps(body), media_type="application/json")
 
 

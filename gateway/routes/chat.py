@@ -11,6 +11,7 @@ from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from gateway.chat_flow import ChatStream
+from gateway.money import format_usd
 from gateway.request_body import read_json
 from gateway.runtime import Runtime
 
@@ -74,8 +75,8 @@ async def chat_completions(request: Request) -> Response:
     t = rr.tally
     headers["x-tiergate-tier"] = headers["x-tiergate-effort"] = t.effort or rr.resolution.tier  # after any cap
     headers["x-tiergate-effort-source"] = t.effort_source or rr.resolution.effort_source
-    headers["x-tiergate-cost-usd"] = f"{t.cost_usd:.9f}"
-    headers["x-tiergate-saved-usd"] = f"{t.baseline_cost_usd - t.cost_usd:.9f}"
+    headers["x-tiergate-cost-usd"] = format_usd(t.cost_nanos)
+    headers["x-tiergate-saved-usd"] = format_usd(t.baseline_cost_nanos - t.cost_nanos)
     headers.update(t.response_headers)
     return _json(response, headers)
 

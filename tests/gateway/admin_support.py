@@ -10,6 +10,7 @@ import sqlalchemy as sa
 
 from gateway.db.models import DailySpend
 from gateway.ledger.entries import LedgerEntry, RequestRecord, new_entry_id
+from gateway.money import usd_to_nanos
 from gateway.providers.base import Usage
 from tests.gateway.gateway_harness import Gateway
 from tests.gateway.scripted_upstream import ADMIN_KEY
@@ -31,13 +32,13 @@ def seed(gw: Gateway, tenant_id: str, n: int, *, start: datetime | None = None) 
             c = Decimal(i + 1) / Decimal(10**4) if tier == "low" else Decimal(3 * (i + 1)) / Decimal(10**4)
             b = Decimal(3 * (i + 1)) / Decimal(10**4)
             gw.ledger.record(LedgerEntry(new_entry_id(), rid, tenant_id, None, stage, tier, f"m-{tier}",
-                                         Usage(prompt_tokens=10 + i, completion_tokens=5), float(c), float(b),
+                                         Usage(prompt_tokens=10 + i, completion_tokens=5), usd_to_nanos(c), usd_to_nanos(b),
                                          created_at=at))
             cost, base = cost + c, base + b
         rec = RequestRecord(rid, tenant_id, None, "auto", "ok", tier="high" if i % 2 else "low",
                             effort_source="classifier", pipeline=bool(i % 2), http_status=200, latency_ms=12.0,
-                            prompt_tokens=10 + i, completion_tokens=5, cost_usd=float(cost),
-                            baseline_cost_usd=float(base), created_at=at)
+                            prompt_tokens=10 + i, completion_tokens=5, cost_nanos=usd_to_nanos(cost),
+                            baseline_cost_nanos=usd_to_nanos(base), created_at=at)
         gw.ledger.record_request(rec)
         recs.append(rec)
     assert gw.ledger.flush(10)

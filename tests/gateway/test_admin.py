@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 
 from gateway.admin import SESSION_COOKIE, LoginThrottle, SessionSigner
-from gateway.budgets.models import BudgetAlertRow
+from gateway.db.models import BudgetAlertRow
 from gateway.db.queries import create_tenant
+from gateway.money import nanos_to_decimal
 from tests.gateway.admin_support import ADMIN, db_sums, seed
 from tests.gateway.gateway_harness import Gateway, gateway
 from tests.gateway.scripted_upstream import ScriptedUpstream
@@ -111,7 +112,7 @@ async def test_numbers_equal_the_database_sums(tmp_path: Path, upstream: Scripte
             other = create_tenant(s, "other-co").id
         recs = seed(gw, gw.tenant_id, 7) + seed(gw, other, 3)
         cost, base = db_sums(gw)
-        assert cost == pytest.approx(sum(Decimal(str(r.cost_usd)) for r in recs), abs=Decimal("1e-9"))
+        assert cost == sum(nanos_to_decimal(r.cost_nanos) for r in recs)  # exact: integer nano-USD
         body = (await gw.client.get("/admin/api/overview?days=7", headers=BEARER)).json()
         assert Decimal(body["total"]["cost_usd"]) == cost and Decimal(body["total"]["baseline_cost_usd"]) == base
         assert Decimal(body["total"]["savings_usd"]) == base - cost > 0

@@ -16,6 +16,7 @@ from gateway.db import admin_queries as aq
 from gateway.db.queries import create_tenant
 from gateway.ledger import Ledger
 from gateway.ledger.entries import LedgerEntry, RequestRecord, new_entry_id
+from gateway.money import usd_to_nanos
 from gateway.providers.base import Usage
 from tests.gateway.budgets_support import migrated_db, sqlite_url
 
@@ -36,9 +37,10 @@ def _fill(sf: sessionmaker[Session], journal: Path) -> tuple[str, str, list[Requ
             c, bl = Decimal(i + 1) / 1000, Decimal(4 * (i + 1)) / 1000
             tier = ("low", "medium", "high")[i % 3]
             ledger.record(LedgerEntry(new_entry_id(), f"req_{i}", tenant, None, "direct", tier, "m",
-                                      Usage(prompt_tokens=7, completion_tokens=3), float(c), float(bl), created_at=at))
+                                      Usage(prompt_tokens=7, completion_tokens=3), usd_to_nanos(c), usd_to_nanos(bl),
+                                      created_at=at))
             rec = RequestRecord(f"req_{i}", tenant, None, "auto", "ok", tier=tier, pipeline=tier == "high",
-                                cost_usd=float(c), baseline_cost_usd=float(bl), created_at=at)
+                                cost_nanos=usd_to_nanos(c), baseline_cost_nanos=usd_to_nanos(bl), created_at=at)
             ledger.record_request(rec)
             recs.append(rec)
             cost, base = cost + c, base + bl

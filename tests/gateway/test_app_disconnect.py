@@ -23,6 +23,7 @@ import orjson
 import pytest
 
 from gateway.ledger import RequestRecord
+from gateway.money import nanos_to_decimal
 from gateway.providers.metering import count_text_tokens
 from tests.gateway.gateway_harness import Gateway, served_gateway
 from tests.gateway.scripted_models import plan_json
@@ -96,7 +97,7 @@ async def budget_status(gw: Gateway) -> dict[str, Any]:
 def assert_cancelled_record(records: list[RequestRecord], cost: Decimal) -> RequestRecord:
     (final,) = [r for r in records if r.status != "in_progress"]
     assert (final.status, final.http_status, final.error_code) == ("cancelled", 499, "client_closed_request")
-    assert Decimal(str(final.cost_usd)) == pytest.approx(cost, abs=Decimal("1e-9"))
+    assert nanos_to_decimal(final.cost_nanos) == cost  # exact: the request record sums its rows
     return final
 
 
@@ -152,7 +153,7 @@ async def test_pipeline_stops_and_bills_its_finished_stages_when_the_client_hang
             assert {r.request_id for r in rows} == {final.id}
             status = await budget_status(gw)
             assert status["held_usd"] == 0
-            assert Decimal(str(status["spent_usd"])) == pytest.approx(plan_row.cost_usd, abs=Decimal("1e-9"))
+            assert Decimal(str(status["spent_usd"])) == plan_row.cost_usd
             assert len(upstream.requests) == 2  # the stages after the hang-up never started
 
 
@@ -179,7 +180,7 @@ async def test_stream_is_cancelled_when_the_client_hangs_up_before_the_first_chu
             assert (stored.id, stored.status, stored.http_status) == (final.id, "cancelled", 499)
             status = await budget_status(gw)
             assert status["held_usd"] == 0
-            assert Decimal(str(status["spent_usd"])) == pytest.approx(row.cost_usd, abs=Decimal("1e-9"))
+            assert Decimal(str(status["spent_usd"])) == row.cost_usd
             assert len(upstream.requests) == 1  # no retry, no fallback after the hang-up
 
 
@@ -203,5 +204,5 @@ async def test_stream_waiting_between_chunks_is_cancelled_when_the_client_hangs_
             assert row.request_id == final.id
             status = await budget_status(gw)
             assert status["held_usd"] == 0
-            assert Decimal(str(status["spent_usd"])) == pytest.approx(row.cost_usd, abs=Decimal("1e-9"))
+            assert Decimal(str(status["spent_usd"])) == row.cost_usd
             assert len(upstream.requests) == 1

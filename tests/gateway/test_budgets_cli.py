@@ -9,9 +9,10 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from gateway.budgets import PolicyStore, to_nanos
+from gateway.budgets import PolicyStore
 from gateway.cli import budgets_cmd
 from gateway.db.session import database_url, make_engine, make_session_factory
+from gateway.money import usd_to_nanos
 from gateway.settings import load_settings
 from tests.gateway.budgets_support import Caller
 from tests.gateway.cli_support import admin_cli_root
@@ -51,9 +52,9 @@ async def test_set_show_and_the_gateway_reads_it(cli) -> None:  # type: ignore[n
 
     caller = Caller(tenant_row["subject"].split(":", 1)[1], key_id)
     tenant_policy, key_policy = await store.for_principal(caller)
-    assert tenant_policy.limit_nanos == to_nanos(12.5) and tenant_policy.alert_thresholds == (0.5, 0.9)
-    assert tenant_policy.soft_limit_nanos == to_nanos(12.5 * 0.8) and tenant_policy.requests_per_min == 60
-    assert key_policy.limit_nanos == to_nanos(2) and key_policy.period == "month" and key_policy.tokens_per_min == 1000
+    assert tenant_policy.limit_nanos == usd_to_nanos(12.5) and tenant_policy.alert_thresholds == (0.5, 0.9)
+    assert tenant_policy.soft_limit_nanos == usd_to_nanos("10") and tenant_policy.requests_per_min == 60
+    assert key_policy.limit_nanos == usd_to_nanos(2) and key_policy.period == "month" and key_policy.tokens_per_min == 1000
     engine.dispose()
 
     run("budgets", "set", "--tenant", "acme", "--clear", "limit_usd")

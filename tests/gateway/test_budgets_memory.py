@@ -1,6 +1,8 @@
 """Budgets with the embedded backend (in-process counters + SQLite): atomic reservations,
 restart from the ledger truth, orphaned reservations expiring after their lease, UTC
-period rollover, soft limits, key budgets, and the request-path guard."""
+period rollover, soft limits, key budgets; calls made the way the request path makes them
+(``Budgets.reserve`` → ``Hold.settle`` / ``Hold.release``). Money is integer nano-USD, so
+spend is asserted exactly."""
 
 from __future__ import annotations
 
@@ -11,15 +13,23 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
-from gateway.budgets import budget_guard, build_budget_runtime, put_policy, to_nanos, worst_case_cost
-from gateway.budgets.models import BudgetReservationRow
+from gateway.budgets import build_budget_runtime, put_policy
+from gateway.db.models import BudgetReservationRow
 from gateway.errors import BudgetExceeded
 from gateway.ledger import Ledger, LedgerEntry, new_entry_id
 from gateway.providers.base import Usage
-from tests.gateway.budgets_support import Caller, FakeClock, migrated_db, small_settings, sqlite_url
+from tests.gateway.budgets_support import (
+    Caller,
+    FakeClock,
+    W,
+    budgeted_call,
+    migrated_db,
+    small_settings,
+    sqlite_url,
+    usd,
+)
 
 SETTINGS = small_settings()
-W = worst_case_cost(SETTINGS, "low", "m", 10, 100)  # 10 × $1/M + 100 × $2/M
 
 
 def set_budget(sf, **kw):  # type: ignore[no-untyped-def]
@@ -27,16 +37,9 @@ def set_budget(sf, **kw):  # type: ignore[no-untyped-def]
         put_policy(s, **kw)
 
 
-def test_worst_case_cost_uses_prices_and_caps_output() -> None:
-    assert abs(W - (10 * 1.0 + 100 * 2.0) / 1e6) < 1e-15
-    assert worst_case_cost(SETTINGS, "low", "m", 10, None) == W  # the tier's max_output_tokens
-    assert worst_case_cost(SETTINGS, "low", "m", 10, 1000) == (10 + 2000) / 1e6  # what the client allows
-    assert worst_case_cost(SETTINGS, "low", "m", 10, 50) == pytest.approx((10 + 100) / 1e6)
-
-
 async def test_64_concurrent_requests_against_budget_for_10(tmp_path: Path) -> None:
     sf = migrated_db(sqlite_url(tmp_path))
-    set_budget(sf, scope="tenant", tenant_id="t1", period="month", limit_usd=10.5 * W)
+    set_budget(sf, scope="tenant", tenant_id="t1", period="month", limit_usd=usd(W * 21 // 2))
     rt = build_budget_runtime(SETTINGS, sf, clock=FakeClock())
     await rt.start()
     caller = Caller("t1", "k1")
@@ -44,9 +47,7 @@ async def test_64_concurrent_requests_against_budget_for_10(tmp_path: Path) -> N
 
     async def one() -> None:
         try:
-            async with budget_guard(rt.budgets, rt.rate_limiter, caller, W, 110) as guard:
-                await asyncio.sleep(random.random() / 100)  # the "upstream call"
-                await guard.settle(W)
+            await budgeted_call(rt, caller, W, W, tokens=110, pause_s=random.random() / 100)
             outcomes.append("ok")
         except BudgetExceeded as exc:
             assert exc.status == 429 and exc.code == "budget_exceeded"
@@ -55,8 +56,7 @@ async def test_64_concurrent_requests_against_budget_for_10(tmp_path: Path) -> N
     await asyncio.gather(*(one() for _ in range(64)))
     assert outcomes.count("ok") == 10 and outcomes.count("denied") == 54
     status = await rt.budgets.status(caller)
-    assert to_nanos(status.spent_usd) == 10 * to_nanos(W) and status.held_usd == 0
-    assert status.spent_usd <= 10.5 * W  # overshoot 0 (≤ one reservation)
+    assert (status.spent_nanos, status.held_nanos) == (10 * W, 0)  # overshoot 0 (≤ one hold)
     for _ in range(5):  # denied stays denied
         with pytest.raises(BudgetExceeded):
             await rt.budgets.reserve(caller, W)
@@ -68,7 +68,7 @@ async def test_64_concurrent_requests_against_budget_for_10(tmp_path: Path) -> N
 
 async def test_cheaper_actuals_free_budget_but_never_overshoot(tmp_path: Path) -> None:
     sf = migrated_db(sqlite_url(tmp_path))
-    set_budget(sf, scope="tenant", tenant_id="t1", limit_usd=10.5 * W)
+    set_budget(sf, scope="tenant", tenant_id="t1", limit_usd=usd(W * 21 // 2))
     rt = build_budget_runtime(SETTINGS, sf, clock=FakeClock())
     await rt.start()
     caller = Caller("t1")
@@ -77,9 +77,7 @@ async def test_cheaper_actuals_free_budget_but_never_overshoot(tmp_path: Path) -
     async def one() -> None:
         nonlocal ok
         try:
-            async with budget_guard(rt.budgets, None, caller, W, 0) as guard:
-                await asyncio.sleep(random.random() / 200)
-                await guard.settle(W / 4)
+            await budgeted_call(rt, caller, W, W // 4, pause_s=random.random() / 200)
             ok += 1
         except BudgetExceeded:
             pass
@@ -87,34 +85,27 @@ async def test_cheaper_actuals_free_budget_but_never_overshoot(tmp_path: Path) -
     for _ in range(4):
         await asyncio.gather(*(one() for _ in range(16)))
     status = await rt.budgets.status(caller)
-    assert ok > 10 and status.spent_usd <= 10.5 * W + 1e-12
+    assert ok > 10 and status.spent_nanos == ok * (W // 4) <= W * 21 // 2
     await rt.stop()
 
 
 async def test_failure_and_cancellation_release_the_hold(tmp_path: Path) -> None:
     sf = migrated_db(sqlite_url(tmp_path))
-    set_budget(sf, scope="tenant", tenant_id="t1", limit_usd=1.5 * W)
+    set_budget(sf, scope="tenant", tenant_id="t1", limit_usd=usd(W * 3 // 2))
     rt = build_budget_runtime(SETTINGS, sf, clock=FakeClock())
     await rt.start()
     caller = Caller("t1")
-    with pytest.raises(RuntimeError):
-        async with budget_guard(rt.budgets, None, caller, W, 0):
-            raise RuntimeError("upstream failed")
-    started = asyncio.Event()
-
-    async def hangs() -> None:
-        async with budget_guard(rt.budgets, None, caller, W, 0):
-            started.set()
-            await asyncio.sleep(60)
-
-    task = asyncio.create_task(hangs())
-    await started.wait()
-    assert (await rt.budgets.status(caller)).held_usd == pytest.approx(W)
+    hold = await rt.budgets.reserve(caller, W)  # the upstream call failed: nothing to charge
+    assert await hold.settle(0) is None and hold.settled_nanos == 0
+    task = asyncio.create_task(budgeted_call(rt, caller, W, W, pause_s=60))
+    while (await rt.budgets.status(caller)).held_nanos == 0:
+        await asyncio.sleep(0.001)
+    assert (await rt.budgets.status(caller)).held_nanos == W
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
     status = await rt.budgets.status(caller)
-    assert status.held_usd == 0 and status.spent_usd == 0
+    assert status.held_nanos == 0 and status.spent_nanos == 0
     await rt.stop()
     with sf() as s:
         assert sorted(r.status for r in s.scalars(select(BudgetReservationRow))) == ["released", "released"]
@@ -123,7 +114,7 @@ async def test_failure_and_cancellation_release_the_hold(tmp_path: Path) -> None
 async def test_restart_continues_from_ledger_daily_spend(tmp_path: Path) -> None:
     sf = migrated_db(sqlite_url(tmp_path))
     clock = FakeClock()
-    set_budget(sf, scope="tenant", tenant_id="t1", limit_usd=5 * W)
+    set_budget(sf, scope="tenant", tenant_id="t1", limit_usd=usd(5 * W))
     ledger = Ledger(sf, tmp_path / "journal")
     ledger.start()
     for _ in range(3):
@@ -133,10 +124,10 @@ async def test_restart_continues_from_ledger_daily_spend(tmp_path: Path) -> None
     rt = build_budget_runtime(SETTINGS, sf, clock=clock)  # a "restarted" process
     await rt.start()
     status = await rt.budgets.status(Caller("t1", "k1"))
-    assert to_nanos(status.spent_usd) == 3 * to_nanos(W)
+    assert status.spent_nanos == 3 * W
     await rt.budgets.reserve(Caller("t1"), W)
     with pytest.raises(BudgetExceeded):
-        await rt.budgets.reserve(Caller("t1"), 1.5 * W)
+        await rt.budgets.reserve(Caller("t1"), W * 3 // 2)
     await rt.stop()
     await ledger.astop()
 
@@ -144,7 +135,7 @@ async def test_restart_continues_from_ledger_daily_spend(tmp_path: Path) -> None
 async def test_dead_process_holds_expire_after_lease(tmp_path: Path) -> None:
     sf = migrated_db(sqlite_url(tmp_path))
     clock = FakeClock()
-    set_budget(sf, scope="tenant", tenant_id="t1", limit_usd=2.5 * W)
+    set_budget(sf, scope="tenant", tenant_id="t1", limit_usd=usd(W * 5 // 2))
     settings = small_settings(reservation_lease_s=30)
     dead = build_budget_runtime(settings, sf, clock=clock)
     await dead.start()
@@ -157,7 +148,7 @@ async def test_dead_process_holds_expire_after_lease(tmp_path: Path) -> None:
         await alive.budgets.reserve(Caller("t1"), W)
     clock.advance(seconds=26)
     res = await alive.budgets.reserve(Caller("t1"), W)
-    assert res.remaining_usd == pytest.approx(1.5 * W)
+    assert res.remaining_nanos == W * 3 // 2
     await alive.stop()
     with sf() as s:
         assert sorted(r.status for r in s.scalars(select(BudgetReservationRow))) == ["expired", "expired", "held"]
@@ -167,38 +158,36 @@ async def test_budget_resets_at_utc_period_boundary(tmp_path: Path) -> None:
     sf = migrated_db(sqlite_url(tmp_path))
     from datetime import UTC, datetime
     clock = FakeClock(datetime(2026, 11, 30, 23, 59, 50, tzinfo=UTC))
-    set_budget(sf, scope="tenant", tenant_id="t1", period="day", limit_usd=1.5 * W)
+    set_budget(sf, scope="tenant", tenant_id="t1", period="day", limit_usd=usd(W * 3 // 2))
     rt = build_budget_runtime(SETTINGS, sf, clock=clock)
     await rt.start()
     res = await rt.budgets.reserve(Caller("t1"), W)
-    await rt.budgets.settle(res, W)
+    await res.settle(W)
     with pytest.raises(BudgetExceeded):
         await rt.budgets.reserve(Caller("t1"), W)
     clock.advance(seconds=10)  # 00:00:00 UTC: a new day, no cron involved
     status = await rt.budgets.status(Caller("t1"))
-    assert status.period_key == "day:2026-12-01" and status.spent_usd == 0
+    assert status.period_key == "day:2026-12-01" and status.spent_nanos == 0
     await rt.budgets.reserve(Caller("t1"), W)
     await rt.stop()
 
 
 async def test_key_budget_soft_limit_and_headers(tmp_path: Path) -> None:
     sf = migrated_db(sqlite_url(tmp_path))
-    set_budget(sf, scope="tenant", tenant_id="t1", limit_usd=100 * W)
-    set_budget(sf, scope="key", tenant_id="t1", key_id="k1", period="total", limit_usd=4 * W,
-               soft_limit_usd=2 * W)
+    set_budget(sf, scope="tenant", tenant_id="t1", limit_usd=usd(100 * W))
+    set_budget(sf, scope="key", tenant_id="t1", key_id="k1", period="total", limit_usd=usd(4 * W),
+               soft_limit_usd=usd(2 * W))
     rt = build_budget_runtime(SETTINGS, sf, clock=FakeClock())
     await rt.start()
     k1, k2 = Caller("t1", "k1"), Caller("t1", "k2")
     for _ in range(2):
-        async with budget_guard(rt.budgets, None, k1, W, 0) as guard:
-            await guard.settle(W)
+        settled = await budgeted_call(rt, k1, W, W)
     status = await rt.budgets.status(k1)
     assert status.soft_exceeded and status.subject == "key:k1"
-    assert guard.headers() == {"x-tiergate-budget-remaining-usd": f"{2 * W:.9f}"}
+    assert settled is not None and settled.headers() == {"x-tiergate-budget-remaining-usd": "0.000420000"}
     assert not (await rt.budgets.status(k2)).soft_exceeded  # the tenant is far from its limits
     for _ in range(2):
-        async with budget_guard(rt.budgets, None, k1, W, 0) as guard:
-            await guard.settle(W)
+        await budgeted_call(rt, k1, W, W)
     with pytest.raises(BudgetExceeded) as err:
         await rt.budgets.reserve(k1, W)
     assert err.value.headers["x-tiergate-budget-remaining-usd"] == "0.000000000"
@@ -210,6 +199,6 @@ async def test_no_limit_means_no_counters(tmp_path: Path) -> None:
     sf = migrated_db(sqlite_url(tmp_path))
     rt = build_budget_runtime(SETTINGS, sf, clock=FakeClock())
     await rt.start()
-    res = await rt.budgets.reserve(Caller("t9"), 1000.0)
-    assert res.counters == () and (await rt.budgets.status(Caller("t9"))).remaining_usd is None
+    res = await rt.budgets.reserve(Caller("t9"), 1000 * 10**9)
+    assert res.counters == () and (await rt.budgets.status(Caller("t9"))).remaining_nanos is None
     await rt.stop()

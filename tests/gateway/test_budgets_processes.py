@@ -24,10 +24,11 @@ import yaml
 from redis.asyncio import Redis
 
 from gateway.auth import generate_key, hash_key
-from gateway.budgets import put_policy, to_nanos, window_for
+from gateway.budgets import put_policy, window_for
 from gateway.budgets.redis_backend import RedisCounters
 from gateway.db.models import LedgerEntryRow
 from gateway.db.queries import add_api_key, create_tenant
+from gateway.money import usd_to_nanos
 from tests.gateway.budgets_support import migrated_db
 from tests.gateway.scripted_upstream import (
     Behaviour,
@@ -243,4 +244,4 @@ def test_kill9_under_load_loses_nothing_and_counts_once(tmp_path: Path, upstream
     spent, held = asyncio.run(counters())
     print(f"kill9: {len(results)} requests, {len(ok)} answered, {calls} upstream calls, {len(rows)} ledger rows")
     assert held == 0  # stale reservations released after the lease
-    assert spent == to_nanos(ledger_total)  # counter == sum(ledger) == usage × price, to the nano-dollar
+    assert spent == usd_to_nanos(ledger_total)  # counter == sum(ledger) == usage × price, to the nano-dollar

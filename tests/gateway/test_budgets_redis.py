@@ -13,23 +13,23 @@ from datetime import UTC, datetime
 import pytest
 from redis.asyncio import Redis
 
-from gateway.budgets import (
-    BudgetRuntime,
-    budget_guard,
-    build_budget_runtime,
-    put_policy,
-    to_nanos,
-    worst_case_cost,
-)
+from gateway.budgets import BudgetRuntime, build_budget_runtime, put_policy
 from gateway.budgets.redis_backend import RedisCounters
 from gateway.errors import BudgetExceeded
 from gateway.ledger import Ledger, LedgerEntry, new_entry_id
 from gateway.providers.base import Usage
-from tests.gateway.budgets_support import Caller, FakeClock, migrated_db, small_settings
+from tests.gateway.budgets_support import (
+    Caller,
+    FakeClock,
+    W,
+    budgeted_call,
+    migrated_db,
+    small_settings,
+    usd,
+)
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis]
 SETTINGS = small_settings()
-W = worst_case_cost(SETTINGS, "low", "m", 10, 100)
 
 
 @pytest.fixture
@@ -52,7 +52,7 @@ async def test_two_replicas_64_concurrent_against_budget_for_10(postgres_url: st
                                                                 clients: list[Redis]) -> None:
     sf = migrated_db(postgres_url)
     with sf.begin() as s:
-        put_policy(s, scope="tenant", tenant_id="t1", limit_usd=10.5 * W)
+        put_policy(s, scope="tenant", tenant_id="t1", limit_usd=usd(W * 21 // 2))
     replicas = [runtime(sf, c, redis_prefix) for c in clients]
     for r in replicas:
         await r.start()
@@ -62,9 +62,7 @@ async def test_two_replicas_64_concurrent_against_budget_for_10(postgres_url: st
     async def one(i: int) -> None:
         rt = replicas[i % 2]
         try:
-            async with budget_guard(rt.budgets, rt.rate_limiter, caller, W, 110) as guard:
-                await asyncio.sleep(random.random() / 100)
-                await guard.settle(W)
+            await budgeted_call(rt, caller, W, W, tokens=110, pause_s=random.random() / 100)
             outcomes.append("ok")
         except BudgetExceeded:
             outcomes.append("denied")
@@ -73,7 +71,7 @@ async def test_two_replicas_64_concurrent_against_budget_for_10(postgres_url: st
     assert outcomes.count("ok") == 10 and outcomes.count("denied") == 54
     for rt in replicas:
         status = await rt.budgets.status(caller)
-        assert to_nanos(status.spent_usd) == 10 * to_nanos(W) and status.held_usd == 0
+        assert (status.spent_nanos, status.held_nanos) == (10 * W, 0)
         with pytest.raises(BudgetExceeded):
             await rt.budgets.reserve(caller, W)
     for r in replicas:
@@ -84,7 +82,7 @@ async def test_dead_replica_reservations_expire_after_lease(postgres_url: str, r
                                                             clients: list[Redis]) -> None:
     sf = migrated_db(postgres_url)
     with sf.begin() as s:
-        put_policy(s, scope="tenant", tenant_id="t1", limit_usd=1.5 * W)
+        put_policy(s, scope="tenant", tenant_id="t1", limit_usd=usd(W * 3 // 2))
     settings = small_settings(reservation_lease_s=0.3)
     dead, alive = (runtime(sf, c, redis_prefix, settings=settings) for c in clients)
     await dead.budgets.reserve(Caller("t1"), W)  # never settled nor released
@@ -98,7 +96,7 @@ async def test_reconcile_rebuilds_from_db_counting_unflushed_settlements_once(
         postgres_url: str, redis_prefix: str, clients: list[Redis], tmp_path) -> None:  # type: ignore[no-untyped-def]
     sf = migrated_db(postgres_url)
     with sf.begin() as s:
-        put_policy(s, scope="tenant", tenant_id="t1", limit_usd=100 * W)
+        put_policy(s, scope="tenant", tenant_id="t1", limit_usd=usd(100 * W))
     rt = runtime(sf, clients[0], redis_prefix)
     counters = rt.budgets.counters
     assert isinstance(counters, RedisCounters)
@@ -111,20 +109,20 @@ async def test_reconcile_rebuilds_from_db_counting_unflushed_settlements_once(
 
     for i in range(3):  # settled and flushed
         res = await rt.budgets.reserve(caller, W, request_id=f"r{i}")
-        await rt.budgets.settle(res, W)
+        await res.settle(W)
         ledger.record(entry(f"r{i}"))
     assert await ledger.aflush()
     res = await rt.budgets.reserve(caller, W, request_id="r-late")
-    await rt.budgets.settle(res, W)  # settled; its ledger row is not written yet
+    await res.settle(W)  # settled; its ledger row is not written yet
     await clients[0].hset(f"{redis_prefix}budget:{res.counters[0].key}", "spent", 0)  # corrupt the counter
     assert await counters.reconcile() == 1
-    assert to_nanos((await rt.budgets.status(caller)).spent_usd) == 4 * to_nanos(W)
+    assert (await rt.budgets.status(caller)).spent_nanos == 4 * W
     ledger.record(entry("r-late"))
     assert await ledger.aflush()
     await counters.reconcile()
-    assert to_nanos((await rt.budgets.status(caller)).spent_usd) == 4 * to_nanos(W)  # not 5
+    assert (await rt.budgets.status(caller)).spent_nanos == 4 * W  # not 5
     await clients[0].delete(f"{redis_prefix}budget:{res.counters[0].key}")  # Redis lost the key
-    assert to_nanos((await rt.budgets.status(caller)).spent_usd) == 4 * to_nanos(W)
+    assert (await rt.budgets.status(caller)).spent_nanos == 4 * W
     await ledger.astop()
 
 
@@ -132,10 +130,10 @@ async def test_redis_counters_roll_over_at_utc_month_boundary(postgres_url: str,
                                                              clients: list[Redis]) -> None:
     sf = migrated_db(postgres_url)
     with sf.begin() as s:
-        put_policy(s, scope="tenant", tenant_id="t1", period="month", limit_usd=1.5 * W)
+        put_policy(s, scope="tenant", tenant_id="t1", period="month", limit_usd=usd(W * 3 // 2))
     clock = FakeClock(datetime(2026, 11, 30, 23, 59, 59, tzinfo=UTC))
     rt = runtime(sf, clients[0], redis_prefix, clock=clock)
-    await rt.budgets.settle(await rt.budgets.reserve(Caller("t1"), W), W)
+    await (await rt.budgets.reserve(Caller("t1"), W)).settle(W)
     with pytest.raises(BudgetExceeded):
         await rt.budgets.reserve(Caller("t1"), W)
     clock.advance(seconds=1)
@@ -147,7 +145,7 @@ async def test_background_reconciler_repairs_a_drifted_counter(postgres_url: str
                                                                clients: list[Redis], tmp_path) -> None:  # type: ignore[no-untyped-def]
     sf = migrated_db(postgres_url)
     with sf.begin() as s:
-        put_policy(s, scope="tenant", tenant_id="t1", limit_usd=100 * W)
+        put_policy(s, scope="tenant", tenant_id="t1", limit_usd=usd(100 * W))
     ledger = Ledger(sf, tmp_path / "journal")
     ledger.start()
     rt = build_budget_runtime(SETTINGS, sf, redis_client=clients[0], redis_prefix=redis_prefix,
@@ -155,14 +153,14 @@ async def test_background_reconciler_repairs_a_drifted_counter(postgres_url: str
     await rt.start()
     res = await rt.budgets.reserve(Caller("t1"), W, request_id="r1")
     ledger.record(LedgerEntry(new_entry_id(), "r1", "t1", None, "direct", "low", "m", Usage(10, 100), W, W))
-    await rt.budgets.settle(res, W)
+    await res.settle(W)
     assert await ledger.aflush()
     key = f"{redis_prefix}budget:{res.counters[0].key}"
     await clients[0].hset(key, "spent", 123)  # drift (e.g. a lost write or a manual edit)
     for _ in range(50):
         await asyncio.sleep(0.1)
-        if int(await clients[0].hget(key, "spent")) == to_nanos(W):
+        if int(await clients[0].hget(key, "spent")) == W:
             break
-    assert int(await clients[0].hget(key, "spent")) == to_nanos(W)
+    assert int(await clients[0].hget(key, "spent")) == W
     await rt.stop()
     await ledger.astop()

@@ -62,7 +62,7 @@ class BlockingExecutor:
             assert req.tally.deferred is not None
             req.tally.deferred.append(LedgerEntry(
                 id=fast_id(), request_id=req.request_id, tenant_id=req.tenant_id, key_id=req.key_id,
-                stage="direct", tier="low", model="up-a", usage=Usage(), cost_usd=0.0, baseline_cost_usd=0.0,
+                stage="direct", tier="low", model="up-a", usage=Usage(), cost_nanos=0, baseline_cost_nanos=0,
                 status="cancelled"))
             for _ in range(3):
                 await asyncio.sleep(0)  # a second cancel would land here and cut the cleanup short

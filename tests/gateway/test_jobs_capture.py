@@ -21,8 +21,8 @@ async def test_rows_are_journaled_request_records_are_held(tmp_path: Path) -> No
     try:
         capture = AttemptLedger(ledger)
         row = LedgerEntry(id=new_entry_id(), request_id="batch_req_x_1", tenant_id="t", key_id="k", stage="direct",
-                          tier="low", model="m", usage=Usage(prompt_tokens=3, completion_tokens=2), cost_usd=1e-6,
-                          baseline_cost_usd=2e-6)
+                          tier="low", model="m", usage=Usage(prompt_tokens=3, completion_tokens=2), cost_nanos=1_000,
+                          baseline_cost_nanos=2_000)
         rec = RequestRecord(id="batch_req_x_1", tenant_id="t", key_id="k", requested_model="low", status="ok")
         capture.record(row)
         capture.record_request(rec)

@@ -18,8 +18,7 @@ import pytest
 import sqlalchemy as sa
 import yaml
 
-from gateway.db.models import LedgerEntryRow, Request
-from gateway.jobs.models import BatchLine
+from gateway.db.models import BatchLine, LedgerEntryRow, Request
 from tests.gateway.jobs_support import (
     batch_config,
     create_batch,

@@ -24,10 +24,9 @@ import yaml
 
 from gateway.auth import generate_key, hash_key
 from gateway.db import migrate
-from gateway.db.models import DailySpend, LedgerEntryRow, Request
+from gateway.db.models import BatchLine, DailySpend, LedgerEntryRow, Request
 from gateway.db.queries import add_api_key, create_tenant
 from gateway.db.session import make_engine, make_session_factory
-from gateway.jobs.models import BatchLine
 from tests.gateway.jobs_support import batch_config, jsonl, line
 from tests.gateway.scripted_upstream import Behaviour, ScriptedUpstream
 from tests.gateway.test_gateway_kill9 import _free_port, _start

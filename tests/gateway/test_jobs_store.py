@@ -12,10 +12,9 @@ import orjson
 import sqlalchemy as sa
 from sqlalchemy.orm import Session, sessionmaker
 
-from gateway.db.models import Base, DailySpend, LedgerEntryRow, Request
+from gateway.db.models import Base, Batch, BatchLine, DailySpend, FileObject, LedgerEntryRow, Request
 from gateway.db.session import make_engine, make_session_factory
 from gateway.jobs import store
-from gateway.jobs.models import Batch, BatchLine, FileObject
 from gateway.jobs.validate import LineSpec
 from gateway.ledger.entries import RequestRecord
 
@@ -26,7 +25,7 @@ def _request(request_id: str) -> RequestRecord:
     """What one attempt hands to its result commit: its request record (its call rows went to the
     ledger's journal as the calls finished, not through the store)."""
     return RequestRecord(id=request_id, tenant_id="t", key_id="k", requested_model="low", status="ok",
-                         http_status=200, cost_usd=1e-6, baseline_cost_usd=2e-6)
+                         http_status=200, cost_nanos=1_000, baseline_cost_nanos=2_000)
 
 
 def _statuses(s: Session) -> dict[str, str]:

@@ -29,7 +29,7 @@ MSGS = [{"role": "user", "content": "hi"}]
 def entry(i: int) -> LedgerEntry:
     return LedgerEntry(id=new_entry_id(), request_id=f"req-{i}", tenant_id="t1", key_id="k1", stage="direct",
                        tier="low", model="demo-moe", usage=Usage(prompt_tokens=i, completion_tokens=1),
-                       cost_usd=0.5, baseline_cost_usd=1.0)
+                       cost_nanos=500_000_000, baseline_cost_nanos=1_000_000_000)
 
 
 @pytest.fixture
@@ -61,8 +61,8 @@ class GatedSync:
 
 
 def gate_sync(ledger: Ledger) -> GatedSync:
-    gated = GatedSync(ledger._journal.sync)
-    ledger._journal.sync = gated  # type: ignore[method-assign]
+    gated = GatedSync(ledger.writer.journal.sync)
+    ledger.writer.journal.sync = gated  # type: ignore[method-assign]
     return gated
 
 
@@ -129,7 +129,7 @@ async def test_failed_sync_fails_fsync_waiters_only_and_is_surfaced(db: sessionm
         # retried: a later fsync waiter succeeds and health recovers
         await asyncio.wait_for(ledger.record_durable(entry(2), "fsync"), 5)
         assert ledger.health().ok
-        assert ledger._journal.last_seq == 2  # the failed segment was sealed: entry 2 went to a new one
+        assert ledger.writer.journal.last_seq == 2  # the failed segment was sealed: entry 2 went to a new one
         assert await ledger.aflush(5)
     finally:
         sync.gate.set()

@@ -38,7 +38,7 @@ CHILD = textwrap.dedent("""
             n = w * 1_000_000 + i
             e = LedgerEntry(id=f"e-{n}", request_id=f"r-{n}", tenant_id="t1", key_id="k1", stage="direct",
                             tier="low", model="demo-moe", usage=Usage(prompt_tokens=n % 97 + 1,
-                            completion_tokens=n % 13 + 1), cost_usd=0.001, baseline_cost_usd=0.01)
+                            completion_tokens=n % 13 + 1), cost_nanos=1_000_000, baseline_cost_nanos=10_000_000)
             await ledger.record_durable(e, level)
             sys.stdout.write(f"ready {e.id} {e.usage.prompt_tokens} {e.usage.completion_tokens}\\n")
             sys.stdout.flush()

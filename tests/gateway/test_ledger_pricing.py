@@ -1,4 +1,5 @@
-"""cost_for: tier override, model price, litellm's bundled price map, baseline at the high tier."""
+"""cost_nanos_for: tier override, model price, litellm's bundled price map, baseline at the high
+tier; every cost is exact integer nano-USD."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from gateway.ledger import cost_for, price_for
+from gateway.ledger import cost_nanos_for, price_for
 from gateway.ledger.pricing import litellm_price
 from gateway.providers.base import Usage
 from gateway.settings import settings_from_dict
@@ -30,29 +31,29 @@ def _settings(**overrides: Any):  # type: ignore[no-untyped-def]
 
 
 def test_model_price_and_high_tier_baseline() -> None:
-    cost, baseline = cost_for(_settings(), "low", "cheap", USAGE)
-    assert cost == pytest.approx(0.8 * 0.1 + 0.2 * 0.05 + 0.5 * 0.4)
+    cost, baseline = cost_nanos_for(_settings(), "low", "cheap", USAGE)
+    assert cost == 290_000_000  # 0.8M × $0.1 + 0.2M × $0.05 + 0.5M × $0.4 = $0.29, exactly
     # no cached price on "strong": cached tokens are charged at the input price
-    assert baseline == pytest.approx(1.0 * 2.0 + 0.5 * 8.0)
+    assert baseline == 6_000_000_000  # 1M × $2 + 0.5M × $8
 
 
 def test_tier_price_overrides_model_price() -> None:
     s = _settings(medium={"model": "cheap", "price": {"input": 1.0, "output": 3.0}},
                   high={"model": "cheap", "price": {"input": 10.0, "output": 30.0}})
-    cost, baseline = cost_for(s, "medium", "cheap", USAGE)
-    assert cost == pytest.approx(1.0 + 1.5)
-    assert baseline == pytest.approx(10.0 + 15.0)
-    assert cost_for(s, "high", "cheap", USAGE)[0] == baseline  # on the high tier cost == baseline
+    cost, baseline = cost_nanos_for(s, "medium", "cheap", USAGE)
+    assert cost == 2_500_000_000
+    assert baseline == 25_000_000_000
+    assert cost_nanos_for(s, "high", "cheap", USAGE)[0] == baseline  # on the high tier cost == baseline
 
 
 def test_fallback_model_is_priced_as_itself() -> None:
-    cost, _ = cost_for(_settings(), "low", "strong", USAGE)
-    assert cost == pytest.approx(2.0 + 4.0)
+    cost, _ = cost_nanos_for(_settings(), "low", "strong", USAGE)
+    assert cost == 6_000_000_000
 
 
 def test_unknown_model_is_an_error() -> None:
     with pytest.raises(KeyError, match="not configured"):
-        cost_for(_settings(), "low", "nope", USAGE)
+        cost_nanos_for(_settings(), "low", "nope", USAGE)
 
 
 def test_litellm_model_without_price_uses_bundled_map() -> None:
@@ -63,14 +64,14 @@ def test_litellm_model_without_price_uses_bundled_map() -> None:
     assert price.input == pytest.approx(info["input_cost_per_token"] * 1e6)
     assert price.output == pytest.approx(info["output_cost_per_token"] * 1e6)
     assert price.input > 0
-    cost, _ = cost_for(_settings(), "low", "gpt4o-mini", USAGE)
-    assert cost > 0
+    cost, _ = cost_nanos_for(_settings(), "low", "gpt4o-mini", USAGE)
+    assert isinstance(cost, int) and cost > 0
 
 
 def test_litellm_model_unknown_to_the_map_costs_zero_with_warning(caplog: pytest.LogCaptureFixture) -> None:
     assert litellm_price("nobody/knows-this-model") is None
     with caplog.at_level("WARNING", logger="tiergate.ledger"):
-        assert cost_for(_settings(), "low", "mystery", USAGE)[0] == 0.0
+        assert cost_nanos_for(_settings(), "low", "mystery", USAGE)[0] == 0
     assert "no price" in caplog.text
 
 

@@ -21,7 +21,7 @@ from gateway.providers.base import Usage
 def entry(i: int) -> LedgerEntry:
     return LedgerEntry(id=new_entry_id(), request_id=f"req-{i}", tenant_id="t1", key_id="k1", stage="direct",
                        tier="low", model="demo-moe", usage=Usage(prompt_tokens=i, completion_tokens=2 * i),
-                       cost_usd=0.5, baseline_cost_usd=1.0)
+                       cost_nanos=500_000_000, baseline_cost_nanos=1_000_000_000)
 
 
 @pytest.fixture
@@ -109,7 +109,7 @@ def test_replay_of_already_committed_segment_is_idempotent(db, tmp_path: Path) -
     journal.seal()
     journal.append(entries[10:])  # overlap across segments too
     journal.seal()
-    from gateway.ledger.writer import write_batch
+    from gateway.ledger.applier import write_batch
 
     write_batch(db, entries[:25])  # the DB already holds most of them
     ledger = Ledger(db, tmp_path / "j")
@@ -188,7 +188,8 @@ def test_record_requires_a_running_ledger_and_the_right_type(db, tmp_path: Path)
 async def test_journal_write_failure_fails_durable_waiters_and_retries(db, tmp_path: Path, level) -> None:  # type: ignore[no-untyped-def]
     ledger = Ledger(db, tmp_path / "j", retry_max_s=0.05)
     ledger.start()
-    journal = ledger._journal
+    journal = ledger.writer.journal
+    assert journal is not None
     real_write = journal.write
     calls = {"n": 0}
 
@@ -253,7 +254,7 @@ def test_segments_of_a_dead_writer_dir_are_adopted(db, tmp_path: Path) -> None: 
 
 @pytest.mark.postgres
 async def test_ledger_on_postgres_replays_without_double_counting(postgres_url: str, tmp_path: Path) -> None:
-    from gateway.ledger.writer import write_batch
+    from gateway.ledger.applier import write_batch
 
     engine = make_engine(postgres_url)
     Base.metadata.create_all(engine)

@@ -13,7 +13,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from gateway.db.models import Base
 from gateway.db.session import make_engine, make_session_factory
 from gateway.ledger import IN_PROGRESS, LedgerEntry, RequestRecord, new_entry_id
-from gateway.ledger.writer import write_batch
+from gateway.ledger.applier import write_batch
 from gateway.providers.base import Usage
 
 DAY1 = datetime(2026, 3, 1, 23, 59, tzinfo=UTC)
@@ -26,7 +26,7 @@ def entry(i: int, *, tenant: str = "t1", tier: str = "low", created: datetime = 
                        stage="direct", tier=tier, model="demo-moe",
                        usage=Usage(prompt_tokens=100 + i, completion_tokens=10 + i, cached_tokens=i,
                                    reasoning_tokens=1),
-                       cost_usd=0.000123456789, baseline_cost_usd=0.001, created_at=created)
+                       cost_nanos=123_457, baseline_cost_nanos=1_000_000, created_at=created)
 
 
 def _factory(url: str) -> tuple[sa.Engine, sessionmaker[Session]]:
@@ -107,7 +107,7 @@ def test_request_upsert_final_status_wins(factory) -> None:  # type: ignore[no-u
 @pytest.mark.parametrize("evil", ["' OR '1'='1", "x'); DROP TABLE ledger_entries; --", "%(id)s", "?"])
 def test_hostile_ids_are_plain_data(factory, evil: str) -> None:  # type: ignore[no-untyped-def]
     e = LedgerEntry(id=evil, request_id=evil, tenant_id=evil, key_id=evil, stage="direct", tier="low",
-                    model=evil, usage=Usage(1, 1), cost_usd=0.0, baseline_cost_usd=0.0)
+                    model=evil, usage=Usage(1, 1), cost_nanos=0, baseline_cost_nanos=0)
     write_batch(factory, [e, entry(1)])
     write_batch(factory, [e, RequestRecord(id=evil, tenant_id=evil, key_id=None, requested_model=evil,
                                            status="ok")])

@@ -3,6 +3,8 @@ when the SQLAlchemy models and the migrations disagree."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -38,7 +40,6 @@ def _up_down_up(url: str) -> None:
 
 def _drift(url: str) -> list[object]:
     migrate.upgrade(url)
-    migrate.import_model_modules()
     engine = make_engine(url)
     try:
         with engine.connect() as conn:
@@ -87,3 +88,27 @@ def test_head_is_initial_or_descends_from_it(tmp_path: Path) -> None:
     script = ScriptDirectory.from_config(migrate.alembic_config(f"sqlite:///{tmp_path}/h.db"))
     assert "0001_initial" in {r.revision for r in script.walk_revisions()}
     assert script.get_revision("0001_initial").down_revision is None
+
+
+_TABLES = """
+import gateway.db.models as m
+print(sorted(m.Base.metadata.tables))
+print(sorted(ix.name for t in m.Base.metadata.tables.values() for ix in t.indexes))
+print(sorted({mapper.class_.__module__ for mapper in m.Base.registry.mappers}))
+"""
+
+
+def _tables_after(imports: str) -> list[str]:
+    out = subprocess.run([sys.executable, "-c", imports + _TABLES], capture_output=True, text=True, check=True)
+    return out.stdout.splitlines()
+
+
+def test_gateway_db_models_alone_declares_every_table() -> None:
+    """Importing ``gateway.db.models`` registers every table and index (nothing is added as a side
+    effect of importing another package), and every mapped class is declared under it."""
+    alone = _tables_after("")
+    everything = _tables_after("import gateway.app, gateway.jobs.store, gateway.jobs.tasks, gateway.budgets\n")
+    assert alone == everything
+    assert "ix_ledger_entries_key_created" in alone[1] and "budget_reservations" in alone[0]
+    modules = alone[2].strip("[]").replace("'", "").split(", ")
+    assert all(name.startswith("gateway.db.models.") for name in modules), modules

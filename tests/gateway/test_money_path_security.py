@@ -14,6 +14,7 @@ import pytest
 
 from gateway.budget_execution import BudgetedExecutor
 from gateway.execution import ResolvedRequest
+from gateway.money import nanos_to_decimal
 from gateway.runtime import Runtime
 from tests.gateway.gateway_harness import Gateway, gateway
 from tests.gateway.scripted_upstream import ADMIN_KEY, ScriptedUpstream
@@ -37,7 +38,7 @@ def _worst_case(gw: Gateway, body: dict[str, Any]) -> Decimal:
 
     rr, _ = state.flow.prepare(Who(), body)
     assert isinstance(rr, ResolvedRequest)
-    return Decimal(str(BudgetedExecutor(gw.settings, None, None).worst_case(rr)[0]))  # type: ignore[arg-type]
+    return nanos_to_decimal(BudgetedExecutor(gw.settings, None, None).worst_case(rr)[0])  # type: ignore[arg-type]
 
 
 async def test_the_tier_cap_is_what_goes_upstream_on_every_path(tmp_path: Path, upstream: ScriptedUpstream) -> None:

@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-import pytest
 
 from gateway.app import create_app
 from gateway.auth import KeyStore
@@ -72,11 +71,11 @@ async def test_pipeline_response_headers_and_ledger_agree(tmp_path: Path) -> Non
         assert sum(r.completion_tokens for r in rows) == body["usage"]["completion_tokens"]
         cost = sum(r.cost_usd for r in rows)
         saved = sum(r.baseline_cost_usd for r in rows) - cost
-        assert Decimal(r.headers["x-tiergate-cost-usd"]) == pytest.approx(cost, abs=Decimal("1e-8"))
-        assert Decimal(r.headers["x-tiergate-saved-usd"]) == pytest.approx(saved, abs=Decimal("1e-8"))
+        assert Decimal(r.headers["x-tiergate-cost-usd"]) == cost  # exact: integer nano-USD end to end
+        assert Decimal(r.headers["x-tiergate-saved-usd"]) == saved
         assert r.headers["x-tiergate-effort"] == "high"
         (req,) = gw.request_rows()
-        assert req.pipeline is True and req.cost_usd == pytest.approx(cost, abs=Decimal("1e-8"))
+        assert req.pipeline is True and req.cost_usd == cost
 
 
 async def test_pipeline_streams_progress_then_answer_through_the_route(tmp_path: Path) -> None:

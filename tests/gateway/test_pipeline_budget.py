@@ -3,6 +3,7 @@ says so; a tenant past its soft budget gets capped effort, not a pipeline."""
 
 from __future__ import annotations
 
+from gateway.money import usd_to_nanos
 from gateway.pipeline import RequestContext
 from gateway.routing import resolve_execution
 from tests.gateway.scripted_models import ScriptedProvider, harness, plan_json
@@ -16,11 +17,11 @@ def body(cap: float) -> dict:
     return {"model": "auto", "reasoning_effort": "high", "messages": MSGS, "tiergate": {"max_cost_usd": cap}}
 
 
-async def _run_uncapped() -> float:
+async def _run_uncapped() -> int:
     h = harness(ScriptedProvider(plans=[PLAN]))
     result = await h.pipeline.run(CTX, body(1.0), resolve_execution(h.settings, body(1.0), None))
     assert result.stopped_early is None
-    return result.cost_usd
+    return result.cost_nanos
 
 
 async def test_cap_before_review_returns_step_results_and_says_so() -> None:
@@ -29,12 +30,12 @@ async def test_cap_before_review_returns_step_results_and_says_so() -> None:
     # Each call is checked at its worst case (max_tokens at full price): the plan's is about
     # $0.0024, the review's about $0.0031 on top of the ~$0.0007 already spent.
     cap = 0.003
-    assert cap > full
+    assert usd_to_nanos(cap) > full
     result = await h.pipeline.run(CTX, body(cap), resolve_execution(h.settings, body(cap), None))
     assert [e.stage for e in h.entries] == ["plan", "execute", "execute"]
     assert result.stopped_early is not None and result.stopped_early["stage"] == "review"
     assert result.answer.startswith("STEP2")  # the plan's final step is the best answer so far
-    assert "Stopped early" in result.answer and result.cost_usd <= cap
+    assert "Stopped early" in result.answer and result.cost_nanos <= usd_to_nanos(cap)
     assert result.tiergate_object()["stopped_early"]["reason"] == "cost_cap"
     assert h.verdicts == []
 
@@ -46,14 +47,14 @@ async def test_cap_too_small_for_a_plan_answers_on_the_low_tier() -> None:
     assert [(e.stage, e.tier) for e in h.entries] == [("direct", "low")]
     assert result.answer.startswith("cheap answer") and "cost cap of $0.000100" in result.answer
     assert result.stopped_early["stage"] == "plan"  # type: ignore[index]
-    assert result.cost_usd <= 1e-4
+    assert result.cost_nanos <= usd_to_nanos("0.0001")
 
 
 async def test_cap_is_never_exceeded_by_revise_rounds() -> None:
     h = harness(ScriptedProvider(plans=[PLAN], reviews=["VERDICT: revise\nFAILING: s1\nANSWER:\nfirst draft"]))
     cap = 0.0045  # room for the first review and some re-runs, not for every round
     result = await h.pipeline.run(CTX, body(cap), resolve_execution(h.settings, body(cap), None))
-    assert result.stopped_early is not None and result.cost_usd <= cap
+    assert result.stopped_early is not None and result.cost_nanos <= usd_to_nanos(cap)
     assert result.verdict == "revise" and result.answer.startswith("first draft")  # last composed answer
     assert 1 <= [e.stage for e in h.entries].count("review") <= 2
 

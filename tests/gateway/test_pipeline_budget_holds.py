@@ -20,11 +20,12 @@ import sqlalchemy as sa
 from gateway.app import create_app
 from gateway.auth import KeyStore
 from gateway.budget_execution import BudgetedExecutor
-from gateway.budgets import build_budget_runtime, put_policy, to_nanos, worst_case_cost
+from gateway.budgets import build_budget_runtime, put_policy
 from gateway.db.models import Feedback, Tenant
 from gateway.errors import BudgetExceeded, UpstreamError
 from gateway.execution import ResolvedRequest
-from gateway.ledger import Ledger
+from gateway.ledger import Ledger, price_for
+from gateway.money import usd_to_nanos
 from gateway.pipeline import RequestContext
 from gateway.providers.base import CallOptions
 from gateway.providers.metering import count_prompt_tokens
@@ -75,10 +76,10 @@ class ScriptedBudget:
     async def meter_per_call(self) -> None:
         self.metered = True
 
-    async def hold(self, worst_case_usd: float) -> ScriptedHold:
+    async def hold(self, worst_case_nanos: int) -> ScriptedHold:
         if len(self.holds) >= self.grant:
             raise BudgetExceeded("tenant budget exhausted for this month period")
-        hold = ScriptedHold(self, to_nanos(worst_case_usd))
+        hold = ScriptedHold(self, worst_case_nanos)
         self.holds.append(hold)
         self.open += 1
         return hold
@@ -98,9 +99,9 @@ async def test_every_call_is_held_first_and_settled_to_its_ledger_rows() -> None
     assert [e.stage for e in h.entries] == ["plan", "execute", "execute", "review"]
     assert len(budget.holds) == 4 and budget.open == 0
     for hold, entry in zip(budget.holds, h.entries, strict=True):
-        assert hold.settled == to_nanos(entry.cost_usd) > 0
+        assert hold.settled == entry.cost_nanos > 0
         assert hold.worst_nanos >= hold.settled  # the hold covered the call
-    assert sum(h.settled or 0 for h in budget.holds) == sum(to_nanos(e.cost_usd) for e in h.entries)
+    assert sum(h.settled or 0 for h in budget.holds) == sum(e.cost_nanos for e in h.entries)
 
 
 async def test_budget_refusing_the_review_stops_early_with_the_steps_answer() -> None:
@@ -136,7 +137,7 @@ async def test_xhigh_paths_hold_one_each_and_a_refused_extra_path_just_runs_fewe
     assert [c.role for c in provider.calls] == ["plan", "step", "step"]  # 2 paths ran, not 3
     assert result.stopped_early is not None and result.stopped_early["stage"] == "review"
     assert result.answer.startswith(words) and budget.open == 0
-    assert sum(h.settled or 0 for h in budget.holds) == sum(to_nanos(e.cost_usd) for e in h.entries)
+    assert sum(h.settled or 0 for h in budget.holds) == sum(e.cost_nanos for e in h.entries)
 
 
 async def test_failed_and_cancelled_calls_give_their_holds_back() -> None:
@@ -157,7 +158,7 @@ async def test_failed_and_cancelled_calls_give_their_holds_back() -> None:
     with pytest.raises(asyncio.CancelledError):
         await task
     assert budget.open == 0 and [hold.settled is not None for hold in budget.holds] == [True, True]
-    assert sum(hold.settled or 0 for hold in budget.holds) == sum(to_nanos(e.cost_usd) for e in h.entries)
+    assert sum(hold.settled or 0 for hold in budget.holds) == sum(e.cost_nanos for e in h.entries)
 
 
 async def _admin_put(gw, limit: Decimal) -> None:  # type: ignore[no-untyped-def]
@@ -267,7 +268,7 @@ def test_admission_covers_a_thinking_calls_answer_plus_its_thinking_budget() -> 
     assert sent["max_tokens"] > settings.tiers["medium"].max_output_tokens
     worst, tokens = BudgetedExecutor(settings, None, None).worst_case(req)  # type: ignore[arg-type]
     prompt = count_prompt_tokens(settings.models["mid"], MSGS)
-    assert worst >= worst_case_cost(settings, "medium", "mid", prompt, sent["max_tokens"])
+    assert worst >= price_for(settings, "medium", "mid").nanos(prompt, 0, sent["max_tokens"])
     assert tokens >= prompt + sent["max_tokens"]
 
 
@@ -291,20 +292,21 @@ async def test_request_budget_tops_up_admission_and_charges_what_no_hold_covered
     await rt.start()
     try:
         caller = Caller("t1", "k1")
-        gate = RequestBudget(rt.budgets, caller, "r1", await rt.budgets.reserve(caller, 0.1, request_id="r1"))
+        usd = usd_to_nanos
+        gate = RequestBudget(rt.budgets, caller, "r1", await rt.budgets.reserve(caller, usd("0.1"), request_id="r1"))
         with pytest.raises(RuntimeError):
-            await gate.hold(0.1)  # a direct request is settled as a whole
+            await gate.hold(usd("0.1"))  # a direct request is settled as a whole
         await gate.meter_per_call()
-        first = await gate.hold(0.25)  # the admission's 0.1 plus a 0.15 top-up
-        assert (await rt.budgets.status(caller)).held_usd == pytest.approx(0.25)
-        await gate.hold(0.5)
+        first = await gate.hold(usd("0.25"))  # the admission's 0.1 plus a 0.15 top-up
+        assert first is gate.admission and (await rt.budgets.status(caller)).held_nanos == usd("0.25")
+        await gate.hold(usd("0.5"))
         with pytest.raises(BudgetExceeded):
-            await gate.hold(0.3)  # 0.75 held: 0.3 more does not fit a $1 limit
-        await first.settle(to_nanos(0.01))
+            await gate.hold(usd("0.3"))  # 0.75 held: 0.3 more does not fit a $1 limit
+        await first.settle(usd("0.01"))  # the top-up is released with it
         status = await rt.budgets.status(caller)
-        assert (status.spent_usd, status.held_usd) == (pytest.approx(0.01), pytest.approx(0.5))
-        await gate.close(0.01 + 0.02)  # the open hold is released; 0.02 no hold covered is charged
+        assert (status.spent_nanos, status.held_nanos) == (usd("0.01"), usd("0.5"))
+        await gate.close(usd("0.03"))  # the open hold is released; 0.02 no hold covered is charged
         status = await rt.budgets.status(caller)
-        assert (to_nanos(status.spent_usd), status.held_usd) == (to_nanos(0.03), 0)
+        assert (status.spent_nanos, status.held_nanos) == (usd("0.03"), 0)
     finally:
         await rt.stop()

@@ -3,6 +3,7 @@ shown; survivors are voted."""
 
 from __future__ import annotations
 
+from gateway.money import usd_to_nanos
 from gateway.pipeline import RequestContext
 from gateway.pipeline.prune import ConfidenceTracker, PathOutcome, PathPruner, vote
 from gateway.routing import resolve_execution
@@ -64,10 +65,10 @@ async def test_falling_path_is_cancelled_billed_and_shown() -> None:
     cancelled = [e for e in execute if e.status == "cancelled"]
     assert len(execute) == 3 and len(cancelled) == 1
     assert 8 <= cancelled[0].usage.completion_tokens < len(WORDS)  # billed for what it streamed
-    assert cancelled[0].cost_usd > 0
+    assert cancelled[0].cost_nanos > 0
     info = result.tiergate_object()
     assert info["paths"] == 3 and info["pruned_paths"] == 1
-    assert info["pruned_cost_usd"] == round(cancelled[0].cost_usd, 9)
+    assert usd_to_nanos(info["pruned_cost_usd"]) == cancelled[0].cost_nanos
     assert [s["path"] for s in info["stages"] if s["status"] == "cancelled"] == [1]
     review_prompt = next(c for c in provider.calls if c.role == "review").user_text
     assert "forty two" in review_prompt and "forty three" not in review_prompt

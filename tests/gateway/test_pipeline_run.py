@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from gateway.money import usd_to_nanos
 from gateway.pipeline import RequestContext
 from gateway.routing import resolve_execution
 from tests.gateway.scripted_models import (
@@ -147,19 +148,19 @@ async def test_ledger_rows_headers_and_response_add_up() -> None:
     assert usage["completion_tokens"] == sum(e.usage.completion_tokens for e in h.entries)
     review_tokens = h.entries[-1].usage.completion_tokens
     assert usage["completion_tokens_details"]["reasoning_tokens"] == usage["completion_tokens"] - review_tokens
-    cost = sum(e.cost_usd for e in h.entries)
-    baseline = sum(e.baseline_cost_usd for e in h.entries)
-    assert response["tiergate"]["cost_usd"] == pytest.approx(cost, abs=1e-9)
-    assert sum(s["cost_usd"] for s in response["tiergate"]["stages"]) == pytest.approx(cost, abs=1e-8)
+    cost = sum(e.cost_nanos for e in h.entries)
+    baseline = sum(e.baseline_cost_nanos for e in h.entries)
+    assert usd_to_nanos(response["tiergate"]["cost_usd"]) == cost
+    assert sum(usd_to_nanos(s["cost_usd"]) for s in response["tiergate"]["stages"]) == cost
     headers = result.headers()
     assert headers["x-tiergate-effort"] == "high"
-    assert float(headers["x-tiergate-cost-usd"]) == pytest.approx(cost, abs=1e-9)
-    assert float(headers["x-tiergate-saved-usd"]) == pytest.approx(baseline - cost, abs=1e-9)
+    assert usd_to_nanos(headers["x-tiergate-cost-usd"]) == cost  # exact: nine decimals of USD
+    assert usd_to_nanos(headers["x-tiergate-saved-usd"]) == baseline - cost
     assert baseline > cost > 0  # execute ran on the cheap tier
     # cost of each row is its tokens at its tier's price
     small = h.settings.models["small"].price
     for e in (e for e in h.entries if e.stage == "execute"):
-        assert e.cost_usd == pytest.approx(small.cost_usd(e.usage.prompt_tokens, 0, e.usage.completion_tokens))
+        assert e.cost_nanos == small.nanos(e.usage.prompt_tokens, 0, e.usage.completion_tokens)
 
 
 async def test_verbosity_bounds_answer_and_effort_bounds_thinking() -> None:

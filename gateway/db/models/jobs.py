@@ -3,8 +3,7 @@
 A line's row is its durable state machine: ``pending`` → ``running`` (with ``lease_until`` and
 an ``attempts`` fencing counter) → ``done`` (its HTTP status and response or error kept, and
 ``result_request_id``: the attempt they came from), or ``cancelled`` / ``expired`` when the
-batch stopped before it ran. Subclasses the shared
-``Base``; imports only SQLAlchemy and gateway.db.models.
+batch stopped before it ran. Imports only SQLAlchemy and ``gateway.db.models.base``.
 """
 
 from __future__ import annotations
@@ -15,7 +14,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.orm import Mapped, mapped_column
 
-from gateway.db.models import ID, Base, utcnow
+from gateway.db.models.base import ID, Base, utcnow
 
 TS = sa.DateTime(timezone=True)
 JSON = sa.JSON(none_as_null=True)  # Python None is SQL NULL, not the JSON text null

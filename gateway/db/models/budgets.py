@@ -1,8 +1,7 @@
-"""SQLAlchemy tables owned by budgets: policies, persisted reservations, alert records.
+"""Tables of the budgets: policies, persisted holds (``budget_reservations``), alert records.
 
-Uses the shared declarative ``Base`` from gateway.db.models so one metadata (and one
-Alembic history: revision 0002_budgets) covers every table. Must not import routes,
-the app, the pipeline or providers.
+Revision 0002_budgets creates them (and the ledger's ``(key_id, created_at)`` index, declared
+with ``LedgerEntryRow`` in ``core``). Imports only SQLAlchemy and ``gateway.db.models.base``.
 """
 
 from __future__ import annotations
@@ -14,7 +13,7 @@ from typing import Any
 from sqlalchemy import JSON, BigInteger, DateTime, Index, Integer, Numeric, String, Text, UniqueConstraint
 from sqlalchemy.orm import Mapped, mapped_column
 
-from gateway.db.models import Base, LedgerEntryRow
+from gateway.db.models.base import Base
 
 
 class BudgetPolicyRow(Base):
@@ -36,7 +35,7 @@ class BudgetPolicyRow(Base):
 
 
 class BudgetReservationRow(Base):
-    """A worst-case hold on budget counters while an upstream call runs (embedded mode).
+    """A budget hold (``gateway.budgets.Hold``) persisted while its upstream call runs (embedded mode).
 
     ``status``: held | settled | released | expired. A process that dies leaves rows
     ``held``; they count against the budget until ``expires_at`` (the lease) and are
@@ -77,8 +76,3 @@ class BudgetAlertRow(Base):
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     last_error: Mapped[str | None] = mapped_column(Text, nullable=True)
 
-
-# Key-level spend is read from the ledger (daily_spend has no key column); this index keeps
-# that read a range scan over one key's rows in one period. Attached to the data layer's
-# table here so the metadata (and Alembic's drift check) matches revision 0002_budgets.
-Index("ix_ledger_entries_key_created", LedgerEntryRow.key_id, LedgerEntryRow.created_at)

@@ -1,41 +1,22 @@
-"""SQLAlchemy 2 declarative models: tenants, API keys, requests, the per-call ledger,
-daily spend aggregates and feedback. Every other model module (budgets, jobs, ...) must
-subclass the shared ``Base`` defined here so one ``Base.metadata`` drives Alembic's
-drift check.
+"""Core tables: tenants, API keys, requests, the per-call ledger, daily spend aggregates and
+feedback.
 
-Money columns are ``Numeric(18, 9)``. The ledger tables carry no foreign keys on purpose:
-a ledger row must always be writable (a deleted tenant must never make a journal batch
-un-insertable and stall the money path). Imports only SQLAlchemy: this package sits at
-the bottom of the gateway's layers and must not import any other gateway module.
+Money columns are ``Numeric(18, 9)`` (the ledger converts its integer nano-USD exactly at the
+writer). The ledger tables carry no foreign keys on purpose: a ledger row must always be
+writable (a deleted tenant must never make a journal batch un-insertable and stall the money
+path). Imports only SQLAlchemy and ``gateway.db.models.base``.
 """
 
 from __future__ import annotations
 
-from datetime import UTC, date, datetime
+from datetime import date, datetime
 from decimal import Decimal
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.orm import Mapped, mapped_column
 
-MONEY = sa.Numeric(18, 9)
-ID = sa.String(64)
-
-
-def utcnow() -> datetime:
-    return datetime.now(UTC)
-
-
-class Base(DeclarativeBase):
-    """The one declarative base of tiergate; import it, never define another."""
-
-    metadata = sa.MetaData(naming_convention={
-        "ix": "ix_%(table_name)s_%(column_0_N_name)s",
-        "uq": "uq_%(table_name)s_%(column_0_N_name)s",
-        "ck": "ck_%(table_name)s_%(constraint_name)s",
-        "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
-        "pk": "pk_%(table_name)s",
-    })
+from gateway.db.models.base import ID, MONEY, Base, utcnow
 
 
 class Tenant(Base):
@@ -91,7 +72,10 @@ class LedgerEntryRow(Base):
     """One upstream call. ``id`` is a uuid chosen by the caller so journal replay is idempotent."""
 
     __tablename__ = "ledger_entries"
-    __table_args__ = (sa.Index("ix_ledger_entries_tenant_created", "tenant_id", "created_at"),)
+    # (key_id, created_at): key-level budget spend is read from the ledger (daily_spend has no key
+    # column); this keeps that read a range scan over one key's rows in one period (0002_budgets).
+    __table_args__ = (sa.Index("ix_ledger_entries_tenant_created", "tenant_id", "created_at"),
+                      sa.Index("ix_ledger_entries_key_created", "key_id", "created_at"))
 
     id: Mapped[str] = mapped_column(ID, primary_key=True)
     request_id: Mapped[str] = mapped_column(ID, index=True)

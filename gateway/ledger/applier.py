@@ -1,11 +1,14 @@
-"""Idempotent database writes for one ledger batch, in one transaction.
+"""The ledger's DB applier: idempotent database writes for one batch of records, in one
+transaction (the syncer calls it for every batch it takes from the journal).
 
 Ledger entries: ``INSERT ... ON CONFLICT (id) DO NOTHING RETURNING id`` (SQLite ≥ 3.35 and
 PostgreSQL), and ``daily_spend`` is incremented only for the rows that statement actually
 inserted — replaying a journal segment twice never double-counts. Requests: upsert by id,
 where an ``in_progress`` record never overwrites a final one. Exceptions propagate (the
-caller retries the batch durably); nothing here swallows an error. Imports only
-gateway.db.models and ledger.entries.
+caller retries the batch durably); nothing here swallows an error. Money: the records' integer
+nano-USD become ``Numeric(18, 9)`` decimals exactly (``nanos_to_decimal``); ``daily_spend``
+increments are summed as integers first. Imports only gateway.db.models, gateway.money and
+ledger.entries.
 """
 
 from __future__ import annotations
@@ -13,7 +16,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, date
-from decimal import Decimal
 from typing import Any
 
 from sqlalchemy.dialects import postgresql, sqlite
@@ -21,14 +23,10 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from gateway.db.models import DailySpend, LedgerEntryRow, Request
 from gateway.ledger.entries import IN_PROGRESS, LedgerEntry, Record, RequestRecord
+from gateway.money import nanos_to_decimal
 
-NANO = Decimal("0.000000001")
 _SUM_COLUMNS = ("requests", "prompt_tokens", "cached_tokens", "completion_tokens", "reasoning_tokens",
                 "cost_usd", "baseline_cost_usd")
-
-
-def money(value: float | Decimal) -> Decimal:
-    return Decimal(str(value)).quantize(NANO)
 
 
 @dataclass(frozen=True)
@@ -52,16 +50,18 @@ def _entry_row(e: LedgerEntry) -> dict[str, Any]:
     return {"id": e.id, "request_id": e.request_id, "tenant_id": e.tenant_id, "key_id": e.key_id,
             "stage": e.stage, "tier": e.tier, "model": e.model, "prompt_tokens": u.prompt_tokens,
             "cached_tokens": u.cached_tokens, "completion_tokens": u.completion_tokens,
-            "reasoning_tokens": u.reasoning_tokens, "cost_usd": money(e.cost_usd),
-            "baseline_cost_usd": money(e.baseline_cost_usd), "status": e.status, "created_at": e.created_at}
+            "reasoning_tokens": u.reasoning_tokens, "cost_usd": nanos_to_decimal(e.cost_nanos),
+            "baseline_cost_usd": nanos_to_decimal(e.baseline_cost_nanos), "status": e.status,
+            "created_at": e.created_at}
 
 
 def _request_row(r: RequestRecord) -> dict[str, Any]:
     row = r.to_json()
-    del row["t"]
+    for name in ("t", "cost_nanos", "baseline_cost_nanos"):
+        del row[name]
     row["created_at"] = r.created_at
-    row["cost_usd"] = money(r.cost_usd)
-    row["baseline_cost_usd"] = money(r.baseline_cost_usd)
+    row["cost_usd"] = nanos_to_decimal(r.cost_nanos)
+    row["baseline_cost_usd"] = nanos_to_decimal(r.baseline_cost_nanos)
     return row
 
 
@@ -71,7 +71,8 @@ def _utc_day(e: LedgerEntry) -> date:
 
 
 def daily_rows(entries: Sequence[LedgerEntry]) -> list[dict[str, Any]]:
-    """Aggregate entries into one increment per (tenant, UTC day, model, tier)."""
+    """Aggregate entries into one increment per (tenant, UTC day, model, tier); money is summed
+    in integer nano-USD and converted to the column's decimal once."""
     agg: dict[tuple[str, date, str, str], dict[str, Any]] = {}
     for e in entries:
         key = (e.tenant_id, _utc_day(e), e.model, e.tier)
@@ -79,14 +80,17 @@ def daily_rows(entries: Sequence[LedgerEntry]) -> list[dict[str, Any]]:
         if row is None:
             row = agg[key] = {"tenant_id": key[0], "day": key[1], "model": key[2], "tier": key[3],
                               "requests": 0, "prompt_tokens": 0, "cached_tokens": 0, "completion_tokens": 0,
-                              "reasoning_tokens": 0, "cost_usd": Decimal(0), "baseline_cost_usd": Decimal(0)}
+                              "reasoning_tokens": 0, "cost_usd": 0, "baseline_cost_usd": 0}
         row["requests"] += 1
         row["prompt_tokens"] += e.usage.prompt_tokens
         row["cached_tokens"] += e.usage.cached_tokens
         row["completion_tokens"] += e.usage.completion_tokens
         row["reasoning_tokens"] += e.usage.reasoning_tokens
-        row["cost_usd"] += money(e.cost_usd)
-        row["baseline_cost_usd"] += money(e.baseline_cost_usd)
+        row["cost_usd"] += e.cost_nanos
+        row["baseline_cost_usd"] += e.baseline_cost_nanos
+    for row in agg.values():
+        row["cost_usd"] = nanos_to_decimal(row["cost_usd"])
+        row["baseline_cost_usd"] = nanos_to_decimal(row["baseline_cost_usd"])
     return list(agg.values())
 
 

@@ -1,0 +1,17 @@
+"""Every ORM table of tiergate, on one declarative ``Base``.
+
+Importing this package registers all tables, so ``Base.metadata`` is complete (Alembic's
+``env.py`` and ``create_all`` need nothing else): ``core`` (tenants, API keys, requests, the
+per-call ledger and its indexes, daily spend, feedback), ``budgets`` (policies, persisted
+holds, alerts), ``jobs`` (files, batches, batch lines). No other package declares a table or
+adds to this metadata. Imports only SQLAlchemy; the bottom of the gateway's layers.
+"""
+
+from gateway.db.models.base import ID, MONEY, Base, utcnow
+from gateway.db.models.budgets import BudgetAlertRow, BudgetPolicyRow, BudgetReservationRow
+from gateway.db.models.core import ApiKey, DailySpend, Feedback, LedgerEntryRow, Request, Tenant
+from gateway.db.models.jobs import Batch, BatchLine, FileObject
+
+__all__ = ["ID", "MONEY", "ApiKey", "Base", "Batch", "BatchLine", "BudgetAlertRow",
+           "BudgetPolicyRow", "BudgetReservationRow", "DailySpend", "Feedback", "FileObject",
+           "LedgerEntryRow", "Request", "Tenant", "utcnow"]

@@ -1,0 +1,225 @@
+"""The ledger's parts on their own: ``SegmentTracker`` (when a segment may go), ``JournalWriter``
+(group commit and durability waits, no database) and ``JournalSyncer`` (journal → database
+batches, replay, retries), each driven through its own small interface; the DB applier is
+covered by test_ledger_writer.py and the whole by test_ledger_service.py."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+
+from gateway.ledger import LedgerEntry, new_entry_id
+from gateway.ledger.entries import Record
+from gateway.ledger.journal import Journal, read_segment
+from gateway.ledger.journal_writer import JournalWriter, LedgerError
+from gateway.ledger.segments import SegmentTracker
+from gateway.ledger.syncer import JournalSyncer
+from gateway.providers.base import Usage
+
+
+def entry(i: int) -> LedgerEntry:
+    return LedgerEntry(new_entry_id(), f"req-{i}", "t1", None, "direct", "low", "m", Usage(i, 1), i, 2 * i)
+
+
+class Deleted(list[int]):
+    def __call__(self, seq: int) -> None:
+        self.append(seq)
+
+
+# ------------------------------------------------------------------------- SegmentTracker
+def test_a_segment_goes_only_when_sealed_and_fully_applied() -> None:
+    deleted = Deleted()
+    tracker = SegmentTracker(deleted)
+    tracker.wrote(1, 3)
+    tracker.applied(1, 3)
+    assert deleted == []  # still open: more may be written to it
+    tracker.wrote(1, 2)
+    tracker.sealed(1)
+    assert deleted == []  # two records not committed yet
+    tracker.applied(1, 2)
+    assert deleted == [1] and tracker.open_segments() == []
+
+
+def test_replayed_segments_wait_for_their_records_and_empty_ones_go_at_once() -> None:
+    deleted = Deleted()
+    tracker = SegmentTracker(deleted)
+    tracker.replayed(4, 0)
+    tracker.replayed(5, 10)
+    assert deleted == [4] and tracker.open_segments() == [5]
+    tracker.applied(5, 10)
+    assert deleted == [4, 5]
+
+
+# ------------------------------------------------------------------------- JournalWriter
+class Groups:
+    """Stands in for the syncer: collects the written groups."""
+
+    def __init__(self) -> None:
+        self.groups: list[tuple[int, list[Record], int]] = []
+        self.finished = threading.Event()
+
+    def written(self, seg: int, records: list[Record], upto: int) -> None:
+        self.groups.append((seg, records, upto))
+
+    def done(self) -> None:
+        self.finished.set()
+
+
+def _writer(tmp_path: Path, deleted: Deleted | None = None) -> tuple[JournalWriter, Groups, Journal, SegmentTracker]:
+    groups = Groups()
+    journal = Journal(tmp_path / "j")
+    journal.existing_segments()
+    tracker = SegmentTracker(deleted if deleted is not None else Deleted())
+    writer = JournalWriter(tracker, groups.written, groups.done, retry_max_s=0.05)
+    return writer, groups, journal, tracker
+
+
+async def test_writer_groups_records_and_resolves_both_levels(tmp_path: Path) -> None:
+    writer, groups, journal, _ = _writer(tmp_path)
+    with pytest.raises(LedgerError, match="not running"):
+        writer.append(entry(0))
+    writer.start(journal, first_seq=7)  # seven records were replayed before this run
+    records = [entry(i) for i in range(1, 51)]
+    for r in records:
+        writer.append(r)
+    await asyncio.wait_for(writer.wait("process"), 5)
+    assert [r for _, group, _ in groups.groups for r in group] == records  # in order, each once
+    assert groups.groups[-1][2] == writer.seq == 57  # numbered after the replayed ones
+    on_disk = [r for p in sorted((tmp_path / "j").glob("*.jsonl")) for r in read_segment(p).records]
+    assert on_disk == records  # written before 'process' resolved
+    await asyncio.wait_for(writer.wait("fsync"), 5)
+    assert writer.counts() == (0, 57, 57)
+    writer.request_stop()
+    assert writer.join(time.monotonic() + 5) and groups.finished.is_set()
+    with pytest.raises(LedgerError):
+        writer.append(entry(99))
+
+
+async def test_writer_seals_on_stop_and_the_tracker_deletes_once_applied(tmp_path: Path) -> None:
+    deleted = Deleted()
+    writer, groups, journal, tracker = _writer(tmp_path, deleted)
+    journal_delete = journal.delete
+
+    def delete(seq: int) -> None:
+        deleted(seq)
+        journal_delete(seq)
+
+    tracker.reset(delete)
+    writer.start(journal, 0)
+    writer.append(entry(1))
+    await writer.wait("process")
+    writer.request_stop()
+    assert writer.join(time.monotonic() + 5)
+    (seg, _, _), = groups.groups
+    assert deleted == [] and journal.path_for(seg).exists()  # sealed, not committed
+    tracker.applied(seg, 1)
+    assert deleted == [seg] and not journal.path_for(seg).exists()
+
+
+async def test_writer_write_failure_fails_waiters_then_retries_into_a_fresh_segment(tmp_path: Path) -> None:
+    writer, groups, journal, _ = _writer(tmp_path)
+    real_write = journal.write
+    calls = {"n": 0}
+
+    def flaky(records: Sequence[Record]) -> int:
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise OSError(28, "No space left on device")
+        return real_write(records)
+
+    journal.write = flaky  # type: ignore[method-assign]
+    writer.start(journal, 0)
+    writer.append(entry(1))
+    with pytest.raises(LedgerError, match="No space left"):
+        await asyncio.wait_for(writer.wait("process"), 5)
+    for _ in range(200):  # retried from memory
+        if groups.groups:
+            break
+        await asyncio.sleep(0.01)
+    assert [len(g) for _, g, _ in groups.groups] == [1] and writer.journal_failures == 0
+    assert writer.last_error is not None and "No space left" in writer.last_error[1]
+    writer.request_stop()
+    assert writer.join(time.monotonic() + 5)
+
+
+# ------------------------------------------------------------------------- JournalSyncer
+class Db:
+    """Stands in for the DB applier: fails ``fail`` times, then commits."""
+
+    def __init__(self, fail: int = 0) -> None:
+        self.fail = fail
+        self.batches: list[list[Record]] = []
+
+    def apply(self, records: Sequence[Record]) -> None:
+        if self.fail:
+            self.fail -= 1
+            raise ConnectionError("database unreachable")
+        self.batches.append(list(records))
+
+
+def test_syncer_batches_and_reports_what_is_committed() -> None:
+    db, deleted = Db(), Deleted()
+    tracker = SegmentTracker(deleted)
+    syncer = JournalSyncer(db.apply, tracker, batch_size=4, flush_interval_ms=5, retry_max_s=0.05)
+    assert syncer.replay([]) == 0
+    syncer.start()
+    records = [entry(i) for i in range(10)]
+    for i in range(0, 10, 2):
+        tracker.wrote(1, 2)
+        syncer.enqueue(1, records[i:i + 2], i + 2)
+    tracker.sealed(1)
+    assert syncer.wait_applied(10, 5)
+    assert [r for b in db.batches for r in b] == records and max(len(b) for b in db.batches) <= 4
+    assert syncer.counts() == (0, 10) and deleted == [1]
+    syncer.journal_finished()
+    assert syncer.join(time.monotonic() + 5)
+
+
+def test_syncer_retries_a_failing_database_and_surfaces_it() -> None:
+    db = Db(fail=3)
+    syncer = JournalSyncer(db.apply, SegmentTracker(Deleted()), flush_interval_ms=1, retry_max_s=0.02)
+    syncer.replay([])
+    syncer.start()
+    syncer.enqueue(1, [entry(1)], 1)
+    for _ in range(500):
+        if syncer.failures:
+            break
+        time.sleep(0.001)
+    assert syncer.last_error is not None and "ConnectionError" in syncer.last_error[1]
+    assert syncer.wait_applied(1, 5) and syncer.failures == 0 and len(db.batches) == 1
+    syncer.journal_finished()
+    assert syncer.join(time.monotonic() + 5)
+
+
+def test_syncer_replays_old_segments_first_and_abandons_at_the_deadline(tmp_path: Path) -> None:
+    journal = Journal(tmp_path / "j")
+    journal.existing_segments()
+    old = [entry(i) for i in range(5)]
+    journal.append(old[:3])
+    journal.seal()
+    journal.append(old[3:])
+    journal.seal()
+    db = Db(fail=10**6)  # the database never comes back
+    syncer = JournalSyncer(db.apply, SegmentTracker(Deleted()), batch_size=2, retry_max_s=0.05)
+    assert syncer.replay(journal.existing_segments()) == 5
+    syncer.start()
+    syncer.begin_stop()
+    syncer.journal_finished()
+    assert not syncer.wait_applied(5, 0.2)
+    assert syncer.join(time.monotonic() + 0.2)  # gave up: the records stay in the journal
+    assert syncer.counts() == (5, 0)
+
+    db.fail = 0
+    replay = JournalSyncer(db.apply, SegmentTracker(journal.delete), batch_size=2)
+    assert replay.replay(journal.existing_segments()) == 5
+    replay.start()
+    assert replay.wait_applied(5, 5)
+    assert [r.id for b in db.batches for r in b] == [r.id for r in old]  # in journal order
+    replay.journal_finished()
+    assert replay.join(time.monotonic() + 5)
+    assert journal.existing_segments() == []  # sealed and committed: deleted
