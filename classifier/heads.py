@@ -42,6 +42,11 @@ class TrainConfig:
     # cheapest tiers; the within-family head still learns what length means inside a kind of prompt.
     cross_excluded: tuple[str, ...] = ("log_chars", "log_words", "sentences", "newlines", "short_prompt")
     target_mix: Mapping[str, float] = field(default_factory=lambda: dict(DEFAULT_TIER_MIX))
+    # The dense cues enter the ridge heads multiplied by this (their weights divided back on export):
+    # a lighter penalty on the few general cues than on the 2^18 vocabulary columns, so that the
+    # score leans on what transfers to unseen kinds of prompt (and to short prompts, which have few
+    # n-grams) rather than on vocabulary that identifies a source.
+    dense_scale: float = 1.0
     # Outcome rows (classifier.payoff): their share of the total training weight, and the score
     # target centre + scale × (strong − cheap outcome).
     outcome_share: float = 0.03
@@ -168,6 +173,9 @@ def fit_heads(rows: TrainingRows, n_classes: int, cfg: TrainConfig, *, tier_head
     X, y, s, w, fams = rows.X, rows.y, rows.s, rows.w, rows.fams
     cols = np.unique(X.indices)
     Xc = X[:, cols]
+    col_scale = np.where(cols < N_DENSE, cfg.dense_scale, 1.0).astype(np.float32)
+    if cfg.dense_scale != 1.0:
+        Xc = (Xc @ sp.diags(col_scale)).tocsr()
     tier_coef = np.zeros((N_FEATURES, n_classes), dtype=np.float32)
     tier_intercept = np.full(n_classes, -30.0, dtype=np.float32)  # classes absent from this fit
     labelled = y >= 0
@@ -178,19 +186,19 @@ def fit_heads(rows: TrainingRows, n_classes: int, cfg: TrainConfig, *, tier_head
             clf.fit(Xc[labelled], y[labelled], sample_weight=w[labelled])
         present = clf.classes_.astype(int)
         if len(present) == 2:  # sklearn keeps one column for two classes: split it symmetrically
-            tier_coef[np.ix_(cols, present)] = np.stack([-clf.coef_[0] / 2, clf.coef_[0] / 2], axis=1)
+            tier_coef[np.ix_(cols, present)] = np.stack([-clf.coef_[0] / 2, clf.coef_[0] / 2], axis=1) * col_scale[:, None]
             tier_intercept[present] = [-clf.intercept_[0] / 2, clf.intercept_[0] / 2]
         else:
-            tier_coef[np.ix_(cols, present)] = clf.coef_.T
+            tier_coef[np.ix_(cols, present)] = clf.coef_.T * col_scale[:, None]
             tier_intercept[present] = clf.intercept_
     reg = Ridge(alpha=cfg.ridge_alpha, solver="sparse_cg")
     keep = np.asarray([not (c < N_DENSE and DENSE_NAMES[c] in cfg.cross_excluded) for c in cols])
     reg.fit(Xc[:, np.flatnonzero(keep)], s, sample_weight=w)
     score_coef = np.zeros(N_FEATURES, dtype=np.float32)
-    score_coef[cols[keep]] = reg.coef_
+    score_coef[cols[keep]] = reg.coef_ * col_scale[keep]
     within_coef = np.zeros(N_FEATURES, dtype=np.float32)
-    within_coef[cols] = _fit_within(Xc, s, fams, w, cfg)
-    offset = float(np.average(np.asarray(Xc @ within_coef[cols]).ravel(), weights=w))
+    within_coef[cols] = _fit_within(Xc, s, fams, w, cfg) * col_scale
+    offset = float(np.average(np.asarray(X[:, cols] @ within_coef[cols]).ravel(), weights=w))
     return Heads(tier_coef, tier_intercept, score_coef, float(reg.intercept_), within_coef, offset)
 
 

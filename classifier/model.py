@@ -165,6 +165,11 @@ class EffortModel:
         idx, val = to_arrays(features)
         return self.decide_arrays(idx, val, tenant)
 
+    def score_features(self, features: SparseFeatures, tenant: str | None = None) -> float:
+        """The score alone (no tier, the traffic window untouched): for evaluation and learning."""
+        idx, val = to_arrays(features)
+        return _squash_scalar(self.raw_score(idx, val, tenant))
+
     def raw_score(self, idx: np.ndarray, val: np.ndarray, tenant: str | None = None) -> float:
         raw = float(val @ self.score_coef[idx]) + self.score_intercept
         correction = self.tenants.get(tenant) if tenant is not None else None

@@ -38,7 +38,7 @@ class OnlineRouter:
         self.seen = 0
 
     def _z(self, features: SparseFeatures) -> tuple[float, float, np.ndarray, np.ndarray]:
-        base = _logit(self.model.decide_features(features).score)
+        base = _logit(self.model.score_features(features))
         idx, val = to_arrays(features)
         return self.base_weight * base + self.bias + float(val @ self.weights[idx]), base, idx, val
 

@@ -208,10 +208,14 @@ def routing_bench(model: EffortModel, items: Sequence[OutcomeItem], *, cheap: st
                     f"cheap quality {c.mean():.3f}, strong {g.mean():.3f}; stream order {order_name}",
                     "tier rows: the six-tier index as the router score; target shares none..xhigh "
                     + "/".join(f"{x:.2f}" for x in model.tier_shares)]
+    report_notes.append(f"Spearman of the router score with prompt length {_spearman(scores, length):.3f}, "
+                        f"with the strong arm's gain {_spearman(scores, g - c):.3f}")
     holdout: list[RouterResult] = []
     holdout_note = ""
     if holdout_scores is not None:
         held, holdout_note = holdout_scores(usable)
+        holdout_note += (f"; Spearman of the held-out score with prompt length {_spearman(held, length):.3f}, "
+                         f"with the gain {_spearman(held, g - c):.3f}")
         holdout = [evaluate_scores("router score, groups held out", held, c, g, n_boot, seed),
                    evaluate_scores("prompt length", length, c, g, n_boot, seed),
                    evaluate_scores("random", np.zeros(len(usable)), c, g, n_boot, seed)]
@@ -220,6 +224,12 @@ def routing_bench(model: EffortModel, items: Sequence[OutcomeItem], *, cheap: st
         result = replay(start_model or model, usable, arrays, order, order_name, cheap=cheap, strong=strong,
                         epsilon=epsilon, strong_share=strong_share, seed=seed, n_windows=n_windows, n_boot=n_boot)
     return BenchReport(len(usable), cheap, strong, routers, holdout, holdout_note, result, report_notes)
+
+
+def _spearman(a: np.ndarray, b: np.ndarray) -> float:
+    from scipy.stats import spearmanr
+
+    return float(spearmanr(a, b).statistic)
 
 
 def _ci(r: RouterResult, key: str) -> str:

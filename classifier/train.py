@@ -39,7 +39,7 @@ from classifier.model import EffortModel, squash_score
 from classifier.ordinal import SMOOTHING_GRID, fit_ordinal, log_loss, ordinal_probs
 from classifier.outcomes import CHEAP_ARM, STRONG_ARM, OutcomeItem
 from classifier.payoff import group_folds, grouped_outcome_scores, outcome_rows, scale_weights
-from classifier.proxy import family, proxy_apgr, proxy_oracle
+from classifier.proxy import cheap_outcome, family, proxy_apgr, proxy_oracle
 from classifier.thresholds import full_mix
 from classifier.types import TIER_INDEX, TIERS, ClassifierError, LabelledExample
 
@@ -81,6 +81,8 @@ class CVReport:
     ordinal_cuts: tuple[float, ...] = ()
     ordinal_smoothing: float = 0.0
     proxy_oracle_mean: float = float("nan")  # the proxy's ceiling (random = 0.5)
+    # proxy APGR pooled over the synthetic conversations (classifier.augment), by kind
+    augmented_apgr: dict[str, float] = field(default_factory=dict)
 
     @property
     def proxy_apgr_mean(self) -> float:
@@ -96,6 +98,7 @@ class CVReport:
                 "log_loss": self.log_loss, "prob_model": self.prob_model,
                 "log_loss_temperature_head": self.log_loss_temperature, "ece_tier_head_raw": self.ece_uncalibrated,
                 "proxy_apgr_by_within_weight": self.within_grid, "ordinal_smoothing": self.ordinal_smoothing,
+                "augmented_proxy_apgr": self.augmented_apgr,
                 "per_tier": {m.tier: {"support": m.support, "precision": m.precision, "recall": m.recall}
                              for m in self.per_tier}}
 
@@ -203,8 +206,21 @@ def cross_validate(examples: Sequence[LabelledExample], X: sp.csr_matrix, cfg: T
                       ece_uncalibrated=expected_calibration_error(p_before, y),
                       within_grid={str(k): float(np.mean(list(v.values()))) for k, v in blend.items()},
                       ordinal_slope=slope, ordinal_cuts=cuts, ordinal_smoothing=smoothing,
-                      proxy_oracle_mean=float(np.mean(list(proxy_oracle(examples).values()) or [np.nan])))
+                      proxy_oracle_mean=float(np.mean(list(proxy_oracle(examples).values()) or [np.nan])),
+                      augmented_apgr=_augmented_apgr(examples, oof_scores))
     return report, oof_scores
+
+
+def _augmented_apgr(examples: Sequence[LabelledExample], scores: np.ndarray) -> dict[str, float]:
+    """Proxy APGR (synthetic outcomes from the tiers, classifier.proxy) of the held-out scores of the
+    multi-turn and system-prompt variants, pooled over families."""
+    out = {}
+    for kind in ("multi_turn", "system"):
+        m = np.asarray([ex.meta.get("augmented") == kind for ex in examples])
+        cheap = np.asarray([cheap_outcome(ex.tier) for ex in examples])[m]
+        if m.sum() >= 20 and len(np.unique(cheap)) > 1:
+            out[kind] = metrics(scores[m], cheap, np.ones(int(m.sum()))).apgr
+    return out
 
 
 def outcome_cross_validate(examples: Sequence[LabelledExample], outcomes: Mapping[str, Sequence[OutcomeItem]],

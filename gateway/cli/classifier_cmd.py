@@ -87,6 +87,9 @@ def _cv_table(report: Any) -> str:
         lines.append(f"proxy APGR, family held out (mean {report.proxy_apgr_mean:.3f}; random 0.5, oracle "
                      f"{report.proxy_oracle_mean:.3f}): " + ", ".join(
             f"{k} {v:.3f}" for k, v in report.proxy_apgr.items()))
+    if report.augmented_apgr:
+        lines.append("proxy APGR of the synthetic conversations, pooled (held-out scores): " + ", ".join(
+            f"{k} {v:.3f}" for k, v in report.augmented_apgr.items()))
     if report.within_source:
         lines.append("within-source Spearman(held-out score, difficulty): " + ", ".join(
             f"{k} {v:.3f}" for k, v in report.within_source.items()))
