@@ -179,12 +179,13 @@ class OffPolicyLearner:
         return float(max(math.sqrt(self.g_stats[1]), 1e-6))
 
     # -- learning -----------------------------------------------------------------------
-    def pseudo_outcome(self, record: OutcomeRecord, idx: np.ndarray, val: np.ndarray) -> float | None:
+    def pseudo_outcome(self, record: OutcomeRecord, idx: np.ndarray, val: np.ndarray,
+                       mu: np.ndarray | None = None) -> float | None:
         """The doubly-robust contrast Ĝ of one record (None for an arm not in play)."""
         k = self.arm_index.get(record.arm)
         if k is None:
             return None
-        mu = self.outcome_probs(idx, val)
+        mu = self.outcome_probs(idx, val) if mu is None else mu
         weight = min(1.0 / record.propensity, self.config.max_weight)
         return float(self.contrast @ mu + self.contrast[k] * weight * (record.outcome - mu[k]))
 
@@ -196,11 +197,11 @@ class OffPolicyLearner:
             self.skipped += 1
             return False
         cfg = self.config
-        target = self.pseudo_outcome(record, idx, val)
+        mus = self.outcome_probs(idx, val)
+        target = self.pseudo_outcome(record, idx, val, mus)
         assert target is not None
         # 1. outcome model (log-loss on the revealed outcome)
-        mu = self.outcome_probs(idx, val)[k]
-        err = mu - record.outcome
+        err = mus[k] - record.outcome
         pos = self.positions[k]
         self._adagrad(self.u, self.gu, idx, val, err, cfg.lr_outcome)
         self._adagrad(self.v, self.gv, idx, val, err * pos, cfg.lr_outcome)

@@ -37,7 +37,15 @@ from classifier.features import (
 )
 from classifier.ordinal import ordinal_probs
 from classifier.thresholds import DEFAULT_TIER_MIX, ScoreWindow, full_mix
-from classifier.types import TIER_INDEX, TIERS, ClassifierError, EffortDecision, Message, SparseFeatures
+from classifier.types import (
+    TIER_INDEX,
+    TIERS,
+    ClassifierError,
+    EffortDecision,
+    Message,
+    SparseFeatures,
+    user_prompt,
+)
 
 SCORE_SLOPE = 6.0
 SINGLE_TIER_BANDS: tuple[tuple[str, ...], ...] = tuple((t,) for t in TIERS)
@@ -154,8 +162,9 @@ class EffortModel:
         return live if live is not None else self.thresholds
 
     # -- single prompt (request path) ------------------------------------------------
-    def decide(self, messages: Sequence[Message], tenant: str | None = None) -> EffortDecision:
-        idx, val = extract_arrays(messages)
+    def decide(self, messages: Sequence[Message] | str, tenant: str | None = None) -> EffortDecision:
+        """The decision for a conversation (OpenAI messages; a plain string is one user turn)."""
+        idx, val = extract_arrays(user_prompt(messages) if isinstance(messages, str) else messages)
         return self.decide_arrays(idx, val, tenant)
 
     def decide_features(self, features: SparseFeatures, tenant: str | None = None) -> EffortDecision:

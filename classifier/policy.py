@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from classifier.features import FEATURE_VERSION, extract_arrays
 from classifier.model import EffortModel
 from classifier.outcomes import OutcomeRecord
-from classifier.types import TIERS, ClassifierError, EffortDecision, Message, SparseFeatures
+from classifier.types import TIERS, ClassifierError, EffortDecision, Message, SparseFeatures, user_prompt
 
 DEFAULT_EPSILON = 0.05
 
@@ -76,8 +76,8 @@ class Router:
             model = model.with_traffic(self.model.traffic)
         self.model = model
 
-    def route(self, messages: Sequence[Message], tenant: str | None = None) -> RouteDecision:
-        idx, val = extract_arrays(messages)
+    def route(self, messages: Sequence[Message] | str, tenant: str | None = None) -> RouteDecision:
+        idx, val = extract_arrays(user_prompt(messages) if isinstance(messages, str) else messages)
         decision = self.model.decide_arrays(idx, val, tenant)
         greedy = decision.tier if decision.tier in self.arms else min(
             self.arms, key=lambda a: abs(TIERS.index(a) - TIERS.index(decision.tier)) if a in TIERS else 99)

@@ -33,6 +33,11 @@ def test_short_proof_outscores_a_long_easy_request(model: EffortModel) -> None:
     assert _score(model, "Prove that sqrt(2) is irrational.") > _score(model, story)
 
 
+def test_a_plain_string_is_one_user_turn(model: EffortModel) -> None:
+    text = "Prove that sqrt(2) is irrational."
+    assert model.decide(text).score == model.decide(user_prompt(text)).score
+
+
 def test_factoid_scores_below_a_short_olympiad_question(model: EffortModel) -> None:
     assert _score(model, "Who was the first president of the United States?") < 0.5 * _score(
         model, "Find all positive integers n such that n^2 + 2n + 4 is divisible by 7, and prove your answer.")
