@@ -43,9 +43,15 @@ from classifier.evaluate import (
 )
 from classifier.features import FEATURE_VERSION, N_FEATURES, extract, extract_arrays, split_conversation
 from classifier.heads import TrainConfig, featurize
-from classifier.learner import LearnerConfig, OffPolicyLearner, load_learner, save_learner
 from classifier.model import Contribution, EffortModel, TenantCorrection
-from classifier.online import OnlineRouter, outcome_target
+from classifier.online import (
+    LearnerConfig,
+    OffPolicyLearner,
+    OnlineRouter,
+    load_learner,
+    outcome_target,
+    save_learner,
+)
 from classifier.outcomes import (
     BBH_MAPPING,
     CHEAP_ARM,

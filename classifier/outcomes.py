@@ -8,7 +8,7 @@ Two plain record types:
 - ``OutcomeRecord``: one logged routing decision — the arm that ran, its outcome in [0, 1],
   its cost, the propensity with which the logging policy chose it (1.0 without exploration),
   optional timestamp and tenant. This is what a gateway logs, what the off-policy learner
-  (classifier.learner) updates on, and what the promotion guard replays.
+  (classifier.online) updates on, and what the promotion guard replays.
 
 File formats read by ``load_outcome_items`` (JSONL; CSV for the flat forms):
 

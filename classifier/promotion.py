@@ -20,8 +20,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from classifier.features import extract_arrays, to_arrays
-from classifier.learner import OffPolicyLearner
 from classifier.model import EffortModel
+from classifier.online import OffPolicyLearner
 from classifier.outcomes import OutcomeRecord
 from classifier.thresholds import DEFAULT_TIER_MIX, full_mix, mix_with_strong_share, thresholds_from_scores
 from classifier.types import TIERS, ClassifierError

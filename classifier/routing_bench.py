@@ -34,8 +34,8 @@ from classifier.evaluate import (
     routing_curve,
 )
 from classifier.features import extract_arrays
-from classifier.learner import LearnerConfig, OffPolicyLearner
 from classifier.model import EffortModel
+from classifier.online import LearnerConfig, OffPolicyLearner
 from classifier.outcomes import (
     CHEAP_ARM,
     STRONG_ARM,
