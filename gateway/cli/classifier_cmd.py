@@ -429,7 +429,7 @@ class UpdateOutcome:
 
 
 def run_update(settings: Any, session_factory: Any, base_examples: list[Any], *, weight: float = 5.0,
-               cv: bool = False) -> UpdateOutcome | None:
+               cv: bool = False, outcomes: dict[str, list[Any]] | None = None) -> UpdateOutcome | None:
     """Refit on ``base_examples`` + the feedback rows; publish the new artifact where running
     Perceivers look first. None when there is no usable feedback."""
     import classifier
@@ -447,7 +447,7 @@ def run_update(settings: Any, session_factory: Any, base_examples: list[Any], *,
     result = _train_and_save(examples, staged, dict(settings.classifier.target_mix), 5, cv,
                              {"parent_version": parent, "feedback_examples": len(fb), "feedback_weight": weight},
                              temperature=parent_meta.get("temperature"),  # kept unless CV recalibrates
-                             ordinal=parent_meta.get("ordinal"))
+                             ordinal=parent_meta.get("ordinal"), outcomes=outcomes)
     version = result.model.version
     final = out_dir / "versions" / f"{version}.skops"
     os.replace(staged, final)
@@ -475,9 +475,11 @@ def update(config: Path | None = ConfigOption, data: Path | None = DataOption,
 
     settings = _settings(config)
     base_examples = classifier.build_dataset(_data_dir(settings, data)) if base else []
+    sets = classifier.load_outcome_sets(_data_dir(settings, data)) if base else {}
     engine = engine_from_settings(settings)
     try:
-        outcome = run_update(settings, make_session_factory(engine), base_examples, weight=weight, cv=cv)
+        outcome = run_update(settings, make_session_factory(engine), base_examples, weight=weight, cv=cv,
+                             outcomes=sets)
     finally:
         engine.dispose()
     if outcome is None:
