@@ -1,9 +1,15 @@
-"""The effort classifier: a sub-millisecond perceive layer that assigns reasoning-effort tiers.
+"""The effort classifier: a sub-millisecond perceive layer that assigns reasoning-effort tiers,
+and the learning loop that improves it from routing outcomes.
 
-Public API (the gateway uses only these names): features (`extract`), the inference
-model (`EffortModel`), artifacts (`save_artifact`, `load_artifact`), the dataset builder
-(`build_dataset`), training (`train`, `TrainConfig`), calibration, routing evaluation,
-online learning (`OnlineRouter`) and the plain types.
+Public API (the gateway uses only these names): features (`extract`), the inference model
+(`EffortModel`: `decide(messages, tenant=None)` → `EffortDecision(tier, score, ...)`),
+artifacts (`save_artifact`, `load_artifact`, `publish_artifact`), traffic-calibrated thresholds
+(`ScoreWindow`, `RoutingTarget`, `full_mix`), outcomes (`OutcomeItem`, `OutcomeRecord`,
+`load_outcome_items`, `load_outcome_records`, `BBH_MAPPING`), decisions with exploration and
+propensities (`Router`, `RouteDecision`), the off-policy learner (`OffPolicyLearner`,
+`LearnerConfig`, `save_learner`, `load_learner`), the promotion guard (`promotion_guard`),
+training (`build_dataset`, `train`, `TrainConfig`), routing evaluation (`routing_bench`,
+`evaluate_routers`, `apgr`, `cpt`, `bootstrap`) and the plain types.
 
 scikit-learn, numpy and scipy only; never torch, web frameworks, databases, the gateway
 or the engine. Importing this package loads no model and reads no file.
@@ -16,16 +22,11 @@ from classifier.artifact import (
     load_artifact,
     metadata_path,
     new_version,
+    publish_artifact,
     read_metadata,
     save_artifact,
 )
-from classifier.calibrate import (
-    DEFAULT_TARGET_MIX,
-    bands_from_mix,
-    calibrate_thresholds,
-    expected_calibration_error,
-    fit_temperature,
-)
+from classifier.calibrate import expected_calibration_error, fit_temperature
 from classifier.data import EXCLUDED_SOURCES, build_dataset, dataset_hash
 from classifier.evaluate import (
     Interval,
@@ -40,12 +41,63 @@ from classifier.evaluate import (
     prequential,
     routing_curve,
 )
-from classifier.features import FEATURE_VERSION, N_FEATURES, extract, split_conversation
-from classifier.model import Contribution, EffortModel
-from classifier.online import OnlineRouter, outcome_target
-from classifier.outcomes import Outcome, load_outcomes
+from classifier.features import FEATURE_VERSION, N_FEATURES, extract, extract_arrays, split_conversation
+from classifier.heads import TrainConfig, featurize
+from classifier.model import Contribution, EffortModel, TenantCorrection
+from classifier.online import (
+    LearnerConfig,
+    OffPolicyLearner,
+    OnlineRouter,
+    load_learner,
+    outcome_target,
+    save_learner,
+)
+from classifier.outcomes import (
+    BBH_MAPPING,
+    CHEAP_ARM,
+    KNOWN_MAPPINGS,
+    STRONG_ARM,
+    Outcome,
+    OutcomeItem,
+    OutcomeMapping,
+    OutcomeRecord,
+    items_to_records,
+    load_outcome_items,
+    load_outcome_records,
+    load_outcomes,
+    outcome_set_hash,
+    save_outcome_records,
+    two_arm,
+)
+from classifier.payoff import load_outcome_sets
+from classifier.policy import DEFAULT_EPSILON, RouteDecision, Router, epsilon_greedy
+from classifier.promotion import (
+    PolicyValue,
+    PromotionVerdict,
+    UpdateResult,
+    learn_and_guard,
+    policy_value,
+    promotion_guard,
+)
+from classifier.routing_bench import BenchReport, bench_outcome_file, format_report, routing_bench
 from classifier.routing_report import RouterEval, evaluate_routers, quality_at
-from classifier.train import CVReport, TierMetrics, TrainConfig, TrainResult, cross_validate, featurize, train
+from classifier.thresholds import (
+    DEFAULT_TIER_MIX,
+    RoutingTarget,
+    ScoreWindow,
+    full_mix,
+    mix_with_strong_share,
+    thresholds_from_scores,
+)
+from classifier.train import (
+    CVReport,
+    OutcomeCV,
+    TierMetrics,
+    TrainResult,
+    cross_validate,
+    outcome_cross_validate,
+    train,
+)
 from classifier.types import (
     TIER_INDEX,
     TIERS,
@@ -59,13 +111,100 @@ from classifier.types import (
 )
 
 __all__ = [
-    "ARTIFACT_FORMAT", "DEFAULT_TARGET_MIX", "EXCLUDED_SOURCES", "FEATURE_VERSION", "N_FEATURES", "TIERS",
-    "TIER_INDEX", "ArtifactError", "CVReport", "ClassifierError", "Contribution", "EffortDecision",
-    "EffortModel", "FeatureVersionError", "Interval", "LabelledExample", "LoadedArtifact", "OnlineRouter",
-    "Outcome", "RouterEval", "RoutingCurve", "RoutingMetrics", "SparseFeatures", "TierMetrics", "TrainConfig",
-    "TrainResult", "apgr", "auroc", "bands_from_mix", "bootstrap", "build_dataset", "calibrate_thresholds",
-    "cpt", "cross_validate", "dataset_hash", "evaluate_routers", "expected_calibration_error", "extract", "featurize", "fit_temperature",
-    "library_versions", "load_artifact", "load_outcomes", "metadata_path", "metrics", "new_version",
-    "oracle_scores", "outcome_target", "prequential", "quality_at", "read_metadata", "routing_curve", "save_artifact",
-    "split_conversation", "train", "user_prompt",
+    "ARTIFACT_FORMAT",
+    "BBH_MAPPING",
+    "CHEAP_ARM",
+    "DEFAULT_EPSILON",
+    "DEFAULT_TIER_MIX",
+    "EXCLUDED_SOURCES",
+    "FEATURE_VERSION",
+    "KNOWN_MAPPINGS",
+    "N_FEATURES",
+    "STRONG_ARM",
+    "TIERS",
+    "TIER_INDEX",
+    "ArtifactError",
+    "BenchReport",
+    "CVReport",
+    "ClassifierError",
+    "Contribution",
+    "EffortDecision",
+    "EffortModel",
+    "FeatureVersionError",
+    "Interval",
+    "LabelledExample",
+    "LearnerConfig",
+    "LoadedArtifact",
+    "OffPolicyLearner",
+    "OnlineRouter",
+    "Outcome",
+    "OutcomeCV",
+    "OutcomeItem",
+    "OutcomeMapping",
+    "OutcomeRecord",
+    "PolicyValue",
+    "PromotionVerdict",
+    "RouteDecision",
+    "Router",
+    "RouterEval",
+    "RoutingCurve",
+    "RoutingMetrics",
+    "RoutingTarget",
+    "ScoreWindow",
+    "SparseFeatures",
+    "TenantCorrection",
+    "TierMetrics",
+    "TrainConfig",
+    "TrainResult",
+    "UpdateResult",
+    "apgr",
+    "auroc",
+    "bench_outcome_file",
+    "bootstrap",
+    "build_dataset",
+    "cpt",
+    "cross_validate",
+    "dataset_hash",
+    "epsilon_greedy",
+    "evaluate_routers",
+    "expected_calibration_error",
+    "extract",
+    "extract_arrays",
+    "featurize",
+    "fit_temperature",
+    "format_report",
+    "full_mix",
+    "items_to_records",
+    "learn_and_guard",
+    "library_versions",
+    "load_artifact",
+    "load_learner",
+    "load_outcome_items",
+    "load_outcome_records",
+    "load_outcome_sets",
+    "load_outcomes",
+    "metadata_path",
+    "metrics",
+    "mix_with_strong_share",
+    "new_version",
+    "oracle_scores",
+    "outcome_cross_validate",
+    "outcome_set_hash",
+    "outcome_target",
+    "policy_value",
+    "prequential",
+    "promotion_guard",
+    "publish_artifact",
+    "quality_at",
+    "read_metadata",
+    "routing_bench",
+    "routing_curve",
+    "save_artifact",
+    "save_learner",
+    "save_outcome_records",
+    "split_conversation",
+    "thresholds_from_scores",
+    "train",
+    "two_arm",
+    "user_prompt",
 ]

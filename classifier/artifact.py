@@ -26,10 +26,11 @@ from typing import Any
 import numpy as np
 
 from classifier.features import FEATURE_VERSION, N_FEATURES
-from classifier.model import EffortModel
+from classifier.model import EffortModel, TenantCorrection
+from classifier.thresholds import ScoreWindow
 from classifier.types import ArtifactError
 
-ARTIFACT_FORMAT = 1
+ARTIFACT_FORMAT = 2  # 2: six single-tier bands, tier shares, tenant corrections, parent version
 TRUSTED_TYPES: list[str] = []  # only skops's built-in safe types (ndarray, dict, list, str, numbers)
 
 
@@ -73,7 +74,10 @@ def _payload(model: EffortModel) -> dict[str, Any]:
         "bands": [list(b) for b in model.bands], "version": model.version,
         "feature_version": model.feature_version, "score_quantiles": [float(q) for q in model.score_quantiles],
         "ordinal_slope": float(model.ordinal_slope), "ordinal_cuts": [float(c) for c in model.ordinal_cuts],
-        "ordinal_smoothing": float(model.ordinal_smoothing),
+        "ordinal_smoothing": float(model.ordinal_smoothing), "tier_shares": [float(x) for x in model.tier_shares],
+        "tenants": {name: {"i": np.asarray(c.indices, dtype=np.int64), "x": np.asarray(c.values, dtype=np.float32),
+                           "b": float(c.bias)} for name, c in model.tenants.items()},
+        "parent_version": model.parent_version or "",
     }
 
 
@@ -103,6 +107,8 @@ def save_artifact(model: EffortModel, path: str | Path, *, data_hash: str,
         "n_features": N_FEATURES, "classes": list(model.classes), "thresholds": list(model.thresholds),
         "bands": [list(b) for b in model.bands], "temperature": model.temperature,
         "ordinal": [model.ordinal_slope, list(model.ordinal_cuts), model.ordinal_smoothing],
+        "tier_shares": list(model.tier_shares), "parent_version": model.parent_version,
+        "tenants": sorted(model.tenants),
         "training_data_hash": data_hash, "libraries": library_versions(), "metrics": metrics or {},
         "sha256": _sha256(path), "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
         **(extra or {}),
@@ -125,8 +131,10 @@ def read_metadata(path: str | Path) -> dict[str, Any]:
     return meta
 
 
-def load_artifact(path: str | Path) -> LoadedArtifact:
-    """Load and verify an artifact; raises ArtifactError with the reason on any mismatch."""
+def load_artifact(path: str | Path, *, traffic: bool = True) -> LoadedArtifact:
+    """Load and verify an artifact; raises ArtifactError with the reason on any mismatch. With
+    ``traffic`` the model calibrates its thresholds on the scores it decides (a fresh
+    ``ScoreWindow``; before it is warm, the stored thresholds apply)."""
     path = Path(path)
     if not path.exists():
         raise ArtifactError(f"classifier artifact {path} does not exist (train one with "
@@ -166,10 +174,30 @@ def load_artifact(path: str | Path) -> LoadedArtifact:
             score_quantiles=tuple(float(q) for q in data.get("score_quantiles", [])),
             ordinal_slope=float(data.get("ordinal_slope", 0.0)),
             ordinal_cuts=tuple(float(c) for c in data.get("ordinal_cuts", [])),
-            ordinal_smoothing=float(data.get("ordinal_smoothing", 0.0)))
+            ordinal_smoothing=float(data.get("ordinal_smoothing", 0.0)),
+            tier_shares=tuple(float(x) for x in data["tier_shares"]),
+            tenants={str(name): TenantCorrection(np.asarray(c["i"], dtype=np.int64), np.asarray(c["x"], dtype=np.float32),
+                                                 float(c["b"])) for name, c in dict(data.get("tenants", {})).items()},
+            parent_version=str(data.get("parent_version") or "") or None,
+            traffic=ScoreWindow() if traffic else None)
     except (KeyError, TypeError, ValueError) as err:
         raise ArtifactError(f"artifact {path} is missing or has malformed field: {err}") from err
     if model.version != meta.get("version"):
         raise ArtifactError(f"artifact {path} holds version {model.version} but its metadata says "
                             f"{meta.get('version')}")
     return LoadedArtifact(model=model, metadata=meta)
+
+
+def publish_artifact(model: EffortModel, out_dir: str | Path, *, data_hash: str, live_name: str = "effort.skops",
+                     metrics: dict[str, Any] | None = None, extra: dict[str, Any] | None = None) -> tuple[Path, Path]:
+    """Write ``<out_dir>/versions/<version>.skops`` and make it the live ``<out_dir>/<live_name>`` that
+    running gateways hot-reload: metadata first, then the .skops (a reader between the two sees a hash
+    mismatch, keeps its current model and retries). Returns (versioned path, live path)."""
+    out = Path(out_dir)
+    versioned = out / "versions" / f"{model.version}.skops"
+    save_artifact(model, versioned, data_hash=data_hash, metrics=metrics,
+                  extra={"parent_version": model.parent_version, **(extra or {})})
+    live = out / live_name
+    for src, dst in ((metadata_path(versioned), metadata_path(live)), (versioned, live)):
+        _atomic_write(dst, lambda tmp, src=src: tmp.write_bytes(src.read_bytes()))
+    return versioned, live

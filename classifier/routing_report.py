@@ -1,6 +1,7 @@
 """Evaluating the classifier as a router on an outcomes file: the classifier's score, the
-prequential (route-then-learn) variant, and the random and oracle baselines, each with
-APGR / CPT(50%) / CPT(80%) and bootstrap intervals.
+prequential (route-then-learn, full information, in a seeded shuffle) variant, and the random and
+oracle baselines, each with APGR / CPT(50%) / CPT(80%) and bootstrap intervals. The fuller
+benchmark (tier rows, length, held-out groups, partial-feedback replay) is classifier.routing_bench.
 
 Must not import torch, the gateway or the engine.
 """
@@ -54,13 +55,19 @@ def evaluate_routers(model: EffortModel, outcomes: Sequence[Outcome], *, n_boot:
     cheap = np.asarray([o.cheap for o in outcomes])
     strong = np.asarray([o.strong for o in outcomes])
     feats = [extract(o.messages) for o in outcomes]
-    results = [_eval("classifier", np.asarray([model.decide_features(f).score for f in feats]), cheap, strong,
+    results = [_eval("classifier", np.asarray([model.score_features(f) for f in feats]), cheap, strong,
                      n_boot, seed)]
     if with_prequential:
+        # Honest order: the file's order may be sorted (by subject, by difficulty), which flatters a
+        # learner that sees similar prompts in a row; route in a seeded shuffle instead.
+        order = np.random.default_rng(seed).permutation(len(feats))
         router = OnlineRouter(model, learning_rate=learning_rate)
-        scores = prequential(lambda i: router.score_features(feats[i]),
-                             lambda i: router.learn_features(feats[i], outcome_target(cheap[i], strong[i])),
-                             len(feats))
+        shuffled = prequential(lambda k: router.score_features(feats[order[k]]),
+                               lambda k: router.learn_features(feats[order[k]],
+                                                               outcome_target(cheap[order[k]], strong[order[k]])),
+                               len(feats))
+        scores = np.empty(len(feats))
+        scores[order] = shuffled
         results.append(_eval("prequential", scores, cheap, strong, n_boot, seed))
     results.append(_eval("random", np.zeros(len(feats)), cheap, strong, n_boot, seed))
     results.append(_eval("oracle", oracle_scores(cheap, strong), cheap, strong, n_boot, seed))

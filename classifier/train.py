@@ -4,20 +4,23 @@
 one coefficient vector: a cross-family head (the score targets across sources) plus
 ``within_weight`` × a within-family head (family indicators absorb each family's level, so
 its weights learn difficulty *inside* a kind of prompt, which transfers to unseen kinds).
-Tier probabilities come from an ordinal model on that score (classifier.ordinal), fitted
-on out-of-fold scores of GroupKFold by source family, so calibration and the reported
-metrics (including the proxy routing APGR of classifier.proxy) measure unseen *kinds* of
-prompt. A multinomial tier head with a temperature is still fitted and reported for
-comparison. Band thresholds hit the target mix. Sources are re-weighted by 1/sqrt(size) so
-that the biggest sources do not decide everything.
+Outcome sets (classifier.payoff: per-prompt outcomes of a cheap and a strong arm) are trained
+together with the source labels as one more family each, so the same weights must also say
+where extra reasoning paid. Tier probabilities come from an ordinal model on that score
+(classifier.ordinal), fitted on out-of-fold scores of GroupKFold by source family, so
+calibration and the reported metrics (including the proxy routing APGR of classifier.proxy)
+measure unseen *kinds* of prompt; an outcome set is reported with whole groups (tasks) held
+out. A multinomial tier head with a temperature is still fitted and reported for comparison.
+Thresholds hit the target mix on a family-balanced reference distribution (live traffic
+recalibrates them: classifier.thresholds). Sources are re-weighted by 1/sqrt(size).
 
 Must not import torch, the gateway or the engine.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
-import warnings
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -26,46 +29,26 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 from scipy.stats import spearmanr
-from sklearn.exceptions import ConvergenceWarning
-from sklearn.linear_model import LogisticRegression, Ridge
 from sklearn.model_selection import GroupKFold
 
-from classifier.calibrate import (
-    DEFAULT_TARGET_MIX,
-    bands_from_mix,
-    calibrate_thresholds,
-    expected_calibration_error,
-    fit_temperature,
-)
+from classifier.calibrate import expected_calibration_error, fit_temperature
 from classifier.data import dataset_hash
-from classifier.evaluate import auroc
-from classifier.features import DENSE_NAMES, FEATURE_VERSION, N_DENSE, N_FEATURES, extract
+from classifier.evaluate import auroc, metrics
+from classifier.heads import TrainConfig, TrainingRows, featurize, fit_heads, sample_weights, softmax
 from classifier.model import EffortModel, squash_score
 from classifier.ordinal import SMOOTHING_GRID, fit_ordinal, log_loss, ordinal_probs
-from classifier.proxy import family, proxy_apgr, proxy_oracle
-from classifier.types import TIER_INDEX, TIERS, ClassifierError, FeatureVersionError, LabelledExample
+from classifier.outcomes import CHEAP_ARM, STRONG_ARM, OutcomeItem
+from classifier.payoff import group_folds, grouped_outcome_scores, outcome_rows, scale_weights
+from classifier.proxy import cheap_outcome, family, proxy_apgr, proxy_oracle
+from classifier.thresholds import full_mix
+from classifier.types import TIER_INDEX, TIERS, ClassifierError, LabelledExample
 
 N_QUANTILES = 1001
-FAMILY_SCALE = 10.0  # family indicators ×10 → their ridge penalty is 1/100 of a feature's
 WITHIN_GRID = (0.0, 1.0, 2.0, 3.0, 4.0)
 
-
-@dataclass(frozen=True)
-class TrainConfig:
-    c: float = 4.0  # inverse L2 strength of the tier head
-    ridge_alpha: float = 3.0
-    max_iter: int = 100
-    tol: float = 1e-3
-    cv_folds: int = 5
-    # Weight of the within-family head added to the cross-family score (see _fit_within);
-    # chosen by `tiergate classifier cv`'s proxy APGR over WITHIN_GRID.
-    within_weight: float = 3.0
-    within_alpha: float = 30.0  # the within-family head is regularised harder: n-grams overfit a family
-    # Size features the cross-family head may not use: across families, length mostly tells the
-    # source apart (NQ short, olympiads long); the within-family head still learns what length
-    # means inside a kind of prompt.
-    cross_excluded: tuple[str, ...] = ("log_chars", "log_words", "sentences", "newlines")
-    target_mix: Mapping[str, float] = field(default_factory=lambda: dict(DEFAULT_TARGET_MIX))
+__all__ = ["N_QUANTILES", "WITHIN_GRID", "CVReport", "OutcomeCV", "TierMetrics", "TrainConfig", "TrainResult",
+           "cross_validate", "featurize", "fit_score_model", "outcome_cross_validate", "outcome_training_rows",
+           "reference_quantiles", "sample_weights", "source_rows", "train"]
 
 
 @dataclass(frozen=True)
@@ -98,6 +81,8 @@ class CVReport:
     ordinal_cuts: tuple[float, ...] = ()
     ordinal_smoothing: float = 0.0
     proxy_oracle_mean: float = float("nan")  # the proxy's ceiling (random = 0.5)
+    # proxy APGR pooled over the synthetic conversations (classifier.augment), by kind
+    augmented_apgr: dict[str, float] = field(default_factory=dict)
 
     @property
     def proxy_apgr_mean(self) -> float:
@@ -113,8 +98,28 @@ class CVReport:
                 "log_loss": self.log_loss, "prob_model": self.prob_model,
                 "log_loss_temperature_head": self.log_loss_temperature, "ece_tier_head_raw": self.ece_uncalibrated,
                 "proxy_apgr_by_within_weight": self.within_grid, "ordinal_smoothing": self.ordinal_smoothing,
+                "augmented_proxy_apgr": self.augmented_apgr,
                 "per_tier": {m.tier: {"support": m.support, "precision": m.precision, "recall": m.recall}
                              for m in self.per_tier}}
+
+
+@dataclass(frozen=True)
+class OutcomeCV:
+    """An outcome set's routing metrics with whole groups held out (models that never saw them)."""
+
+    name: str
+    n_items: int
+    n_groups: int
+    folds: int
+    apgr: float
+    cpt50: float
+    cpt80: float
+    length_apgr: float  # the prompt-length router on the same items
+    scores: np.ndarray = field(repr=False, default_factory=lambda: np.zeros(0))
+
+    def to_json(self) -> dict[str, Any]:
+        return {"items": self.n_items, "groups": self.n_groups, "folds": self.folds, "apgr": self.apgr,
+                "cpt50": self.cpt50, "cpt80": self.cpt80, "length_apgr": self.length_apgr}
 
 
 @dataclass(frozen=True)
@@ -124,104 +129,34 @@ class TrainResult:
     n_examples: int
     cv: CVReport | None
     seconds: float
+    outcome_cv: dict[str, OutcomeCV] = field(default_factory=dict)
+    n_outcome_rows: int = 0
 
 
-def featurize(examples: Sequence[LabelledExample]) -> sp.csr_matrix:
-    """The (n, N_FEATURES) feature matrix; stored features must match FEATURE_VERSION."""
-    indptr: list[int] = [0]
-    indices: list[int] = []
-    values: list[float] = []
-    for ex in examples:
-        f = ex.features if ex.features is not None else extract(ex.messages or [])
-        if f.feature_version != FEATURE_VERSION:
-            raise FeatureVersionError(f"stored features have version {f.feature_version}; this "
-                                      f"classifier computes {FEATURE_VERSION}")
-        indices.extend(f.indices)
-        values.extend(f.values)
-        indptr.append(len(indices))
-    return sp.csr_matrix((np.asarray(values, dtype=np.float32), np.asarray(indices, dtype=np.int64),
-                          np.asarray(indptr, dtype=np.int64)), shape=(len(examples), N_FEATURES))
-
-
-def sample_weights(examples: Sequence[LabelledExample]) -> np.ndarray:
-    """Per-example weight: the example's own weight × 1/sqrt(size of its source), mean 1."""
-    sizes = Counter(ex.source for ex in examples)
-    w = np.asarray([ex.weight / np.sqrt(sizes[ex.source]) for ex in examples], dtype=float)
-    return w * (len(w) / w.sum())
-
-
-@dataclass(frozen=True, eq=False)
-class _Heads:
-    """Both fitted heads, expanded back to all N_FEATURES columns."""
-
-    tier_coef: np.ndarray  # (N_FEATURES, n_classes)
-    tier_intercept: np.ndarray  # (n_classes,)
-    score_coef: np.ndarray  # (N_FEATURES,)
-    score_intercept: float
-    within_coef: np.ndarray  # (N_FEATURES,) within-family difficulty head
-    within_offset: float  # its weighted mean on the training rows (subtracted: the head is centred)
-
-    def logits(self, X: sp.csr_matrix) -> np.ndarray:
-        return np.asarray(X @ self.tier_coef) + self.tier_intercept
-
-    def raw(self, X: sp.csr_matrix, within_weight: float) -> np.ndarray:
-        return (np.asarray(X @ self.score_coef).ravel() + self.score_intercept
-                + within_weight * (np.asarray(X @ self.within_coef).ravel() - self.within_offset))
-
-
-def _fit_within(Xc: sp.csr_matrix, s: np.ndarray, fams: np.ndarray, w: np.ndarray, cfg: TrainConfig) -> np.ndarray:
-    """Ridge with one (almost unpenalised) indicator per family: the indicators absorb each
-    family's mean difficulty, so the feature weights can only explain difficulty *inside* a
-    family (MATH Level 1 vs 5, ARC-Easy vs Challenge, LeetCode Easy vs Hard) — cues that
-    transfer to unseen kinds of prompt instead of recognising the source."""
-    _, codes = np.unique(fams, return_inverse=True)
-    n = Xc.shape[0]
-    # Feedback rows get no indicator (and there is no free intercept): what the reviews say
-    # must move the feature weights.
-    scale = np.where(fams == "feedback", 0.0, FAMILY_SCALE)
-    dummies = sp.csr_matrix((scale, (np.arange(n), codes)), shape=(n, int(codes.max()) + 1))
-    reg = Ridge(alpha=cfg.within_alpha, solver="sparse_cg", fit_intercept=False)
-    reg.fit(sp.hstack([Xc, dummies]).tocsr(), s, sample_weight=w)
-    return np.asarray(reg.coef_[:Xc.shape[1]])
-
-
-def _fit_heads(X: sp.csr_matrix, y: np.ndarray, s: np.ndarray, w: np.ndarray, fams: np.ndarray, n_classes: int,
-               cfg: TrainConfig) -> _Heads:
-    """Fit on the columns the data uses (hashing leaves most empty), then expand back."""
-    cols = np.unique(X.indices)
-    Xc = X[:, cols]
-    clf = LogisticRegression(C=cfg.c, solver="saga", max_iter=cfg.max_iter, tol=cfg.tol, random_state=0)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", ConvergenceWarning)
-        clf.fit(Xc, y, sample_weight=w)
-    reg = Ridge(alpha=cfg.ridge_alpha, solver="sparse_cg")
-    keep = np.asarray([not (c < N_DENSE and DENSE_NAMES[c] in cfg.cross_excluded) for c in cols])
-    reg.fit(Xc[:, np.flatnonzero(keep)], s, sample_weight=w)
-    tier_coef = np.zeros((N_FEATURES, n_classes), dtype=np.float32)
-    tier_intercept = np.full(n_classes, -30.0, dtype=np.float32)  # classes absent from this fit
-    present = clf.classes_.astype(int)
-    if len(present) == 2:  # sklearn keeps one column for two classes: split it symmetrically
-        tier_coef[np.ix_(cols, present)] = np.stack([-clf.coef_[0] / 2, clf.coef_[0] / 2], axis=1)
-        tier_intercept[present] = [-clf.intercept_[0] / 2, clf.intercept_[0] / 2]
-    else:
-        tier_coef[np.ix_(cols, present)] = clf.coef_.T
-        tier_intercept[present] = clf.intercept_
-    score_coef = np.zeros(N_FEATURES, dtype=np.float32)
-    score_coef[cols[keep]] = reg.coef_
-    within_coef = np.zeros(N_FEATURES, dtype=np.float32)
-    within_coef[cols] = _fit_within(Xc, s, fams, w, cfg)
-    offset = float(np.average(np.asarray(Xc @ within_coef[cols]).ravel(), weights=w))
-    return _Heads(tier_coef, tier_intercept, score_coef, float(reg.intercept_), within_coef, offset)
-
-
-def cross_validate(examples: Sequence[LabelledExample], X: sp.csr_matrix, cfg: TrainConfig
-                   ) -> tuple[CVReport, np.ndarray]:
-    """Grouped-by-source CV; returns the report and the out-of-fold scores."""
+def source_rows(examples: Sequence[LabelledExample], X: sp.csr_matrix | None = None) -> TrainingRows:
+    """The labelled examples as training rows (tier index over the tiers present)."""
     classes = sorted({TIER_INDEX[ex.tier] for ex in examples})
-    y = np.asarray([classes.index(TIER_INDEX[ex.tier]) for ex in examples])
-    s = np.asarray([ex.score for ex in examples])
-    w = sample_weights(examples)
-    groups = np.asarray([family(ex.source) for ex in examples])
+    return TrainingRows(X if X is not None else featurize(examples),
+                        np.asarray([classes.index(TIER_INDEX[ex.tier]) for ex in examples], dtype=np.int64),
+                        np.asarray([ex.score for ex in examples], dtype=float), sample_weights(examples),
+                        np.asarray([family(ex.source) for ex in examples], dtype=object))
+
+
+def outcome_training_rows(outcomes: Mapping[str, Sequence[OutcomeItem]], cfg: TrainConfig,
+                           source_total: float) -> TrainingRows | None:
+    if not outcomes:
+        return None
+    rows = outcome_rows(outcomes, cfg)
+    return scale_weights(rows, source_total, cfg.outcome_share) if len(rows) else None
+
+
+def cross_validate(examples: Sequence[LabelledExample], X: sp.csr_matrix, cfg: TrainConfig,
+                   extra: TrainingRows | None = None) -> tuple[CVReport, np.ndarray]:
+    """Grouped-by-source CV; returns the report and the out-of-fold scores. ``extra`` rows (outcome
+    sets, already weighted) are in every fold's training data and never scored."""
+    rows = source_rows(examples, X)
+    classes = sorted({TIER_INDEX[ex.tier] for ex in examples})
+    y, s, w, groups = rows.y, rows.s, rows.w, rows.fams
     n_groups = len(set(groups.tolist()))
     folds = min(cfg.cv_folds, n_groups)
     if folds < 2:
@@ -230,8 +165,10 @@ def cross_validate(examples: Sequence[LabelledExample], X: sp.csr_matrix, cfg: T
     oof_cross, oof_within = np.zeros(len(y)), np.zeros(len(y))
     fold_of = np.zeros(len(y), dtype=np.int64)
     for k, (train_idx, test_idx) in enumerate(GroupKFold(n_splits=folds).split(X, y, groups)):
-        heads = _fit_heads(X[train_idx], y[train_idx], s[train_idx], w[train_idx], groups[train_idx],
-                           len(classes), cfg)
+        mask = np.zeros(len(y), dtype=bool)
+        mask[train_idx] = True
+        train_rows = TrainingRows.stack([rows.take(mask), *([extra] if extra is not None else [])])
+        heads = fit_heads(train_rows, len(classes), cfg)
         oof_logits[test_idx] = heads.logits(X[test_idx])
         oof_cross[test_idx] = heads.raw(X[test_idx], 0.0)
         oof_within[test_idx] = np.asarray(X[test_idx] @ heads.within_coef).ravel() - heads.within_offset
@@ -250,8 +187,8 @@ def cross_validate(examples: Sequence[LabelledExample], X: sp.csr_matrix, cfg: T
     p_ord = (1 - smoothing) * p_ord + smoothing / len(classes)
     slope, cuts = fit_ordinal(oof_raw, y, len(classes), w)
     temperature = fit_temperature(oof_logits, y, w)
-    p_before = _softmax(oof_logits)
-    p_temp = _softmax(oof_logits / temperature)
+    p_before = softmax(oof_logits)
+    p_temp = softmax(oof_logits / temperature)
     p_after = p_ord
     pred = p_after.argmax(axis=1)
     per_tier = []
@@ -269,8 +206,49 @@ def cross_validate(examples: Sequence[LabelledExample], X: sp.csr_matrix, cfg: T
                       ece_uncalibrated=expected_calibration_error(p_before, y),
                       within_grid={str(k): float(np.mean(list(v.values()))) for k, v in blend.items()},
                       ordinal_slope=slope, ordinal_cuts=cuts, ordinal_smoothing=smoothing,
-                      proxy_oracle_mean=float(np.mean(list(proxy_oracle(examples).values()) or [np.nan])))
+                      proxy_oracle_mean=float(np.mean(list(proxy_oracle(examples).values()) or [np.nan])),
+                      augmented_apgr=_augmented_apgr(examples, oof_scores))
     return report, oof_scores
+
+
+def _augmented_apgr(examples: Sequence[LabelledExample], scores: np.ndarray) -> dict[str, float]:
+    """Proxy APGR (synthetic outcomes from the tiers, classifier.proxy) of the held-out scores of the
+    multi-turn and system-prompt variants, pooled over families."""
+    out = {}
+    for kind in ("multi_turn", "system"):
+        m = np.asarray([ex.meta.get("augmented") == kind for ex in examples])
+        cheap = np.asarray([cheap_outcome(ex.tier) for ex in examples])[m]
+        if m.sum() >= 20 and len(np.unique(cheap)) > 1:
+            out[kind] = metrics(scores[m], cheap, np.ones(int(m.sum()))).apgr
+    return out
+
+
+def outcome_cross_validate(examples: Sequence[LabelledExample], outcomes: Mapping[str, Sequence[OutcomeItem]],
+                           cfg: TrainConfig, *, X: sp.csr_matrix | None = None, folds: int | None = None,
+                           names: Sequence[str] | None = None, seed: int = 0) -> dict[str, OutcomeCV]:
+    """Each outcome set's APGR with whole groups held out: ``folds`` grouped folds (None = one per
+    group), every fold refitting the score on the source examples + all *other* outcome rows."""
+    source = source_rows(examples, X)
+    classes = len(set(source.y.tolist()))
+    all_rows = outcome_rows(outcomes, cfg)
+    out: dict[str, OutcomeCV] = {}
+    for name in names or list(outcomes):
+        mine = np.asarray([str(f) == f"outcome:{name}" for f in all_rows.fams])
+        if not mine.any():
+            continue
+        groups = all_rows.groups[mine]
+        test_folds = [np.where(mine, np.isin(all_rows.groups, groups[t]), False)
+                      for t in group_folds(groups, folds, seed)]
+        scores = grouped_outcome_scores(source, all_rows, cfg, classes, test_folds)[mine]
+        items = [it for it in outcomes[name] if it.has(CHEAP_ARM, STRONG_ARM)]
+        cheap = np.asarray([it.outcomes[CHEAP_ARM] for it in items])
+        strong = np.asarray([it.outcomes[STRONG_ARM] for it in items])
+        m = metrics(scores, cheap, strong)
+        length = metrics(np.asarray([len(str(it.messages[-1].get("content", ""))) for it in items], dtype=float),
+                         cheap, strong)
+        out[name] = OutcomeCV(name, len(items), len(set(groups.tolist())), len(test_folds), m.apgr, m.cpt50,
+                              m.cpt80, length.apgr, scores)
+    return out
 
 
 def _within_source(groups: np.ndarray, scores: np.ndarray, targets: np.ndarray) -> dict[str, float]:
@@ -284,29 +262,47 @@ def _within_source(groups: np.ndarray, scores: np.ndarray, targets: np.ndarray) 
     return out
 
 
+def reference_quantiles(scores: np.ndarray, fams: np.ndarray) -> tuple[float, ...]:
+    """Score quantiles of a family-balanced mix (every family the same total weight): the stored
+    thresholds' reference, closer to mixed traffic than the raw training distribution. Feedback
+    rows (what reviews said about past traffic) count with the family of the data they resemble,
+    i.e. as training rows only, not as a family of their own."""
+    keep = fams != "feedback"
+    if keep.any():
+        scores, fams = scores[keep], fams[keep]
+    counts = Counter(fams.tolist())
+    w = np.asarray([1.0 / counts[f] for f in fams.tolist()])
+    order = np.argsort(scores, kind="stable")
+    cdf = np.cumsum(w[order]) / w.sum()
+    grid = np.linspace(0.0, 1.0, N_QUANTILES)
+    return tuple(float(scores[order][min(int(np.searchsorted(cdf, q)), len(order) - 1)]) for q in grid)
+
+
 def train(examples: Sequence[LabelledExample], cfg: TrainConfig | None = None, *, cv: bool = True,
           version: str = "unversioned", temperature: float | None = None,
-          ordinal: Sequence[Any] | None = None) -> TrainResult:
-    """Fit the heads on ``examples``; with ``cv`` also calibrate and measure out of fold.
-    Without ``cv`` the tier head keeps ``temperature`` (e.g. the previous version's; default 1)
-    and the ordinal probabilities keep ``ordinal`` = (slope, cuts[, smoothing]) when it fits the classes,
-    else they are fitted on the training scores (over-confident: prefer a CV run)."""
+          ordinal: Sequence[Any] | None = None, outcomes: Mapping[str, Sequence[OutcomeItem]] | None = None,
+          outcome_cv: bool = False) -> TrainResult:
+    """Fit the heads on ``examples`` (+ the ``outcomes`` sets, see classifier.payoff); with ``cv``
+    also calibrate and measure out of fold, with ``outcome_cv`` report each outcome set with whole
+    groups held out. Without ``cv`` the tier head keeps ``temperature`` (e.g. the previous
+    version's; default 1) and the ordinal probabilities keep ``ordinal`` = (slope, cuts[, smoothing])
+    when it fits the classes, else they are fitted on the training scores (over-confident: prefer a CV run)."""
     cfg = cfg or TrainConfig()
     t0 = time.perf_counter()
     if len({ex.tier for ex in examples}) < 2:
         raise ClassifierError("training needs at least two different tiers")
     X = featurize(examples)
+    source = source_rows(examples, X)
     classes = sorted({TIER_INDEX[ex.tier] for ex in examples})
-    y = np.asarray([classes.index(TIER_INDEX[ex.tier]) for ex in examples])
-    s = np.asarray([ex.score for ex in examples])
-    w = sample_weights(examples)
+    extra = outcome_training_rows(outcomes or {}, cfg, float(source.w.sum()))
     report: CVReport | None = None
     if cv:
-        report, _ = cross_validate(examples, X, cfg)
-    fams = np.asarray([family(ex.source) for ex in examples])
-    heads = _fit_heads(X, y, s, w, fams, len(classes), cfg)
+        report, _ = cross_validate(examples, X, cfg, extra)
+    per_set = outcome_cross_validate(examples, outcomes, cfg, X=X, folds=cfg.outcome_folds) \
+        if outcome_cv and outcomes else {}
+    all_rows = TrainingRows.stack([source, *([extra] if extra is not None else [])])
+    heads = fit_heads(all_rows, len(classes), cfg)
     raw = heads.raw(X, cfg.within_weight)
-    scores = np.asarray(squash_score(raw))
     smoothing = 0.0
     if report is not None:
         slope, cuts, smoothing = report.ordinal_slope, tuple(report.ordinal_cuts), report.ordinal_smoothing
@@ -314,22 +310,29 @@ def train(examples: Sequence[LabelledExample], cfg: TrainConfig | None = None, *
         slope, cuts = float(ordinal[0]), tuple(float(c) for c in ordinal[1])
         smoothing = float(ordinal[2]) if len(ordinal) > 2 else 0.0
     else:
-        slope, cuts = fit_ordinal(raw, y, len(classes), w)
-    bands, shares = bands_from_mix(cfg.target_mix)
-    thresholds = calibrate_thresholds(scores, shares)  # the training distribution hits the mix
+        slope, cuts = fit_ordinal(raw, source.y, len(classes), source.w)
+    all_raw = heads.raw(all_rows.X, cfg.within_weight)
+    quantiles = reference_quantiles(np.asarray(squash_score(all_raw)), all_rows.fams)
+    coef, intercept = heads.combined(cfg.within_weight)
     model = EffortModel(
         classes=tuple(TIERS[c] for c in classes), tier_coef=heads.tier_coef, tier_intercept=heads.tier_intercept,
         temperature=report.temperature if report is not None else (temperature or 1.0),
-        score_coef=(heads.score_coef + cfg.within_weight * heads.within_coef).astype(np.float32),
-        score_intercept=heads.score_intercept - cfg.within_weight * heads.within_offset,
-        thresholds=thresholds, bands=bands, version=version,
-        ordinal_slope=slope, ordinal_cuts=cuts, ordinal_smoothing=smoothing,
-        score_quantiles=tuple(float(q) for q in np.quantile(scores, np.linspace(0.0, 1.0, N_QUANTILES))))
+        score_coef=coef, score_intercept=intercept, thresholds=(0.0, 0.0, 0.0, 0.0, 0.0), version=version,
+        ordinal_slope=slope, ordinal_cuts=cuts, ordinal_smoothing=smoothing, score_quantiles=quantiles,
+        tier_shares=full_mix(cfg.target_mix)).with_target_mix(cfg.target_mix)
     return TrainResult(model=model, data_hash=dataset_hash(list(examples)), n_examples=len(examples), cv=report,
-                       seconds=time.perf_counter() - t0)
+                       seconds=time.perf_counter() - t0, outcome_cv=per_set, n_outcome_rows=len(extra or ()))
 
 
-def _softmax(z: np.ndarray) -> np.ndarray:
-    z = z - z.max(axis=1, keepdims=True)
-    e = np.exp(z)
-    return e / e.sum(axis=1, keepdims=True)
+def fit_score_model(examples: Sequence[LabelledExample], outcomes: Mapping[str, Sequence[OutcomeItem]],
+                    cfg: TrainConfig, like: EffortModel, version: str, X: sp.csr_matrix | None = None) -> EffortModel:
+    """``like`` with its score refitted on ``examples`` + ``outcomes`` (score heads only, no CV: what a
+    routing evaluation needs when ``like`` has seen the outcomes it is evaluated on)."""
+    source = source_rows(examples, X)
+    extra = outcome_training_rows(outcomes, cfg, float(source.w.sum()))
+    rows = TrainingRows.stack([source, *([extra] if extra is not None else [])])
+    heads = fit_heads(rows, len(set(source.y.tolist())), cfg, tier_head=False)
+    coef, intercept = heads.combined(cfg.within_weight)
+    quantiles = reference_quantiles(np.asarray(squash_score(heads.raw(rows.X, cfg.within_weight))), rows.fams)
+    return dataclasses.replace(like, score_coef=coef, score_intercept=intercept, score_quantiles=quantiles,
+                               version=version, traffic=None).with_shares(like.tier_shares)

@@ -52,6 +52,22 @@ def _load_model(settings: Any, artifact: Path | None) -> Any:
     raise typer.Exit(1)
 
 
+def _load_artifact(settings: Any, artifact: Path | None) -> Any:
+    import classifier
+    from gateway.perceive import artifact_candidates
+
+    paths = [artifact] if artifact is not None else artifact_candidates(settings)
+    for p in paths:
+        if p.exists():
+            try:
+                return classifier.load_artifact(p)
+            except classifier.ArtifactError as err:
+                typer.echo(f"error: {err}", err=True)
+                raise typer.Exit(1) from None
+    typer.echo("error: no classifier artifact at " + ", ".join(map(str, paths)), err=True)
+    raise typer.Exit(1)
+
+
 def _cv_table(report: Any) -> str:
     import numpy as np
 
@@ -71,6 +87,9 @@ def _cv_table(report: Any) -> str:
         lines.append(f"proxy APGR, family held out (mean {report.proxy_apgr_mean:.3f}; random 0.5, oracle "
                      f"{report.proxy_oracle_mean:.3f}): " + ", ".join(
             f"{k} {v:.3f}" for k, v in report.proxy_apgr.items()))
+    if report.augmented_apgr:
+        lines.append("proxy APGR of the synthetic conversations, pooled (held-out scores): " + ", ".join(
+            f"{k} {v:.3f}" for k, v in report.augmented_apgr.items()))
     if report.within_source:
         lines.append("within-source Spearman(held-out score, difficulty): " + ", ".join(
             f"{k} {v:.3f}" for k, v in report.within_source.items()))
@@ -79,50 +98,79 @@ def _cv_table(report: Any) -> str:
 
 def _train_and_save(examples: list[Any], out: Path, target_mix: dict[str, float], folds: int, cv: bool,
                     extra: dict[str, Any], temperature: float | None = None,
-                    ordinal: Any = None) -> Any:
+                    ordinal: Any = None, outcomes: dict[str, list[Any]] | None = None,
+                    outcome_cv: bool = False) -> Any:
     import classifier
 
     data_hash = classifier.dataset_hash(examples)
     cfg = classifier.TrainConfig(cv_folds=folds, target_mix=target_mix)
     result = classifier.train(examples, cfg, cv=cv, version=classifier.new_version(data_hash),
-                              temperature=temperature, ordinal=ordinal)
+                              temperature=temperature, ordinal=ordinal, outcomes=outcomes, outcome_cv=outcome_cv)
     metrics = {"cv": result.cv.to_json() if result.cv else None, "n_examples": result.n_examples,
-               "train_seconds": round(result.seconds, 1)}
+               "n_outcome_rows": result.n_outcome_rows, "train_seconds": round(result.seconds, 1),
+               "outcome_cv": {k: v.to_json() for k, v in result.outcome_cv.items()}}
+    sets = {name: {"items": len(items), "sha256": classifier.outcome_set_hash(items)}
+            for name, items in (outcomes or {}).items()}
     classifier.save_artifact(result.model, out, data_hash=data_hash, metrics=metrics,
-                             extra={"target_mix": target_mix, **extra})
+                             extra={"target_mix": target_mix, "outcome_sets": sets, **extra})
     return result
+
+
+def _outcome_table(result: Any) -> str:
+    lines = []
+    for name, o in result.outcome_cv.items():
+        lines.append(f"outcome set {name}: {o.n_items} prompts, {o.n_groups} groups, {o.folds} grouped folds "
+                     f"(held-out groups never seen): APGR {o.apgr:.3f} (prompt length {o.length_apgr:.3f}, "
+                     f"random 0.5), CPT(50%) {o.cpt50:.3f}, CPT(80%) {o.cpt80:.3f}")
+    return "\n".join(lines)
 
 
 @app.command()
 def train(config: Path | None = ConfigOption, data: Path | None = DataOption,
           out: Path | None = typer.Option(None, "--out", "-o", help="Artifact path (default: classifier.artifact)."),
           folds: int = typer.Option(5, help="Grouped CV folds (calibration + reported metrics)."),
-          cv: bool = typer.Option(True, "--cv/--no-cv", help="Cross-validate (needed for calibration).")) -> None:
+          cv: bool = typer.Option(True, "--cv/--no-cv", help="Cross-validate (needed for calibration)."),
+          outcomes: bool = typer.Option(True, "--outcomes/--no-outcomes",
+                                        help="Train with the outcome sets in <data>/outcomes too."),
+          outcome_cv: bool = typer.Option(True, "--outcome-cv/--no-outcome-cv",
+                                          help="Report each outcome set with whole groups held out.")) -> None:
     """Build the labelled set from the shared data, train, calibrate and write the artifact."""
     import classifier
 
     settings = _settings(config)
-    examples = classifier.build_dataset(_data_dir(settings, data))
+    data_dir = _data_dir(settings, data)
+    examples = classifier.build_dataset(data_dir)
+    sets = classifier.load_outcome_sets(data_dir) if outcomes else {}
     target = out or settings.resolve_path(settings.classifier.artifact)
     result = _train_and_save(examples, target, dict(settings.classifier.target_mix), folds, cv,
-                             {"excluded_sources": list(classifier.EXCLUDED_SOURCES)})
+                             {"excluded_sources": list(classifier.EXCLUDED_SOURCES)}, outcomes=sets,
+                             outcome_cv=outcome_cv)
     if result.cv:
         typer.echo(_cv_table(result.cv))
-    typer.echo(f"wrote {target} ({result.model.version}; {result.n_examples} examples; "
-               f"thresholds {[round(t, 4) for t in result.model.thresholds]}; {result.seconds:.0f}s)")
+    if result.outcome_cv:
+        typer.echo(_outcome_table(result))
+    typer.echo(f"wrote {target} ({result.model.version}; {result.n_examples} examples + {result.n_outcome_rows} "
+               f"outcome rows; thresholds {[round(t, 4) for t in result.model.thresholds]}; {result.seconds:.0f}s)")
 
 
 @app.command()
 def cv(config: Path | None = ConfigOption, data: Path | None = DataOption,
        folds: int = typer.Option(5, help="Number of GroupKFold folds."),
+       outcomes: bool = typer.Option(True, "--outcomes/--no-outcomes",
+                                     help="Train each fold with the outcome sets too (as the shipped artifact)."),
        as_json: bool = typer.Option(False, "--json")) -> None:
     """Grouped-by-source cross-validation table: per-tier precision/recall, AUROC, calibration error."""
     import classifier
+    from classifier.train import outcome_training_rows, source_rows
 
     settings = _settings(config)
-    examples = classifier.build_dataset(_data_dir(settings, data))
+    data_dir = _data_dir(settings, data)
+    examples = classifier.build_dataset(data_dir)
     X = classifier.featurize(examples)
-    report, _ = classifier.cross_validate(examples, X, classifier.TrainConfig(cv_folds=folds))
+    cfg = classifier.TrainConfig(cv_folds=folds)
+    sets = classifier.load_outcome_sets(data_dir) if outcomes else {}
+    extra = outcome_training_rows(sets, cfg, float(source_rows(examples, X).w.sum()))
+    report, _ = classifier.cross_validate(examples, X, cfg, extra)
     typer.echo(json.dumps(report.to_json(), indent=2) if as_json else _cv_table(report))
 
 
@@ -190,6 +238,132 @@ def eval_cmd(outcomes: Path = typer.Option(..., "--outcomes", help="CSV/JSONL: p
         typer.echo(f"  {r.name:12} " + " ".join(f"{quality_at(r.curve, s):.3f}" for s in shares))
 
 
+def _report_json(report: Any) -> dict[str, Any]:
+    from classifier import quality_at
+    from classifier.routing_bench import SHARES
+
+    def rows(results: list[Any]) -> dict[str, Any]:
+        return {r.name: {"apgr": r.metrics.apgr, "cpt50": r.metrics.cpt50, "cpt80": r.metrics.cpt80,
+                         "ci": {k: [v.low, v.high] for k, v in r.intervals.items()},
+                         "curve": {str(x): quality_at(r.curve, x) for x in SHARES}} for r in results}
+
+    out: dict[str, Any] = {"items": report.n_items, "notes": report.notes, "routers": rows(report.routers)}
+    if report.holdout:
+        out["holdout"] = {"note": report.holdout_note, "routers": rows(report.holdout)}
+    rp = report.replay
+    if rp is not None:
+        out["prequential"] = {"epsilon": rp.epsilon, "strong_share": rp.strong_share, "order": rp.order,
+                              "windows": rp.windows, "learning": rp.learner_apgr, "frozen": rp.frozen_apgr,
+                              "learning_all": rp.learner_overall, "frozen_all": rp.frozen_overall,
+                              "last_window_ci": {k: [v.estimate, v.low, v.high] for k, v in rp.last_window.items()},
+                              "reward": {"learning": rp.learner_reward, "frozen": rp.frozen_reward},
+                              "updates_per_second": rp.updates_per_second}
+    return out
+
+
+@app.command("bench-routing")
+def bench_routing(outcomes: Path = typer.Option(..., "--outcomes", help="Outcomes file (JSONL/CSV; see "
+                                                "classifier.outcomes for the formats, e.g. bbh_direct_vs_cot.jsonl)."),
+                  config: Path | None = ConfigOption, data: Path | None = DataOption,
+                  artifact: Path | None = ArtifactOption,
+                  holdout_groups: bool = typer.Option(False, "--holdout-groups",
+                                                      help="Also retrain with whole groups (tasks) held out."),
+                  folds: int = typer.Option(5, help="Grouped folds for --holdout-groups (0 = one fold per group)."),
+                  prequential: bool = typer.Option(True, "--prequential/--no-prequential",
+                                                   help="Partial-feedback replay of the learning loop."),
+                  epsilon: float = typer.Option(0.1, help="Exploration share in the replay."),
+                  strong_share: float = typer.Option(0.5, help="Greedy strong-arm share in the replay."),
+                  seed: int = typer.Option(0, help="Shuffle / exploration / bootstrap seed."),
+                  n_boot: int = typer.Option(200, "--bootstrap", help="Bootstrap resamples (0 = none)."),
+                  as_json: bool = typer.Option(False, "--json")) -> None:
+    """Routing benchmark on an outcomes file: quality-vs-cost curve, APGR / CPT(50%) / CPT(80%) of the
+    router (score and tier) vs prompt length, random and oracle; leave-groups-out retraining; and the
+    partial-feedback prequential replay of the learning loop vs the frozen router."""
+    import classifier
+
+    settings = _settings(config)
+    loaded = _load_artifact(settings, artifact)
+    data_dir = _data_dir(settings, data)
+
+    def say(msg: str) -> None:
+        if not as_json:
+            typer.echo(msg, err=True)
+
+    try:
+        report = classifier.bench_outcome_file(
+            loaded.model, loaded.metadata, outcomes, data_dir=data_dir, holdout_groups=holdout_groups,
+            folds=folds or None, prequential=prequential, epsilon=epsilon, strong_share=strong_share, seed=seed,
+            n_boot=n_boot, progress=say)
+    except classifier.ClassifierError as err:
+        typer.echo(f"error: {err}", err=True)
+        raise typer.Exit(2) from None
+    if as_json:
+        typer.echo(json.dumps(_report_json(report), indent=2))
+        return
+    typer.echo(f"classifier {loaded.model.version}")
+    typer.echo(classifier.format_report(report))
+
+
+@app.command()
+def learn(records: Path = typer.Option(..., "--records", help="Logged decisions (JSONL: arm, outcome, propensity, "
+                                       "prompt/messages/features, cost, timestamp, tenant)."),
+          config: Path | None = ConfigOption, artifact: Path | None = ArtifactOption,
+          state: Path | None = typer.Option(None, help="Learner state (.npz) to continue from and save to "
+                                            "(default: <feedback_dir>/learner.npz)."),
+          holdback: float = typer.Option(0.2, help="Latest share of the records held back for the promotion guard."),
+          tolerance: float = typer.Option(0.0, help="How much worse (mean outcome) a candidate may be."),
+          min_effective: float = typer.Option(30.0, help="Least effective sample size behind the guard's verdict."),
+          tenants: bool = typer.Option(False, "--tenants/--no-tenants", help="Learn per-tenant corrections too."),
+          publish: bool = typer.Option(True, "--publish/--dry-run", help="Publish an accepted update.")) -> None:
+    """Update the router from logged outcomes (off-policy, incremental), check the update against the
+    current model on held-back traffic, and publish it for running gateways if it is not worse."""
+    import time
+
+    import classifier
+
+    settings = _settings(config)
+    loaded = _load_artifact(settings, artifact)  # what gateways serve now (the guard's baseline)
+    current = loaded.model
+    # The learner always builds on the shipped artifact (its updates are published as children of it).
+    base = loaded if artifact is not None else _load_artifact(settings, settings.resolve_path(
+        settings.classifier.artifact))
+    out_dir = settings.resolve_path(settings.classifier.feedback_dir)
+    state_path = state or out_dir / "learner.npz"
+    try:
+        rows = classifier.load_outcome_records(records)
+        arms = tuple(t for t in classifier.TIERS if t in {r.arm for r in rows}) or classifier.TIERS
+        cfg = classifier.LearnerConfig(arms=arms if len(arms) >= 2 else classifier.TIERS,
+                                       tenant_weight=0.05 if tenants else 0.0)
+        learner = classifier.load_learner(state_path, base.model, cfg) if state_path.exists() else \
+            classifier.OffPolicyLearner(base.model, cfg)
+        version = f"{base.model.version}+u{int(time.time())}"
+        t0 = time.perf_counter()
+        result = classifier.learn_and_guard(current, learner, rows, version=version, holdback=holdback,
+                                            mix=dict(settings.classifier.target_mix), tolerance=tolerance,
+                                            min_effective=min_effective)
+        seconds = time.perf_counter() - t0
+    except classifier.ClassifierError as err:
+        typer.echo(f"error: {err}", err=True)
+        raise typer.Exit(2) from None
+    v = result.verdict
+    typer.echo(f"learned from {result.learned} records in {seconds:.2f}s; held back {result.held_back}; "
+               f"off-policy mean outcome: current {v.current.value:.4f}, candidate {v.candidate.value:.4f} "
+               f"(effective sample {v.candidate.effective:.0f})")
+    typer.echo(("accepted: " if v.accepted else "refused: ") + v.reason)
+    if not v.accepted or not publish:
+        raise typer.Exit(0 if v.accepted else 3)
+    state_path.parent.mkdir(parents=True, exist_ok=True)
+    classifier.save_learner(learner, state_path)
+    versioned, live = classifier.publish_artifact(
+        result.candidate, out_dir, data_hash=str(base.metadata.get("training_data_hash", "")),
+        metrics={"promotion": {"current": v.current.value, "candidate": v.candidate.value,
+                               "effective": v.candidate.effective, "held_back": result.held_back}},
+        extra={"learned_records": learner.seen, "target_mix": base.metadata.get("target_mix"),
+               "outcome_sets": base.metadata.get("outcome_sets")})
+    typer.echo(f"published {versioned} as {live} ({result.candidate.version}, parent {base.model.version}; "
+               f"replaces {current.version})")
+
+
 @app.command()
 def bench(config: Path | None = ConfigOption, data: Path | None = DataOption, artifact: Path | None = ArtifactOption,
           n: int = typer.Option(2000, help="Prompts to time (sampled from the shared data)."),
@@ -255,7 +429,7 @@ class UpdateOutcome:
 
 
 def run_update(settings: Any, session_factory: Any, base_examples: list[Any], *, weight: float = 5.0,
-               cv: bool = False) -> UpdateOutcome | None:
+               cv: bool = False, outcomes: dict[str, list[Any]] | None = None) -> UpdateOutcome | None:
     """Refit on ``base_examples`` + the feedback rows; publish the new artifact where running
     Perceivers look first. None when there is no usable feedback."""
     import classifier
@@ -273,7 +447,7 @@ def run_update(settings: Any, session_factory: Any, base_examples: list[Any], *,
     result = _train_and_save(examples, staged, dict(settings.classifier.target_mix), 5, cv,
                              {"parent_version": parent, "feedback_examples": len(fb), "feedback_weight": weight},
                              temperature=parent_meta.get("temperature"),  # kept unless CV recalibrates
-                             ordinal=parent_meta.get("ordinal"))
+                             ordinal=parent_meta.get("ordinal"), outcomes=outcomes)
     version = result.model.version
     final = out_dir / "versions" / f"{version}.skops"
     os.replace(staged, final)
@@ -301,9 +475,11 @@ def update(config: Path | None = ConfigOption, data: Path | None = DataOption,
 
     settings = _settings(config)
     base_examples = classifier.build_dataset(_data_dir(settings, data)) if base else []
+    sets = classifier.load_outcome_sets(_data_dir(settings, data)) if base else {}
     engine = engine_from_settings(settings)
     try:
-        outcome = run_update(settings, make_session_factory(engine), base_examples, weight=weight, cv=cv)
+        outcome = run_update(settings, make_session_factory(engine), base_examples, weight=weight, cv=cv,
+                             outcomes=sets)
     finally:
         engine.dispose()
     if outcome is None:

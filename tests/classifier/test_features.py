@@ -85,3 +85,25 @@ def test_hashing_is_stable_across_processes() -> None:
     there = json.loads(out)
     assert there[0] == list(here.indices)
     assert there[1] == list(here.values)
+
+
+def test_money_is_not_latex_and_question_marks_are_not_tokens() -> None:
+    money = _dense([{"role": "user", "content": "A pen costs $3 and a book $12.50. How much for both?"}])
+    maths = _dense([{"role": "user", "content": r"Find $x$ such that $x^2 = 2$."}])
+    assert money["latex"] == 0.0 and money["latex_density"] == 0.0 and money["currency"] > 0
+    assert maths["latex"] > 0 and maths["currency"] == 0.0
+    plain = extract([{"role": "user", "content": "Prove that there are infinitely many primes"}])
+    asked = extract([{"role": "user", "content": "Prove that there are infinitely many primes?"}])
+    assert {i for i in plain.indices if i >= N_DENSE} == {i for i in asked.indices if i >= N_DENSE}  # no "?" n-gram
+
+
+def test_reasoning_cues_see_state_tracking_counting_and_style() -> None:
+    tracking = _dense([{"role": "user", "content": "Alice, Bob and Claire swap books. First, Alice and Bob swap. "
+                                                   "Then, Bob and Claire swap. Finally, Alice and Claire swap. "
+                                                   "Which book does Bob have at the end?"}])
+    counting = _dense([{"role": "user", "content": "I have a piano, two flutes and four lamps. How many musical "
+                                                   "instruments do I have?"}])
+    style = _dense([{"role": "user", "content": "Rewrite this sentence in a more polite tone."}])
+    assert tracking["state_changes"] > 1 and tracking["sequence_markers"] > 1 and tracking["entity_names"] > 1
+    assert counting["count_question"] > 0 and counting["number_words"] > 0
+    assert style["style_taste"] > 0 and style["language_form"] > 0 and style["state_changes"] == 0.0

@@ -9,6 +9,7 @@ from classifier import LabelledExample, user_prompt
 from classifier.cues import CUE_NAMES, difficulty_cues
 from classifier.ordinal import fit_ordinal, log_loss, ordinal_probs
 from classifier.proxy import cheap_outcome, family, proxy_apgr
+from classifier.scan import Scan
 
 
 def _ex(tier: str, source: str) -> LabelledExample:
@@ -49,7 +50,7 @@ def test_ordinal_fit_recovers_a_known_model_and_beats_uniform() -> None:
 
 def test_cues_see_short_hard_prompts_and_factoid_shape() -> None:
     def cues(text: str) -> dict[str, float]:
-        return dict(zip(CUE_NAMES, difficulty_cues(text, text.lower()), strict=True))
+        return dict(zip(CUE_NAMES, difficulty_cues(Scan(text)), strict=True))
 
     proof = cues("Prove that sqrt(2) is irrational.")
     story = cues("Write a story about a dragon who loves tea and visits the village market every Sunday.")

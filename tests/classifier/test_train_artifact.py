@@ -10,12 +10,16 @@ import numpy as np
 import pytest
 
 from classifier import (
+    ARTIFACT_FORMAT,
+    DEFAULT_TIER_MIX,
     FEATURE_VERSION,
     N_FEATURES,
+    TIERS,
     ArtifactError,
     ClassifierError,
     TrainConfig,
     featurize,
+    full_mix,
     load_artifact,
     metadata_path,
     save_artifact,
@@ -51,13 +55,13 @@ def test_tiny_model_separates_kinds_and_reports_cv(trained: TrainResult) -> None
     assert {t.tier for t in trained.cv.per_tier} == {"none", "low", "medium", "xhigh"}
 
 
-def test_thresholds_hit_target_mix_on_training_distribution(trained: TrainResult) -> None:
+def test_stored_thresholds_hit_the_six_tier_mix_on_the_reference(trained: TrainResult) -> None:
     examples = tiny_dataset()
     decisions = trained.model.decisions_matrix(featurize(examples))
-    bands = {t: i for i, band in enumerate(trained.model.bands) for t in band}
-    counts = np.bincount([bands[d.tier] for d in decisions], minlength=3) / len(decisions)
-    # 160 examples in four tight clusters: the cut can only fall between whole prompts.
-    assert counts == pytest.approx([0.7, 0.2, 0.1], abs=0.05)
+    counts = np.bincount([TIERS.index(d.tier) for d in decisions], minlength=6) / len(decisions)
+    assert trained.model.tier_shares == pytest.approx(full_mix(DEFAULT_TIER_MIX))
+    # 160 examples in four tight clusters: a cut can only fall between whole prompts.
+    assert counts == pytest.approx(trained.model.tier_shares, abs=0.05)
 
 
 def test_round_trip_gives_identical_decisions(artifact: Path, trained: TrainResult) -> None:
@@ -101,7 +105,7 @@ def test_missing_metadata_and_untrusted_content_are_refused(artifact: Path, tmp_
 
     bad = tmp_path / "bad.skops"
     sio.dump({"classes": ["low"], "payload": Fraction(1, 3), "f": np.sum}, bad)
-    metadata_path(bad).write_text(json.dumps({"format": 1, "feature_version": FEATURE_VERSION, "n_features": N_FEATURES,
+    metadata_path(bad).write_text(json.dumps({"format": ARTIFACT_FORMAT, "feature_version": FEATURE_VERSION, "n_features": N_FEATURES,
                                               "sha256": hashlib.sha256(bad.read_bytes()).hexdigest()}))
     with pytest.raises(ArtifactError, match="trusted") as err:
         load_artifact(bad)
@@ -118,10 +122,11 @@ def test_refit_without_cv_keeps_a_given_temperature() -> None:
 def test_target_mix_can_change_without_retraining(trained: TrainResult, artifact: Path) -> None:
     examples = tiny_dataset()
     model = load_artifact(artifact).model.with_target_mix({"low": 0.5, "medium": 0.3, "high": 0.2})
-    assert model.bands == (("none", "minimal", "low"), ("medium",), ("high", "xhigh"))
+    assert model.tier_shares == pytest.approx((0.5 / 3, 0.5 / 3, 0.5 / 3, 0.3, 0.1, 0.1))
     _, scores = model.predict_matrix(featurize(examples))
     band = np.searchsorted(np.asarray(model.thresholds), scores, side="right")
-    assert np.bincount(band, minlength=3) / len(scores) == pytest.approx([0.5, 0.3, 0.2], abs=0.05)
+    strong = np.bincount(band, minlength=6)[3:] / len(scores)  # the clusters are too tight for the lower cuts
+    assert strong == pytest.approx([0.3, 0.1, 0.1], abs=0.06)
     import dataclasses
 
     with pytest.raises(ClassifierError, match="quantiles"):
