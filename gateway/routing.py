@@ -1,25 +1,33 @@
-"""Routing policy: effort tier → how a request is executed. Pure functions, no I/O.
+"""Routing policy: which tier and model answer a request, and how — one ``decide`` per request,
+made before admission. Pure functions of the settings and the request, no I/O.
 
-Decides (1) the effort tier from the client's ``reasoning_effort``, the classifier's
-decision and the tenant's soft budget, and (2) the execution plan for that effort:
+``decide`` resolves the requested ``model``: a tier name (``low``) or ``tier-<name>``; a model
+configured under ``models:`` (called directly, at its own price and output cap); or ``auto``:
+the client's ``reasoning_effort``, else the classifier's decision (the ``DecideAuto`` hook), else
+``routing.default_tier``. A tenant past its soft budget has its effort capped to
+``budgets.soft_effort_cap``. The effort then picks the execution:
 
 - none / minimal / low → one direct call to that tier (the fast path);
 - medium → one call to the medium tier with its thinking budget;
 - high / xhigh → the four-layer pipeline (xhigh adds multi-path execution with pruning).
 
-A request may force or forbid the pipeline and cap its cost with
-``extra_body={"tiergate": {"pipeline": "auto"|"on"|"off", "max_cost_usd": 0.01}}``.
-Verbosity (low/medium/high) bounds the final answer's length; effort bounds thinking.
+A tier or model named by the client is a plain proxy call (its output cap applied) unless the
+request asks for the pipeline, or the soft budget capped it. A request may force or forbid the
+pipeline and cap its cost with ``extra_body={"tiergate": {"pipeline": "auto"|"on"|"off",
+"max_cost_usd": 0.01}}``. Verbosity (low/medium/high) bounds the answer's length; effort bounds
+thinking. The ``RouteDecision`` carries everything the rest of the request path needs: the tier
+that runs, the model chain, the upstream body of a direct call, the plan and the price tier.
 
 Imports only settings and errors: no providers, db, web framework or pipeline.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal, cast
+from typing import Any, Literal, Protocol, cast
 
-from gateway.errors import InvalidRequest
+from gateway.errors import InvalidRequest, ModelNotFound
 from gateway.settings import TIER_NAMES, Settings, Tier
 
 PipelineMode = Literal["auto", "on", "off"]
@@ -27,7 +35,9 @@ ExecutionMode = Literal["direct", "thinking", "pipeline"]
 EffortSource = Literal["client", "classifier", "default", "budget_cap"]
 Verbosity = Literal["low", "medium", "high"]
 
-DEFAULT_EFFORT: Tier = "low"
+AUTO_MODEL = "auto"
+TIER_PREFIX = "tier-"
+DIRECT_TIER = "direct"  # the tier label of a model called by name that no tier uses
 VERBOSITY_FRACTION: dict[str, float] = {"low": 0.25, "medium": 0.5, "high": 1.0}
 MIN_ANSWER_TOKENS = 16
 PIPELINE_TIERS: frozenset[str] = frozenset({"high", "xhigh"})
@@ -118,20 +128,14 @@ def parse_verbosity(body: dict[str, Any]) -> Verbosity | None:
     return cast(Verbosity, value)
 
 
-def decide_effort(requested: str | None, classifier_tier: str | None, *, soft_budget_exceeded: bool,
-                  settings: Settings) -> EffortChoice:
-    """The client's ``reasoning_effort`` wins, then the classifier, then the default; a tenant
-    past its soft budget is capped to ``settings.budgets.soft_effort_cap`` instead of failing."""
-    if requested is not None:
-        tier, source = _check_tier(requested, "reasoning_effort"), "client"
-    elif classifier_tier is not None:
-        tier, source = _check_tier(classifier_tier, "classifier_tier"), "classifier"
-    else:
-        tier, source = DEFAULT_EFFORT, "default"
+def capped_effort(settings: Settings, tier: str, source: EffortSource, soft_budget_exceeded: bool) -> EffortChoice:
+    """``tier`` as chosen by ``source``, or — for a tenant past its soft budget — capped to
+    ``settings.budgets.soft_effort_cap`` instead of failing."""
+    tier = _check_tier(tier, "tier")
     cap = settings.budgets.soft_effort_cap
     if soft_budget_exceeded and tier_rank(tier) > tier_rank(cap):
         return EffortChoice(tier=cap, source="budget_cap", capped_from=tier)
-    return EffortChoice(tier=tier, source=cast(EffortSource, source))
+    return EffortChoice(tier=tier, source=source)
 
 
 def max_answer_tokens(settings: Settings, tier: str, verbosity: Verbosity | None,
@@ -201,15 +205,6 @@ def plan_execution(settings: Settings, effort: EffortChoice, options: TiergateOp
         max_cost_usd=options.max_cost_usd, capped_from=effort.capped_from, verbosity=verbosity)
 
 
-def resolve_execution(settings: Settings, body: dict[str, Any], classifier_tier: str | None, *,
-                      soft_budget_exceeded: bool = False) -> ExecutionPlan:
-    """Everything above in one call, from a chat-completions request body."""
-    effort = decide_effort(body.get("reasoning_effort"), classifier_tier,
-                           soft_budget_exceeded=soft_budget_exceeded, settings=settings)
-    return plan_execution(settings, effort, parse_tiergate_options(body), parse_verbosity(body),
-                          client_max_tokens(body), pipeline_blocker(body))
-
-
 def direct_body(body: dict[str, Any], plan: ExecutionPlan) -> dict[str, Any]:
     """The upstream body for a direct/thinking call: gateway-only fields removed, output bounded by
     the answer budget plus (for medium) the thinking budget."""
@@ -217,3 +212,128 @@ def direct_body(body: dict[str, Any], plan: ExecutionPlan) -> dict[str, Any]:
     key = "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens"
     out[key] = plan.max_answer_tokens + (plan.thinking_budget_tokens or 0)
     return out
+
+
+# -- the one decision ---------------------------------------------------------------------------
+class EffortDecisionLike(Protocol):
+    """What the classifier returns (``gateway.perceive``: ``classifier.EffortDecision``)."""
+
+    @property
+    def tier(self) -> str: ...
+    @property
+    def score(self) -> float: ...
+    @property
+    def version(self) -> str: ...
+
+
+DecideAuto = Callable[[list[dict[str, Any]]], EffortDecisionLike]
+
+
+@dataclass(frozen=True)
+class RouteDecision:
+    """How one request runs, decided once before admission (the budgets hold its worst case).
+    ``tier`` is the effort that runs, after any soft-budget cap (``DIRECT_TIER`` for a model no
+    tier uses); ``models`` the chain of its call (for a pipeline, the review tier's: its first
+    call); ``body`` what a direct call sends upstream (for a pipeline: the client's request, which
+    the stages build their calls from); ``plan`` None for a model named directly."""
+
+    requested_model: str
+    tier: str
+    effort_source: EffortSource
+    models: tuple[str, ...]
+    body: dict[str, Any]
+    plan: ExecutionPlan | None = None
+    by_model: bool = False
+    capped_from: str | None = None
+    classifier_score: float | None = None
+    classifier_version: str | None = None
+
+    @property
+    def uses_pipeline(self) -> bool:
+        return self.plan is not None and self.plan.uses_pipeline
+
+    def price_tier(self, settings: Settings) -> str | None:
+        """The tier whose prices bill this request's calls; None: each model's own price."""
+        return None if self.by_model or self.tier not in settings.tiers else self.tier
+
+
+def public_model_names(settings: Settings) -> list[str]:
+    """Everything a client may put in ``model``: auto, one name per tier, every configured model."""
+    return [AUTO_MODEL, *(TIER_PREFIX + t for t in TIER_NAMES), *settings.models]
+
+
+def tier_for_model(settings: Settings, model_name: str) -> str:
+    for name in TIER_NAMES:
+        if settings.tiers[name].model == model_name:  # type: ignore[index]
+            return name
+    return DIRECT_TIER
+
+
+def tier_models(settings: Settings, tier: str) -> tuple[str, ...]:
+    t = settings.tiers[tier]  # type: ignore[index]
+    return (t.model, *t.fallbacks)
+
+
+def cap_output(body: dict[str, Any], cap: int | None) -> dict[str, Any]:
+    """``body`` with its output-token field bounded by ``cap``; one field is forwarded
+    (``max_completion_tokens`` when the client used it, else ``max_tokens``)."""
+    asked = body.get("max_completion_tokens", body.get("max_tokens"))
+    if cap is None and asked is None:
+        return body
+    key = "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens"
+    out = {k: v for k, v in body.items() if k not in ("max_tokens", "max_completion_tokens")}
+    out[key] = asked if cap is None else min(asked, cap) if asked is not None else cap
+    return out
+
+
+def _requested_effort(settings: Settings, requested: str, messages: list[dict[str, Any]],
+                      reasoning_effort: str | None, decide_auto: DecideAuto | None,
+                      ) -> tuple[str, EffortSource, float | None, str | None]:
+    """(tier, source, classifier score, classifier version) of a request naming a tier or ``auto``."""
+    if requested in TIER_NAMES:
+        return requested, "client", None, None
+    if requested.startswith(TIER_PREFIX) and requested[len(TIER_PREFIX):] in TIER_NAMES:
+        return requested[len(TIER_PREFIX):], "client", None, None
+    if requested != AUTO_MODEL:
+        raise ModelNotFound(f"The model '{requested[:100]}' does not exist or you do not have access to it.",
+                            param="model")
+    if reasoning_effort in TIER_NAMES:
+        return cast(str, reasoning_effort), "client", None, None
+    if decide_auto is not None:
+        verdict = decide_auto(messages)
+        return verdict.tier, "classifier", float(verdict.score), verdict.version
+    return settings.routing.default_tier, "default", None, None
+
+
+def decide(settings: Settings, requested: str, body: dict[str, Any], *, reasoning_effort: str | None = None,
+           decide_auto: DecideAuto | None = None, soft_budget_exceeded: bool = False) -> RouteDecision:
+    """The route of one request (``body``: the validated request as forwardable JSON)."""
+    messages: list[dict[str, Any]] = body["messages"]
+    by_model = requested in settings.models and requested not in TIER_NAMES
+    if by_model:
+        tier, source, score, version = tier_for_model(settings, requested), "client", None, None
+    else:
+        tier, source, score, version = _requested_effort(settings, requested, messages, reasoning_effort,
+                                                         decide_auto)
+    if tier not in TIER_NAMES:  # a model no tier uses: a plain proxy call to it
+        out = cap_output({k: v for k, v in body.items() if k != "tiergate"},
+                         settings.models[requested].max_output_tokens)
+        return RouteDecision(requested, tier, cast(EffortSource, source), (requested,), out, by_model=True)
+    effort = capped_effort(settings, tier, cast(EffortSource, source), soft_budget_exceeded)
+    capped = cap_output(body, settings.models[requested].max_output_tokens if by_model and not effort.capped_from
+                        else settings.tiers[effort.tier].max_output_tokens)  # type: ignore[index]
+    options = parse_tiergate_options(capped)
+    if requested != AUTO_MODEL and options.pipeline == "auto":
+        options = TiergateOptions(pipeline="off", max_cost_usd=options.max_cost_usd)
+    plan = plan_execution(settings, effort, options, parse_verbosity(capped), client_max_tokens(capped),
+                          pipeline_blocker(capped))
+    common = {"effort_source": effort.source, "capped_from": effort.capped_from, "classifier_score": score,
+              "classifier_version": version}
+    if requested != AUTO_MODEL and effort.capped_from is None and not plan.uses_pipeline:
+        out = {k: v for k, v in capped.items() if k != "tiergate"}  # what the client asked, as a proxy
+        chain = (requested,) if by_model else tier_models(settings, effort.tier)
+        return RouteDecision(requested, effort.tier, models=chain, body=out, plan=plan, by_model=by_model,
+                             **common)  # type: ignore[arg-type]
+    direct = capped if plan.uses_pipeline else direct_body(capped, plan)
+    return RouteDecision(requested, effort.tier, models=tier_models(settings, plan.tier), body=direct, plan=plan,
+                         **common)  # type: ignore[arg-type]

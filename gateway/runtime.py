@@ -20,16 +20,16 @@ from sqlalchemy.orm import Session, sessionmaker
 from gateway.admin.throttle import LoginThrottle
 from gateway.auth import KeyStore
 from gateway.budgets import BudgetRuntime, build_budget_runtime
-from gateway.chat_flow import ChatFlow
-from gateway.chat_runtime import budgeted, build_pipeline_executor
-from gateway.execution import Executor
+from gateway.chat.flow import ChatFlow
+from gateway.chat.request import Executor
+from gateway.chat.wiring import build_flow
 from gateway.jobs.backends import JobsBackend, start_jobs
 from gateway.ledger import Ledger
 from gateway.providers.base import ChatProvider
 from gateway.providers.metering import warm_up
 from gateway.providers.openai_compat import SessionFactory
 from gateway.providers.registry import ProviderRegistry
-from gateway.resolve import DecideAuto
+from gateway.routing import DecideAuto
 from gateway.settings import Settings
 
 Role = Literal["gateway", "worker"]
@@ -45,7 +45,7 @@ class RuntimeParts:
     keys: KeyStore | None = None
     registry: ProviderRegistry | None = None
     budgets: BudgetRuntime | None = None
-    executor: Executor | None = None  # the executor under the budgets (default: pipeline over direct)
+    pipelined: Executor | None = None  # the pipeline executor (default: the four-layer pipeline)
     decide_auto: DecideAuto | None = None  # the ``auto`` hook (default: the classifier, if one is found)
     http_session_factory: SessionFactory | None = None
     local_provider: ChatProvider | None = None
@@ -114,12 +114,11 @@ async def open_runtime(settings: Settings, parts: RuntimeParts = RuntimeParts(),
         warm = asyncio.ensure_future(asyncio.to_thread(warm_up, list(settings.models.values())))
         stack.push_async_callback(lambda: warm)
         decide = parts.decide_auto if parts.decide_auto is not None else await _decide_auto(settings)
-        inner = parts.executor or build_pipeline_executor(settings, registry, ledger, budgets, sf)
-        flow = ChatFlow(settings, budgeted(settings, inner, budgets), ledger, decide_auto=decide)
+        flow = build_flow(settings, registry, ledger, budgets, sf, decide_auto=decide, pipelined=parts.pipelined)
         jobs = None
         if role == "gateway":  # batch lines: an in-process runner (embedded) or a Celery producer
             jobs = await start_jobs(settings, stack, session_factory=sf, registry=registry, budget_runtime=budgets,
-                                    decide_auto=decide, ledger=ledger, executor=parts.executor)
+                                    decide_auto=decide, ledger=ledger, pipelined=parts.pipelined)
         yield Runtime(settings=settings, session_factory=sf, ledger=ledger, keys=parts.keys or KeyStore(
             sf, ttl_s=settings.server.key_cache_ttl_s), registry=registry, budgets=budgets, decide_auto=decide,
             flow=flow, jobs=jobs, admin_throttle=LoginThrottle())

@@ -179,6 +179,13 @@ class BudgetDefaults(_Strict):
     tokens_per_min: int | None = Field(None, gt=0)
 
 
+class RoutingSettings(_Strict):
+    """How ``model: "auto"`` is routed when nothing else decides: the tier used when no
+    ``reasoning_effort`` is given and no classifier artifact is loaded."""
+
+    default_tier: Tier = "low"
+
+
 class ClassifierSettings(_Strict):
     artifact: str = "classifier/artifacts/effort.skops"
     feedback_dir: str = "var/classifier"
@@ -225,6 +232,7 @@ class Settings(_Strict):
     models: dict[str, ModelSettings]
     tiers: dict[Tier, TierSettings]
     budgets: BudgetDefaults = BudgetDefaults()
+    routing: RoutingSettings = RoutingSettings()
     classifier: ClassifierSettings = ClassifierSettings()
     pipeline: PipelineSettings = PipelineSettings()
     jobs: JobsSettings = JobsSettings()

@@ -27,7 +27,7 @@ from gateway.money import format_usd
 from gateway.pipeline import Pipeline, RequestContext
 from gateway.providers.base import CallOptions, Usage
 from gateway.providers.router import Attempt, OnAttempt
-from gateway.routing import resolve_execution
+from gateway.routing import decide as route
 from gateway.settings import TIER_NAMES, Settings, settings_from_dict
 
 # Completion tokens by the prompt's difficulty: the answer itself, and the reasoning a frontier
@@ -202,7 +202,8 @@ async def replay(items: list[WorkItem], decide: Decide | None, seed: int) -> Ben
     for n, item in enumerate(items):
         messages = [{"role": "user", "content": item.prompt}]
         tier = decide(messages) if decide else item.signal_tier
-        ex = resolve_execution(settings, {"model": "auto", "messages": messages}, tier)
+        ex = route(settings, "auto", {"messages": messages}, reasoning_effort=tier).plan
+        assert ex is not None
         upstream = SimulatedUpstream(settings, item.difficulty, rng)
         prompt = prompt_tokens(messages)
         high_usage = Usage(prompt, ANSWER_TOKENS[item.difficulty] + HIGH_REASONING_TOKENS[item.difficulty])

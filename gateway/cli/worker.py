@@ -1,5 +1,5 @@
 """`tiergate worker`: a Celery worker for batch jobs (``jobs.backend: celery``), built from
-config.yaml by ``gateway.jobs.celery_app.make_celery``. Nothing heavy is imported until it runs."""
+config.yaml by ``gateway.jobs.celery_app.make_celery`` with ``gateway.worker``'s task body. Nothing heavy is imported until it runs."""
 
 from __future__ import annotations
 
@@ -19,10 +19,12 @@ def register(app: typer.Typer) -> None:
         """Run a Celery worker that executes batch jobs."""
         from gateway.jobs.celery_app import make_celery
         from gateway.settings import ConfigError, load_settings
+        from gateway.worker import register_tasks
 
         try:
             settings = load_settings(config)
             celery = make_celery(settings)
+            register_tasks(celery, settings)
         except ConfigError as err:
             typer.echo(str(err), err=True)
             raise typer.Exit(2) from None

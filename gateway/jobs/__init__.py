@@ -6,9 +6,9 @@
 - ``capture.AttemptLedger`` and ``batch.BatchWork``: a line through the live chat flow, its call
   rows journaled by the ledger as they happen, its result committed (fenced) afterwards.
 - ``runner.BatchRunner``: bounded concurrency over the database; ``backends``: the embedded
-  runner or the Celery producer for the app; ``worker``: a worker process's runtime (opened
-  once per process) and ``drain_batch``.
-- ``celery_app`` / ``tasks``: the Celery app (built by a factory) and its thin task bodies.
+  runner or the Celery producer for the app.
+- ``celery_app``: the Celery app (built by a factory). A worker process's runtime and task body
+  are ``gateway.worker`` (an entry point, above the runtime).
 
 Nothing is imported here: the batch logic must never pull in FastAPI or Celery (import-linter contract).
 """

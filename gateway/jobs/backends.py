@@ -27,15 +27,18 @@ from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.chat_flow import ChatFlow
-from gateway.chat_runtime import budgeted, build_pipeline_executor
+from sqlalchemy.orm import Session, sessionmaker
+
+from gateway.budgets import BudgetRuntime
+from gateway.chat.request import Executor
+from gateway.chat.wiring import build_flow
 from gateway.errors import GatewayError
-from gateway.execution import Executor
 from gateway.jobs import store
 from gateway.jobs.batch import BatchWork
 from gateway.jobs.capture import AttemptLedger, JournaledLedger
 from gateway.jobs.runner import BatchRunner
-from gateway.resolve import DecideAuto
+from gateway.providers.registry import ProviderRegistry
+from gateway.routing import DecideAuto
 from gateway.settings import Settings
 
 log = logging.getLogger("tiergate.jobs")
@@ -53,20 +56,18 @@ class JobsBackend:
     runner: BatchRunner | None = None  # the embedded runner
 
 
-def build_batch_work(settings: Settings, session_factory: Any, registry: Any, budget_runtime: Any,
-                     decide_auto: DecideAuto | None, *, ledger: JournaledLedger,
-                     inner: Executor | None = None) -> BatchWork:
+def build_batch_work(settings: Settings, session_factory: sessionmaker[Session], registry: ProviderRegistry,
+                     budget_runtime: BudgetRuntime, decide_auto: DecideAuto | None, *, ledger: JournaledLedger,
+                     pipelined: Executor | None = None) -> BatchWork:
     capture = AttemptLedger(ledger)
-    if inner is None:
-        inner = build_pipeline_executor(settings, registry, capture, budget_runtime, session_factory)
-    flow = ChatFlow(settings, budgeted(settings, inner, budget_runtime, rate_limited=False), capture,
-                    decide_auto=decide_auto)
+    flow = build_flow(settings, registry, capture, budget_runtime, session_factory, decide_auto=decide_auto,
+                      pipelined=pipelined, batch=True)
     return BatchWork(flow, capture, session_factory, lease_s=settings.jobs.line_lease_s)
 
 
-async def start_jobs(settings: Settings, stack: AsyncExitStack, *, session_factory: Any, registry: Any,
-                     budget_runtime: Any, decide_auto: DecideAuto | None, ledger: JournaledLedger,
-                     executor: Executor | None = None) -> JobsBackend:
+async def start_jobs(settings: Settings, stack: AsyncExitStack, *, session_factory: sessionmaker[Session],
+                     registry: ProviderRegistry, budget_runtime: BudgetRuntime, decide_auto: DecideAuto | None,
+                     ledger: JournaledLedger, pipelined: Executor | None = None) -> JobsBackend:
     """The backend for the app's lifespan; stopped (lines in flight handed back) by ``stack``.
     ``ledger``: the app's, started before and stopped after this backend."""
     if settings.jobs.backend == "celery":
@@ -85,7 +86,7 @@ async def start_jobs(settings: Settings, stack: AsyncExitStack, *, session_facto
         await requeue_runnable(session_factory, enqueue)
         return JobsBackend(enqueue)
     work = build_batch_work(settings, session_factory, registry, budget_runtime, decide_auto, ledger=ledger,
-                            inner=executor)
+                            pipelined=pipelined)
     runner = BatchRunner(work, concurrency=settings.jobs.concurrency, poll_interval_s=settings.jobs.poll_interval_s)
     runner.start()
     stack.push_async_callback(runner.stop)

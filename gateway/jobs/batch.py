@@ -22,7 +22,6 @@ Imports chat_flow, errors, the jobs store and capture.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -31,7 +30,7 @@ from typing import Any, TypeVar
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from gateway.chat_flow import ChatFlow
+from gateway.chat.flow import ChatFlow
 from gateway.errors import GatewayError
 from gateway.jobs import store
 from gateway.jobs.capture import AttemptLedger
@@ -46,7 +45,7 @@ class LinePrincipal:
     """The batch creator, as the chat flow sees a caller."""
 
     tenant_id: str
-    key_id: str
+    key_id: str | None
     allow_prompt_storage: bool = False
 
 
@@ -69,10 +68,9 @@ class BatchWork:
 
     async def _answer(self, claim: ClaimedLine) -> LineOutcome:
         try:
-            rr, _ = self.flow.prepare(LinePrincipal(claim.tenant_id, claim.key_id or ""), claim.body)
-            rr = dataclasses.replace(rr, request_id=claim.request_id, key_id=claim.key_id)
-            rr.tally.deferred = None  # no parking: each call's row goes to the journal as the call ends
-            return LineOutcome(200, await self.flow.complete(rr))
+            req, _ = await self.flow.prepare(LinePrincipal(claim.tenant_id, claim.key_id), claim.body,
+                                             request_id=claim.request_id)
+            return LineOutcome(200, (await self.flow.complete(req)).response)
         except GatewayError as err:
             return LineOutcome(err.status, err.body(), {"code": err.code, "message": err.message})
         except Exception as err:  # recorded by the flow as a 500; the line fails, its spend is billed

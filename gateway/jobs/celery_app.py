@@ -2,17 +2,14 @@
 import time). The broker URL comes from the environment variable ``jobs.broker_url_env``, else
 the Redis URL. Tasks are acknowledged late and re-queued when a worker process is lost, so a
 killed worker's batch is picked up again; lines never run twice because each line is claimed
-in the database (see gateway.jobs.store). Imports celery and gateway.jobs.tasks only.
+in the database (see gateway.jobs.store). The gateway only sends ``RUN_BATCH`` tasks; a worker
+process registers the task body too (``gateway.worker.register_tasks``). Imports celery only.
 """
 
 from __future__ import annotations
 
-from typing import Any
-
 from celery import Celery
-from celery.signals import worker_process_shutdown
 
-from gateway.jobs import tasks
 from gateway.settings import ConfigError, Settings
 
 RUN_BATCH = "tiergate.run_batch"
@@ -34,13 +31,4 @@ def make_celery(settings: Settings) -> Celery:
                                    "interval_max": 0.2},
     )
 
-    @app.task(name=RUN_BATCH)
-    def run_batch(batch_id: str) -> None:
-        tasks.run_batch(settings, batch_id)  # on the process's runtime, opened by its first task
-
     return app
-
-
-@worker_process_shutdown.connect
-def _close_runtime(**_: Any) -> None:
-    tasks.close_worker_process()

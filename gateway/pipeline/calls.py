@@ -20,9 +20,8 @@ from typing import Any
 
 from gateway.budgets import Hold
 from gateway.errors import BudgetExceeded, UpstreamError
-from gateway.execution import CallBudget
 from gateway.pipeline.accounting import Accountant, BudgetRefused
-from gateway.pipeline.types import CallModel, Stage, StageCall, StreamModel
+from gateway.pipeline.types import CallBudget, CallModel, Stage, StageCall, StreamModel
 from gateway.providers.base import CallOptions, Usage
 from gateway.providers.router import Attempt, OnAttempt
 from gateway.settings import Settings

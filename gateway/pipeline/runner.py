@@ -24,7 +24,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.errors import InvalidRequest
-from gateway.execution import CallBudget
 from gateway.log_safety import describe
 from gateway.money import format_usd, usd_number
 from gateway.pipeline.accounting import Accountant, BudgetRefused, CostCapReached, StopEarly
@@ -44,6 +43,7 @@ from gateway.pipeline.result import PipelineResult
 from gateway.pipeline.review import Review, parse_review, review_messages
 from gateway.pipeline.stream import PipelineStream
 from gateway.pipeline.types import (
+    CallBudget,
     CallModel,
     Clock,
     FeedbackSink,

@@ -10,7 +10,7 @@ Imports pipeline result/types only.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncGenerator, Callable, Coroutine
 from typing import Any
 
 from gateway.pipeline.result import PipelineResult
@@ -37,10 +37,10 @@ class PipelineStream:
         return {"id": self.request_id, "object": "chat.completion.chunk", "created": self.created,
                 "model": self.model, "choices": choices, **extra}
 
-    def __aiter__(self) -> AsyncIterator[dict[str, Any]]:
+    def __aiter__(self) -> AsyncGenerator[dict[str, Any], None]:
         return self._chunks()
 
-    async def _chunks(self) -> AsyncIterator[dict[str, Any]]:
+    async def _chunks(self) -> AsyncGenerator[dict[str, Any], None]:
         queue: asyncio.Queue[object] = asyncio.Queue()
         admitted = asyncio.Event()
         task: asyncio.Task[PipelineResult] = asyncio.create_task(

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal, Protocol
 
+from gateway.budgets import Hold
 from gateway.ledger.entries import LedgerEntry
 from gateway.money import usd_number
 from gateway.providers.base import CallOptions, Usage
@@ -21,6 +22,17 @@ Stage = Literal["perceive", "plan", "execute", "review", "direct"]
 CallStatus = Literal["ok", "error", "cancelled"]
 
 Clock = Callable[[], float]
+
+
+class CallBudget(Protocol):
+    """Per-call budget holds for one request (``gateway.chat.admission`` provides them). A
+    pipeline calls ``meter_per_call`` once, then holds each call's worst case (nano-USD) before
+    making it and settles the ``Hold`` to what the call cost (its ledger rows); ``hold`` raises
+    ``BudgetExceeded`` when the budgets cannot hold it."""
+
+    async def meter_per_call(self) -> None: ...
+
+    async def hold(self, worst_case_nanos: int) -> Hold: ...
 
 
 class CallModel(Protocol):

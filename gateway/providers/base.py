@@ -9,7 +9,7 @@ from ``ModelSettings`` only.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -64,11 +64,23 @@ class CallOptions:
     timeout_s: float | None = None
 
 
+class ChunkStream(Protocol):
+    """An opened upstream stream of ``chat.completion.chunk`` dicts. ``aclose()`` (idempotent)
+    stops it: on a stream that has not ended, the upstream connection is dropped so the upstream
+    stops generating."""
+
+    def __aiter__(self) -> AsyncIterator[dict[str, Any]]: ...
+
+    def __anext__(self) -> Awaitable[dict[str, Any]]: ...
+
+    def aclose(self) -> Awaitable[None]: ...
+
+
 class ChatProvider(Protocol):
     async def complete(self, model: ModelSettings, body: dict[str, Any],
                        options: CallOptions = ...) -> dict[str, Any]: ...
 
     def stream(self, model: ModelSettings, body: dict[str, Any],
-               options: CallOptions = ...) -> AsyncIterator[dict[str, Any]]: ...
+               options: CallOptions = ...) -> AsyncGenerator[dict[str, Any], None]: ...
 
     async def aclose(self) -> None: ...

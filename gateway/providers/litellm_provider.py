@@ -8,7 +8,7 @@ Imports settings, errors and providers.base; litellm at call time.
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Any
 
 from gateway.errors import GatewayError, InvalidRequest, UpstreamError, UpstreamTimeout
@@ -87,7 +87,7 @@ class LiteLLMProvider:
         return _to_dict(resp)
 
     async def stream(self, model: ModelSettings, body: dict[str, Any],
-                     options: CallOptions = CallOptions()) -> AsyncIterator[dict[str, Any]]:
+                     options: CallOptions = CallOptions()) -> AsyncGenerator[dict[str, Any], None]:
         litellm = _litellm()
         kwargs = self._kwargs(model, body, options)
         try:

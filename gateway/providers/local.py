@@ -16,7 +16,7 @@ import asyncio
 import threading
 import time
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -100,7 +100,7 @@ class LocalEngineProvider:
                 "usage": _usage(last).to_openai(), "system_fingerprint": None}
 
     async def stream(self, model: ModelSettings, body: dict[str, Any],
-                     options: CallOptions = CallOptions()) -> AsyncIterator[dict[str, Any]]:
+                     options: CallOptions = CallOptions()) -> AsyncGenerator[dict[str, Any], None]:
         """Chunks: role, content deltas, one with finish_reason, then one with usage and no choices."""
         engine = await self.engine_for(model)
         prompt, params = _prepare(engine, body)

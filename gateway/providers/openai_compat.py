@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from typing import Any
 
 import aiohttp
@@ -152,7 +152,7 @@ class OpenAICompatProvider:
         return data
 
     async def stream(self, model: ModelSettings, body: dict[str, Any],
-                     options: CallOptions = CallOptions()) -> AsyncIterator[dict[str, Any]]:
+                     options: CallOptions = CallOptions()) -> AsyncGenerator[dict[str, Any], None]:
         payload = {**_allowed(model, body), "model": model.model, "stream": True,
                    "stream_options": {"include_usage": True}}  # always ask: the ledger needs counts
         resp: aiohttp.ClientResponse | None = None

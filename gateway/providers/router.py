@@ -13,12 +13,12 @@ import asyncio
 import logging
 import random
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from gateway.errors import GatewayError, UpstreamError
-from gateway.providers.base import CallOptions, Usage
+from gateway.providers.base import CallOptions, ChunkStream, Usage
 from gateway.providers.metering import StreamMeter, response_usage
 from gateway.providers.payload import provider_payload
 from gateway.providers.registry import ProviderRegistry
@@ -140,7 +140,7 @@ class MeteredStream:
     the stream, on an upstream error, or on ``aclose`` (client went away: the upstream connection
     is closed first so it stops generating, then what was generated is billed)."""
 
-    def __init__(self, first: dict[str, Any], rest: AsyncIterator[dict[str, Any]], meter: StreamMeter,
+    def __init__(self, first: dict[str, Any], rest: AsyncGenerator[dict[str, Any], None], meter: StreamMeter,
                  name: str, start: float, on_attempt: OnAttempt) -> None:
         self._first: dict[str, Any] | None = first
         self._rest = rest
@@ -165,7 +165,7 @@ class MeteredStream:
             self._report("ok")
             raise
         except GatewayError as err:
-            await _close(self._rest)
+            await self._rest.aclose()
             self._report("error", err)
             raise
         except asyncio.CancelledError:
@@ -183,7 +183,7 @@ class MeteredStream:
         if self._reported:
             return
         try:
-            await _close(self._rest)
+            await self._rest.aclose()
         finally:
             self._report("cancelled")
 
@@ -191,7 +191,7 @@ class MeteredStream:
 async def stream_models(registry: ProviderRegistry, models: Sequence[str], body: dict[str, Any],
                         options: CallOptions = CallOptions(), *, on_attempt: OnAttempt = _noop,
                         policy: RetryPolicy = DEFAULT_POLICY, sleep: Sleep = asyncio.sleep,
-                        ) -> tuple[AsyncIterator[dict[str, Any]], str]:
+                        ) -> tuple[ChunkStream, str]:
     """Open a stream over an ordered chain of models: retries and fallbacks until the first chunk
     arrives. Returns (chunks, model used); the attempt is reported when the stream ends."""
     last: GatewayError | None = None
@@ -216,7 +216,7 @@ async def stream_models(registry: ProviderRegistry, models: Sequence[str], body:
                     continue
                 break
             except asyncio.CancelledError:
-                await _close(chunks)
+                await chunks.aclose()
                 on_attempt(Attempt(name, meter.usage(), "cancelled", _ms(start)))
                 raise
             meter.observe(first)
@@ -228,17 +228,11 @@ async def stream_models(registry: ProviderRegistry, models: Sequence[str], body:
 async def stream_tier(registry: ProviderRegistry, settings: Settings, tier: str, body: dict[str, Any],
                       options: CallOptions = CallOptions(), *, on_attempt: OnAttempt = _noop,
                       policy: RetryPolicy = DEFAULT_POLICY, sleep: Sleep = asyncio.sleep,
-                      ) -> tuple[AsyncIterator[dict[str, Any]], str]:
+                      ) -> tuple[ChunkStream, str]:
     return await stream_models(registry, tier_models(settings, tier), body, options,
                                on_attempt=on_attempt, policy=policy, sleep=sleep)
 
 
-async def _close(chunks: AsyncIterator[dict[str, Any]]) -> None:
-    aclose = getattr(chunks, "aclose", None)
-    if aclose is not None:
-        await aclose()
-
-
-async def _empty() -> AsyncIterator[dict[str, Any]]:
+async def _empty() -> AsyncGenerator[dict[str, Any], None]:
     return
     yield  # pragma: no cover - makes this an async generator

@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, StringConstraints, field_validator
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
-from gateway.chat_flow import PrincipalLike
+from gateway.auth import Principal as PrincipalLike
 from gateway.deps import get_runtime, principal
 from gateway.errors import InvalidRequest
 from gateway.identifiers import Identifier, is_clean, is_storable

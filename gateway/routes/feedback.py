@@ -20,7 +20,7 @@ from fastapi import APIRouter, Depends, Request, Response
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
-from gateway.chat_flow import PrincipalLike
+from gateway.auth import Principal as PrincipalLike
 from gateway.deps import get_runtime, principal
 from gateway.errors import InvalidRequest, NotFound
 from gateway.identifiers import Identifier

@@ -13,7 +13,7 @@ from fastapi import APIRouter, Depends, Request, Response
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import UploadFile
 
-from gateway.chat_flow import PrincipalLike
+from gateway.auth import Principal as PrincipalLike
 from gateway.deps import get_runtime, principal
 from gateway.errors import InvalidRequest, PayloadTooLarge
 from gateway.identifiers import FORBIDDEN_MESSAGE, Identifier, is_clean

@@ -7,10 +7,10 @@ from typing import Any
 import orjson
 from fastapi import APIRouter, Depends, Response
 
-from gateway.chat_flow import PrincipalLike
+from gateway.auth import Principal as PrincipalLike
 from gateway.deps import get_runtime, principal
 from gateway.errors import ModelNotFound
-from gateway.resolve import public_model_names
+from gateway.routing import public_model_names
 from gateway.runtime import Runtime
 
 router = APIRouter()

@@ -20,7 +20,7 @@ import orjson
 from fastapi import APIRouter, Request, Response
 from pydantic import BaseModel, ConfigDict
 
-from gateway.resolve import public_model_names
+from gateway.routing import public_model_names
 from gateway.schemas import ChatCompletionRequest
 
 router = APIRouter()

@@ -11,9 +11,12 @@ from typing import Any, Literal
 
 import pytest
 
-from gateway.chat_flow import ChatFlow
+from gateway.budgets import build_budget_runtime
+from gateway.chat.admission import Admission
+from gateway.chat.flow import ChatFlow
+from gateway.chat.request import CallContext, ChatRequest
+from gateway.chat.spend import Completion, Spend
 from gateway.errors import ClientClosedRequest
-from gateway.execution import ResolvedRequest
 from gateway.ids import fast_id
 from gateway.ledger import LedgerEntry, RequestRecord
 from gateway.providers.base import Usage
@@ -47,20 +50,20 @@ class Principal:
 
 
 class BlockingExecutor:
-    """Blocks until cancelled (or ``answer`` is set); on cancel parks a cancelled row, then
-    cleans up over several awaits, as a shielded budget settlement does."""
+    """Blocks until cancelled (or ``answer`` is set); on cancel records a cancelled row (the flow
+    parks it until the request record), then cleans up over several awaits, as a shielded budget
+    settlement does."""
 
     def __init__(self) -> None:
         self.started, self.answer, self.cleaned_up = asyncio.Event(), asyncio.Event(), False
 
-    async def complete(self, req: ResolvedRequest) -> dict[str, Any]:
+    async def complete(self, req: ChatRequest, calls: CallContext) -> Completion:
         self.started.set()
         try:
             await self.answer.wait()
-            return dict(ANSWER)
+            return Completion(dict(ANSWER), Spend())
         except asyncio.CancelledError:
-            assert req.tally.deferred is not None
-            req.tally.deferred.append(LedgerEntry(
+            calls.sink.record(LedgerEntry(
                 id=fast_id(), request_id=req.request_id, tenant_id=req.tenant_id, key_id=req.key_id,
                 stage="direct", tier="low", model="up-a", usage=Usage(), cost_nanos=0, baseline_cost_nanos=0,
                 status="cancelled"))
@@ -69,21 +72,23 @@ class BlockingExecutor:
             self.cleaned_up = True
             raise
 
-    async def stream(self, req: ResolvedRequest) -> Any:
+    async def stream(self, req: ChatRequest, calls: CallContext) -> Any:
         raise NotImplementedError
 
 
-def flow_and_request(executor: BlockingExecutor) -> tuple[ChatFlow, ListLedger, ResolvedRequest]:
+async def flow_and_request(executor: BlockingExecutor) -> tuple[ChatFlow, ListLedger, ChatRequest]:
     settings = settings_from_dict(config_for("http://127.0.0.1:9/v1"))
     ledger = ListLedger()
-    flow = ChatFlow(settings, executor, ledger)
-    rr, _ = flow.prepare(Principal(), {"model": "low", "messages": [{"role": "user", "content": "hi"}]})
-    return flow, ledger, rr
+    budgets = build_budget_runtime(settings, None)  # no policies: admission holds nothing
+    flow = ChatFlow(settings, direct=executor, pipelined=executor, admission=Admission(settings, budgets.budgets),
+                    ledger=ledger)
+    req, _ = await flow.prepare(Principal(), {"model": "low", "messages": [{"role": "user", "content": "hi"}]})
+    return flow, ledger, req
 
 
 async def test_client_gone_cancels_the_work_once_and_records_it_cancelled() -> None:
     executor = BlockingExecutor()
-    flow, ledger, rr = flow_and_request(executor)
+    flow, ledger, rr = await flow_and_request(executor)
     gone = asyncio.Event()
     task = asyncio.ensure_future(flow.complete(rr, client_gone=gone.wait()))
     await executor.started.wait()
@@ -99,7 +104,7 @@ async def test_client_gone_cancels_the_work_once_and_records_it_cancelled() -> N
 
 async def test_work_that_finishes_first_stands_and_stops_watching_the_client() -> None:
     executor = BlockingExecutor()
-    flow, ledger, rr = flow_and_request(executor)
+    flow, ledger, rr = await flow_and_request(executor)
     watching = asyncio.Event()
     watch_cancelled = asyncio.Event()
 
@@ -114,7 +119,7 @@ async def test_work_that_finishes_first_stands_and_stops_watching_the_client() -
     task = asyncio.ensure_future(flow.complete(rr, client_gone=client_gone()))
     await asyncio.wait_for(asyncio.gather(executor.started.wait(), watching.wait()), 10)
     executor.answer.set()
-    response = await asyncio.wait_for(task, 10)
+    response = (await asyncio.wait_for(task, 10)).response
     assert response["id"] == rr.request_id and response["choices"] == ANSWER["choices"]
     await asyncio.wait_for(watch_cancelled.wait(), 10)
     assert [r.status for r in ledger.records] == ["ok"] and not executor.cleaned_up
@@ -122,7 +127,7 @@ async def test_work_that_finishes_first_stands_and_stops_watching_the_client() -
 
 async def test_shutdown_cancels_the_work_and_keeps_its_rows() -> None:
     executor = BlockingExecutor()
-    flow, ledger, rr = flow_and_request(executor)
+    flow, ledger, rr = await flow_and_request(executor)
     task = asyncio.ensure_future(flow.complete(rr, client_gone=asyncio.Event().wait()))
     await executor.started.wait()
     task.cancel()

@@ -107,7 +107,7 @@ def test_gateway_db_models_alone_declares_every_table() -> None:
     """Importing ``gateway.db.models`` registers every table and index (nothing is added as a side
     effect of importing another package), and every mapped class is declared under it."""
     alone = _tables_after("")
-    everything = _tables_after("import gateway.app, gateway.jobs.store, gateway.jobs.tasks, gateway.budgets\n")
+    everything = _tables_after("import gateway.app, gateway.jobs.store, gateway.worker, gateway.budgets\n")
     assert alone == everything
     assert "ix_ledger_entries_key_created" in alone[1] and "budget_reservations" in alone[0]
     modules = alone[2].strip("[]").replace("'", "").split(", ")

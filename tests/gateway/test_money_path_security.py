@@ -12,8 +12,7 @@ from typing import Any
 
 import pytest
 
-from gateway.budget_execution import BudgetedExecutor
-from gateway.execution import ResolvedRequest
+from gateway.chat.request import ChatRequest
 from gateway.money import nanos_to_decimal
 from gateway.runtime import Runtime
 from tests.gateway.gateway_harness import Gateway, gateway
@@ -30,15 +29,15 @@ async def _budget(gw: Gateway, **policy: Any) -> None:
     assert r.status_code == 200, r.text
 
 
-def _worst_case(gw: Gateway, body: dict[str, Any]) -> Decimal:
+async def _worst_case(gw: Gateway, body: dict[str, Any]) -> Decimal:
     state: Runtime = gw.app.state.tiergate
 
     class Who:
         tenant_id, key_id, allow_prompt_storage = gw.tenant_id, None, False
 
-    rr, _ = state.flow.prepare(Who(), body)
-    assert isinstance(rr, ResolvedRequest)
-    return nanos_to_decimal(BudgetedExecutor(gw.settings, None, None).worst_case(rr)[0])  # type: ignore[arg-type]
+    req, _ = await state.flow.prepare(Who(), body)
+    assert isinstance(req, ChatRequest)
+    return nanos_to_decimal(state.flow.admission.worst_case(req)[0])
 
 
 async def test_the_tier_cap_is_what_goes_upstream_on_every_path(tmp_path: Path, upstream: ScriptedUpstream) -> None:
@@ -58,9 +57,9 @@ async def test_the_tier_cap_is_what_goes_upstream_on_every_path(tmp_path: Path, 
 
 async def test_holds_price_every_choice(tmp_path: Path, upstream: ScriptedUpstream) -> None:
     async with gateway(tmp_path, upstream) as gw:
-        one = _worst_case(gw, {"model": "low", "messages": MSGS})
-        many = _worst_case(gw, {"model": "low", "messages": MSGS, "n": 128})
-        prompt_part = _worst_case(gw, {"model": "low", "messages": MSGS, "max_tokens": 1}) - Decimal("2e-6")
+        one = await _worst_case(gw, {"model": "low", "messages": MSGS})
+        many = await _worst_case(gw, {"model": "low", "messages": MSGS, "n": 128})
+        prompt_part = await _worst_case(gw, {"model": "low", "messages": MSGS, "max_tokens": 1}) - Decimal("2e-6")
         assert many - prompt_part == pytest.approx(128 * (one - prompt_part))
         await _budget(gw, limit_usd=one * 4)  # room for a few single choices, not for 128 of them
         r = await gw.client.post("/v1/chat/completions", headers=gw.auth,
@@ -130,7 +129,7 @@ async def test_a_stream_the_budget_refuses_is_refused_before_its_first_byte(tmp_
     async with gateway(tmp_path, upstream) as gw:
         body = {"model": "auto", "reasoning_effort": "high", "messages": MSGS, "stream": True,
                 "tiergate": {"pipeline": "on"}}
-        await _budget(gw, limit_usd=_worst_case(gw, body) + Decimal("0.000000001"))
+        await _budget(gw, limit_usd=await _worst_case(gw, body) + Decimal("0.000000001"))
         async with gw.client.stream("POST", "/v1/chat/completions", headers=gw.auth, json=body) as r:
             content = await r.aread()
         assert r.status_code == 429, content[:300]

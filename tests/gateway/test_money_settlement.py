@@ -3,7 +3,7 @@
 Prices here have fractional nano-USD per token (e.g. 12.3 nano-USD per input token), the case
 in which a float cost summed one way and rounded another used to drift by a few nano-USD. Now a
 call's cost is rounded once, to integer nano-USD, and the same integer goes to the ledger row,
-to the request's tally and to the budget settlement — so the spend counter equals the sum of
+to the request's spend and to the budget settlement — so the spend counter equals the sum of
 the ledger rows with no tolerance, whatever mix of holds, top-ups, failed calls, cancelled
 holds and uncovered costs a request goes through."""
 
@@ -16,13 +16,14 @@ from typing import Any
 import pytest
 
 from gateway.budgets import BudgetPolicy, BudgetRuntime, build_budget_runtime
+from gateway.chat.admission import Admitted
+from gateway.chat.spend import Spend
 from gateway.ledger import cost_nanos_for
 from gateway.pipeline import RequestContext
 from gateway.providers.base import Usage
-from gateway.request_budget import RequestBudget
-from gateway.routing import resolve_execution
 from gateway.settings import Settings, settings_from_dict
 from tests.gateway.budgets_support import Caller
+from tests.gateway.routing_support import plan_of
 from tests.gateway.scripted_models import ScriptedProvider, harness, plan_json, scripted_settings
 
 ODD_PRICES = {"small": {"input": 0.0123, "output": 0.0457}, "mid": {"input": 0.333, "output": 1.777},
@@ -56,8 +57,8 @@ async def test_random_calls_settle_to_exactly_their_ledger_rows(seed: int) -> No
     settings = odd_settings()
     rt = runtime(settings)
     caller = Caller("t1", "k1")
-    gate = RequestBudget(rt.budgets, caller, "r1", await rt.budgets.reserve(caller, rng.randint(0, 10**6),
-                                                                          request_id="r1"))
+    gate = Admitted(rt.budgets, caller, "r1", await rt.budgets.reserve(caller, rng.randint(0, 10**6),
+                                                                     request_id="r1"), {})
     await gate.meter_per_call()
     ledger: list[int] = []
 
@@ -82,7 +83,7 @@ async def test_random_calls_settle_to_exactly_their_ledger_rows(seed: int) -> No
 
     tiers = [("low", "small"), ("medium", "mid"), ("high", "big")]
     await asyncio.gather(*(call(*rng.choice(tiers)) for _ in range(rng.randint(1, 40))))
-    await gate.close(sum(ledger))
+    await gate.close(Spend(cost_nanos=sum(ledger)))
     assert await _spent(rt, caller) == (sum(ledger), 0)
 
 
@@ -96,7 +97,7 @@ async def test_concurrent_requests_spend_exactly_their_ledger_rows(seed: int) ->
 
     async def request(i: int) -> None:
         nonlocal total
-        gate = RequestBudget(rt.budgets, caller, f"r{i}", await rt.budgets.reserve(caller, 1000, request_id=f"r{i}"))
+        gate = Admitted(rt.budgets, caller, f"r{i}", await rt.budgets.reserve(caller, 1000, request_id=f"r{i}"), {})
         await gate.meter_per_call()
         cost = 0
         for _ in range(rng.randint(0, 6)):
@@ -105,7 +106,7 @@ async def test_concurrent_requests_spend_exactly_their_ledger_rows(seed: int) ->
             row = cost_nanos_for(settings, "high", "big", usage)[0]
             cost += row
             await hold.settle(row)
-        await gate.close(cost)
+        await gate.close(Spend(cost_nanos=cost))
         total += cost
 
     await asyncio.gather(*(request(i) for i in range(30)))
@@ -126,16 +127,16 @@ async def test_the_pipeline_settles_every_call_to_its_ledger_rows_exactly(seed: 
     rt = runtime(settings)
     caller = Caller("t1", "k1")
     ctx = RequestContext(request_id="r-pipe", tenant_id="t1", key_id="k1")
-    gate = RequestBudget(rt.budgets, caller, ctx.request_id, await rt.budgets.reserve(caller, 5_000))
+    gate = Admitted(rt.budgets, caller, ctx.request_id, await rt.budgets.reserve(caller, 5_000), {})
     await gate.meter_per_call()
     h.pipeline.call_budget = gate
     body = {"model": "auto", "reasoning_effort": rng.choice(["high", "xhigh"]),
             "messages": [{"role": "user", "content": "x " * rng.randint(1, 400)}]}
     if body["reasoning_effort"] == "xhigh":
         provider.paths = {i: ("a b c d e f g h i j", [-0.1 * (i + 1)] * 10) for i in range(3)}
-    result = await h.pipeline.run(ctx, body, resolve_execution(settings, body, None))
+    result = await h.pipeline.run(ctx, body, plan_of(settings, body, None))
     rows = sum(e.cost_nanos for e in h.entries)
     assert result.cost_nanos == rows > 0
     assert sum(hold.settled_nanos or 0 for hold in gate.holds) == rows  # every call settled to its rows
-    await gate.close(rows)
+    await gate.close(Spend(cost_nanos=rows))
     assert await _spent(rt, caller) == (rows, 0)

@@ -14,9 +14,7 @@ import orjson
 
 from gateway.app import create_app
 from gateway.auth import KeyStore
-from gateway.execution import DirectExecutor
 from gateway.ledger import Ledger
-from gateway.pipeline.executor import PipelineExecutor
 from gateway.providers.registry import ProviderRegistry
 from gateway.runtime import RuntimeParts
 from gateway.settings import settings_from_dict
@@ -37,15 +35,13 @@ async def pipeline_gateway(tmp_path: Path, provider: ScriptedProvider,
     ledger = Ledger(sf, tmp_path / "journal", flush_interval_ms=5)
     ledger.start()
     registry = ProviderRegistry(settings, local_provider=provider)
-    executor = None  # create_app's default: the pipeline executor wrapping the direct one
-    if soft_exceeded is not None:
-        async def check(_: object) -> bool:
-            return soft_exceeded
-        executor = PipelineExecutor(settings, registry, ledger, DirectExecutor(settings, registry, ledger),
-                                    soft_budget_exceeded=check)
-    app = create_app(settings, RuntimeParts(session_factory=sf, ledger=ledger, keys=KeyStore(sf), registry=registry, executor=executor))
+    app = create_app(settings, RuntimeParts(session_factory=sf, ledger=ledger, keys=KeyStore(sf), registry=registry))
     try:
         async with asgi_client(app) as client:
+            if soft_exceeded is not None:  # the caller's soft-budget state, as the admission reads it
+                async def soft(_: object) -> bool:
+                    return soft_exceeded
+                app.state.tiergate.flow.admission.soft_exceeded = soft
             yield Gateway(app, client, settings, None, ledger, sf, tenant_id, raw)  # type: ignore[arg-type]
     finally:
         ledger.stop()

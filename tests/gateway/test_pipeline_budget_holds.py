@@ -19,24 +19,23 @@ import sqlalchemy as sa
 
 from gateway.app import create_app
 from gateway.auth import KeyStore
-from gateway.budget_execution import BudgetedExecutor
 from gateway.budgets import build_budget_runtime, put_policy
+from gateway.chat.admission import Admission, Admitted
+from gateway.chat.request import ChatRequest
+from gateway.chat.spend import Spend
 from gateway.db.models import Feedback, Tenant
 from gateway.errors import BudgetExceeded, UpstreamError
-from gateway.execution import ResolvedRequest
 from gateway.ledger import Ledger, price_for
 from gateway.money import usd_to_nanos
 from gateway.pipeline import RequestContext
 from gateway.providers.base import CallOptions
 from gateway.providers.metering import count_prompt_tokens
 from gateway.providers.registry import ProviderRegistry
-from gateway.request_budget import RequestBudget
-from gateway.resolve import resolve_model
-from gateway.routing import direct_body, resolve_execution
 from gateway.runtime import RuntimeParts
 from gateway.settings import settings_from_dict
 from tests.gateway.budgets_support import Caller, FakeClock, migrated_db, small_settings, sqlite_url
 from tests.gateway.gateway_harness import Gateway, asgi_client, make_database
+from tests.gateway.routing_support import decision_of, plan_of
 from tests.gateway.scripted_models import (
     ScriptedProvider,
     harness,
@@ -88,7 +87,7 @@ class ScriptedBudget:
 async def _run(provider: ScriptedProvider, budget: ScriptedBudget, body: dict = HIGH):  # type: ignore[no-untyped-def,type-arg]
     h = harness(provider)
     h.pipeline.call_budget = budget
-    result = await h.pipeline.run(CTX, body, resolve_execution(h.settings, body, None))
+    result = await h.pipeline.run(CTX, body, plan_of(h.settings, body, None))
     return h, result
 
 
@@ -151,7 +150,7 @@ async def test_failed_and_cancelled_calls_give_their_holds_back() -> None:
     provider = ScriptedProvider(plans=[PLAN], step_delay_s=10.0)
     h = harness(provider)
     h.pipeline.call_budget = budget
-    task = asyncio.create_task(h.pipeline.run(CTX, HIGH, resolve_execution(h.settings, HIGH, None)))
+    task = asyncio.create_task(h.pipeline.run(CTX, HIGH, plan_of(h.settings, HIGH, None)))
     while provider.in_flight == 0:  # the first step is running upstream
         await asyncio.sleep(0.001)
     task.cancel()
@@ -261,12 +260,11 @@ async def test_review_feedback_keeps_prompt_text_only_when_the_tenant_allows(tmp
 def test_admission_covers_a_thinking_calls_answer_plus_its_thinking_budget() -> None:
     settings = scripted_settings()
     body = {"model": "auto", "reasoning_effort": "medium", "messages": MSGS}
-    resolution = resolve_model(settings, "auto", MSGS, reasoning_effort="medium")
-    req = ResolvedRequest(request_id="r", tenant_id="t", key_id=None, resolution=resolution, body=body,
-                          options=CallOptions())
-    sent = direct_body(body, resolve_execution(settings, body, None))  # what the medium call may generate
+    decision = decision_of(settings, body)
+    req = ChatRequest(request_id="r", tenant_id="t", key_id=None, decision=decision, options=CallOptions())
+    sent = decision.body  # what the medium call may generate: its answer plus its thinking budget
     assert sent["max_tokens"] > settings.tiers["medium"].max_output_tokens
-    worst, tokens = BudgetedExecutor(settings, None, None).worst_case(req)  # type: ignore[arg-type]
+    worst, tokens = Admission(settings, None).worst_case(req)  # type: ignore[arg-type]
     prompt = count_prompt_tokens(settings.models["mid"], MSGS)
     assert worst >= price_for(settings, "medium", "mid").nanos(prompt, 0, sent["max_tokens"])
     assert tokens >= prompt + sent["max_tokens"]
@@ -284,7 +282,7 @@ async def test_streamed_pipeline_settles_every_call_to_the_ledger(tmp_path: Path
         assert sum((row.cost_usd for row in rows), Decimal(0)) == Decimal(str(status["spent_usd"])) > 0
 
 
-async def test_request_budget_tops_up_admission_and_charges_what_no_hold_covered(tmp_path: Path) -> None:
+async def test_admitted_tops_up_admission_and_charges_what_no_hold_covered(tmp_path: Path) -> None:
     sf = migrated_db(sqlite_url(tmp_path))
     with sf.begin() as s:
         put_policy(s, scope="tenant", tenant_id="t1", period="month", limit_usd=1.0)
@@ -293,7 +291,7 @@ async def test_request_budget_tops_up_admission_and_charges_what_no_hold_covered
     try:
         caller = Caller("t1", "k1")
         usd = usd_to_nanos
-        gate = RequestBudget(rt.budgets, caller, "r1", await rt.budgets.reserve(caller, usd("0.1"), request_id="r1"))
+        gate = Admitted(rt.budgets, caller, "r1", await rt.budgets.reserve(caller, usd("0.1"), request_id="r1"), {})
         with pytest.raises(RuntimeError):
             await gate.hold(usd("0.1"))  # a direct request is settled as a whole
         await gate.meter_per_call()
@@ -305,7 +303,7 @@ async def test_request_budget_tops_up_admission_and_charges_what_no_hold_covered
         await first.settle(usd("0.01"))  # the top-up is released with it
         status = await rt.budgets.status(caller)
         assert (status.spent_nanos, status.held_nanos) == (usd("0.01"), usd("0.5"))
-        await gate.close(usd("0.03"))  # the open hold is released; 0.02 no hold covered is charged
+        await gate.close(Spend(cost_nanos=usd("0.03")))  # the open hold is released; 0.02 no hold covered is charged
         status = await rt.budgets.status(caller)
         assert (status.spent_nanos, status.held_nanos) == (usd("0.03"), 0)
     finally:

@@ -15,8 +15,8 @@ import pytest
 from gateway.pipeline import RequestContext
 from gateway.providers.base import CallOptions
 from gateway.providers.local import LocalEngineProvider
-from gateway.routing import resolve_execution
 from gateway.settings import ModelSettings, Settings, settings_from_dict
+from tests.gateway.routing_support import plan_of
 from tests.gateway.scripted_models import Harness, ScriptedProvider, harness, plan_json
 from tests.gateway.tiny_local_model import write_tiny_model
 
@@ -82,7 +82,7 @@ async def test_steps_run_on_the_local_moe_engine(tiny_model: Path) -> None:
     h, split = split_harness(tiny_model, scripted)
     try:
         result = await h.pipeline.run(CTX, {"messages": MSGS, "temperature": 0},
-                                      resolve_execution(h.settings, {"messages": MSGS, "reasoning_effort": "high"},
+                                      plan_of(h.settings, {"messages": MSGS, "reasoning_effort": "high"},
                                                         None))
     finally:
         await split.aclose()
@@ -104,7 +104,7 @@ async def test_xhigh_paths_stream_real_logprobs_from_the_engine(tiny_model: Path
     h, split = split_harness(tiny_model, scripted)
     body = {"messages": MSGS, "reasoning_effort": "xhigh"}
     try:
-        result = await h.pipeline.run(CTX, body, resolve_execution(h.settings, body, None))
+        result = await h.pipeline.run(CTX, body, plan_of(h.settings, body, None))
     finally:
         await split.aclose()
     paths = [c for c in split.local_calls if c[1].get("logprobs")]

@@ -6,7 +6,7 @@ from __future__ import annotations
 from gateway.money import usd_to_nanos
 from gateway.pipeline import RequestContext
 from gateway.pipeline.prune import ConfidenceTracker, PathOutcome, PathPruner, vote
-from gateway.routing import resolve_execution
+from tests.gateway.routing_support import plan_of
 from tests.gateway.scripted_models import ScriptedProvider, harness, plan_json
 
 CTX = RequestContext(request_id="chatcmpl-x", tenant_id="t1", key_id="k1")
@@ -55,7 +55,7 @@ async def test_falling_path_is_cancelled_billed_and_shown() -> None:
                2: (" ".join(WORDS), [-0.2] * len(WORDS))},
         reviews=["VERDICT: accept\nANSWER:\n42"])
     h = harness(provider)
-    ex = resolve_execution(h.settings, BODY, None)
+    ex = plan_of(h.settings, BODY, None)
     result = await h.pipeline.run(CTX, BODY, ex)
     streams = [c for c in provider.calls if c.role == "step"]
     assert len(streams) == 3 and all(c.model == "scripted/small" for c in streams)

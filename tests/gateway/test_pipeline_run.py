@@ -8,7 +8,7 @@ import pytest
 
 from gateway.money import usd_to_nanos
 from gateway.pipeline import RequestContext
-from gateway.routing import resolve_execution
+from tests.gateway.routing_support import plan_of
 from tests.gateway.scripted_models import (
     ScriptedProvider,
     harness,
@@ -24,7 +24,7 @@ PARALLEL = plan_json(("a", "first half", []), ("b", "second half", []), ("c", "c
 
 
 def high(body: dict = BODY) -> object:
-    return resolve_execution(harness(ScriptedProvider()).settings, {**body, "reasoning_effort": "high"}, None)
+    return plan_of(harness(ScriptedProvider()).settings, {**body, "reasoning_effort": "high"}, None)
 
 
 async def test_stage_order_tiers_and_prompts_between_stages() -> None:
@@ -166,7 +166,7 @@ async def test_ledger_rows_headers_and_response_add_up() -> None:
 async def test_verbosity_bounds_answer_and_effort_bounds_thinking() -> None:
     provider = ScriptedProvider(plans=[TWO_STEP])
     h = harness(provider)
-    ex = resolve_execution(h.settings, {**BODY, "reasoning_effort": "high", "verbosity": "low"}, None)
+    ex = plan_of(h.settings, {**BODY, "reasoning_effort": "high", "verbosity": "low"}, None)
     await h.pipeline.run(CTX, BODY, ex)
     plan_call, step_call, review_call = provider.calls[0], provider.calls[1], provider.calls[-1]
     assert plan_call.body["max_tokens"] == 128  # high tier's thinking budget

@@ -4,7 +4,7 @@ then usage covering every stage."""
 from __future__ import annotations
 
 from gateway.pipeline import RequestContext
-from gateway.routing import resolve_execution
+from tests.gateway.routing_support import plan_of
 from tests.gateway.scripted_models import ScriptedProvider, harness, plan_json
 
 CTX = RequestContext(request_id="chatcmpl-s", tenant_id="t1", key_id="k1")
@@ -17,7 +17,7 @@ async def test_chunk_order_and_usage_covering_every_stage() -> None:
     h = harness(provider)
     body = {"model": "auto", "reasoning_effort": "high", "stream_options": {"include_usage": True},
             "messages": [{"role": "user", "content": "q"}]}
-    stream = h.pipeline.stream(CTX, body, resolve_execution(h.settings, body, None))
+    stream = h.pipeline.stream(CTX, body, plan_of(h.settings, body, None))
     chunks = [c async for c in stream]
     kinds = []
     for c in chunks:
@@ -46,7 +46,7 @@ async def test_client_leaving_mid_stream_cancels_the_running_stage() -> None:
     provider = ScriptedProvider(step_delay_s=5.0)
     h = harness(provider)
     body = {"model": "auto", "reasoning_effort": "high", "messages": [{"role": "user", "content": "q"}]}
-    stream = h.pipeline.stream(CTX, body, resolve_execution(h.settings, body, None))
+    stream = h.pipeline.stream(CTX, body, plan_of(h.settings, body, None))
     iterator = stream.__aiter__()
     seen = []
     async for chunk in iterator:

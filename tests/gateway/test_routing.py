@@ -1,20 +1,24 @@
-"""Routing policy: effort precedence, soft-budget cap, execution mode per tier, the tiergate
-extension object, verbosity → answer budget."""
+"""Routing policy, through the one ``decide`` production uses: effort precedence, soft-budget
+cap, execution mode per tier, the tiergate extension object, verbosity → answer budget, named
+tiers and models as plain proxy calls with their output caps."""
 
 from __future__ import annotations
 
 import pytest
 
-from gateway.errors import InvalidRequest
+from gateway.errors import InvalidRequest, ModelNotFound
 from gateway.routing import (
     TiergateOptions,
-    decide_effort,
+    capped_effort,
+    decide,
     direct_body,
     parse_tiergate_options,
     plan_execution,
-    resolve_execution,
     tier_above,
 )
+from gateway.schemas import parse_chat_request
+from tests.gateway.routing_support import decision_of
+from tests.gateway.routing_support import plan_of as resolve_execution
 from tests.gateway.scripted_models import scripted_settings
 
 S = scripted_settings()
@@ -22,17 +26,24 @@ MSGS = [{"role": "user", "content": "hi"}]
 
 
 def test_client_effort_beats_classifier_beats_default() -> None:
-    assert decide_effort("high", "low", soft_budget_exceeded=False, settings=S).source == "client"
-    assert decide_effort(None, "medium", soft_budget_exceeded=False, settings=S).tier == "medium"
-    choice = decide_effort(None, None, soft_budget_exceeded=False, settings=S)
-    assert (choice.tier, choice.source) == ("low", "default")
+    body = {"messages": MSGS}
+    client = decision_of(S, {**body, "reasoning_effort": "high"}, "low")
+    assert (client.tier, client.effort_source) == ("high", "client")
+    classified = decision_of(S, body, "medium")
+    assert (classified.tier, classified.effort_source, classified.classifier_version) == ("medium", "classifier",
+                                                                                          "test")
+    default = decision_of(S, body)
+    assert (default.tier, default.effort_source) == (S.routing.default_tier, "default") == ("low", "default")
 
 
 def test_soft_budget_caps_effort_instead_of_failing() -> None:
-    choice = decide_effort("xhigh", None, soft_budget_exceeded=True, settings=S)
-    assert (choice.tier, choice.source, choice.capped_from) == ("medium", "budget_cap", "xhigh")
+    capped = decision_of(S, {"messages": MSGS, "reasoning_effort": "xhigh"}, soft_budget_exceeded=True)
+    assert (capped.tier, capped.effort_source, capped.capped_from) == ("medium", "budget_cap", "xhigh")
+    assert capped.models == (S.tiers["medium"].model, *S.tiers["medium"].fallbacks)  # held and run on medium
     # below the cap nothing changes
-    assert decide_effort("low", None, soft_budget_exceeded=True, settings=S).source == "client"
+    assert decision_of(S, {"messages": MSGS, "reasoning_effort": "low"}, soft_budget_exceeded=True
+                       ).effort_source == "client"
+    assert capped_effort(S, "xhigh", "classifier", True).capped_from == "xhigh"
     capped = resolve_execution(S, {"messages": MSGS, "reasoning_effort": "high",
                                    "tiergate": {"pipeline": "on"}}, None, soft_budget_exceeded=True)
     assert (capped.mode, capped.tier, capped.capped_from) == ("thinking", "medium", "high")
@@ -62,8 +73,8 @@ def test_tiergate_options_are_validated() -> None:
         with pytest.raises(InvalidRequest) as err:
             parse_tiergate_options({"tiergate": bad})
         assert err.value.status == 400 and (err.value.param or "").startswith("tiergate")
-    with pytest.raises(InvalidRequest):
-        resolve_execution(S, {"messages": MSGS, "reasoning_effort": "huge"}, None)
+    with pytest.raises(InvalidRequest):  # the wire model refuses it before routing
+        parse_chat_request({"model": "auto", "messages": MSGS, "reasoning_effort": "huge"})
     with pytest.raises(InvalidRequest):
         resolve_execution(S, {"messages": MSGS, "verbosity": "chatty"}, None)
 
@@ -78,8 +89,7 @@ def test_verbosity_and_client_max_tokens_bound_the_answer() -> None:
 
 
 def test_direct_body_strips_gateway_fields_and_adds_thinking_budget() -> None:
-    ex = plan_execution(S, decide_effort("medium", None, soft_budget_exceeded=False, settings=S),
-                        TiergateOptions(), "low")
+    ex = plan_execution(S, capped_effort(S, "medium", "client", False), TiergateOptions(), "low")
     body = direct_body({"messages": MSGS, "tiergate": {"pipeline": "off"}, "verbosity": "low",
                         "reasoning_effort": "medium", "temperature": 0.2}, ex)
     assert body == {"messages": MSGS, "temperature": 0.2, "max_tokens": 32 + 64}
@@ -100,3 +110,15 @@ def test_requests_the_pipeline_cannot_compose_get_one_thinking_call() -> None:
         with pytest.raises(InvalidRequest) as err:
             resolve_execution(S, {"messages": MSGS, "tiergate": {"pipeline": "on"}, **extra}, None)
         assert err.value.param == "tiergate.pipeline"
+
+
+def test_named_tiers_and_models_are_plain_proxy_calls_with_their_caps() -> None:
+    body = {"messages": MSGS, "verbosity": "low", "max_tokens": 10**6}
+    tier = decide(S, "tier-high", body)
+    assert not tier.uses_pipeline and tier.tier == "high" and tier.effort_source == "client"
+    assert tier.body == {**body, "max_tokens": S.tiers["high"].max_output_tokens}  # verbosity kept, cap applied
+    model = S.tiers["low"].model
+    named = decide(S, model, {"messages": MSGS})
+    assert named.by_model and named.models == (model,) and named.price_tier(S) is None
+    with pytest.raises(ModelNotFound):
+        decide(S, "gpt-unknown", {"messages": MSGS})

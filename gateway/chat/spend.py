@@ -1,0 +1,94 @@
+"""What executing a chat request returns: its ``Spend`` (usage and nano-USD over its upstream
+calls), a ``Completion`` (the answer and its spend) or a ``SpendStream`` (chunks, then the spend
+once the stream has ended or was closed), and the ``CallSink`` every upstream call's ledger row is
+handed to as the call ends.
+
+The stream contract, for every stream the chat path passes around: iterate it, and always
+``aclose()`` it (idempotent; on a stream that has not ended it cancels the upstream call, which
+stops generating); after ``aclose()`` — or after the last chunk — ``spend`` covers every upstream
+call the stream made, billed.
+
+Imports the ledger's plain data and the provider contract only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from gateway.ledger.entries import LedgerEntry
+from gateway.providers.base import Usage
+
+
+@dataclass(frozen=True)
+class Spend:
+    """Usage and cost summed over some upstream calls (nano-USD; baseline: the same tokens on the
+    high tier, for the saving)."""
+
+    usage: Usage = field(default_factory=Usage)
+    cost_nanos: int = 0
+    baseline_nanos: int = 0
+    calls: int = 0
+    model: str | None = None  # the model of the latest call
+
+    def __add__(self, other: Spend) -> Spend:
+        return Spend(self.usage + other.usage, self.cost_nanos + other.cost_nanos,
+                     self.baseline_nanos + other.baseline_nanos, self.calls + other.calls,
+                     other.model or self.model)
+
+    @classmethod
+    def of(cls, entry: LedgerEntry) -> Spend:
+        return cls(entry.usage, entry.cost_nanos, entry.baseline_cost_nanos, 1, entry.model)
+
+
+NOTHING = Spend()
+
+
+class CallSink(Protocol):
+    """Where an executor hands each upstream call's ledger row, as the call ends."""
+
+    def record(self, entry: LedgerEntry) -> None: ...
+
+
+@dataclass(frozen=True)
+class Completion:
+    response: dict[str, Any]
+    spend: Spend
+
+
+class SpendStream(Protocol):
+    """Chunks of one streamed answer; see the module docstring for the close contract."""
+
+    def __aiter__(self) -> SpendStream: ...
+
+    async def __anext__(self) -> dict[str, Any]: ...
+
+    async def aclose(self) -> None: ...
+
+    @property
+    def spend(self) -> Spend: ...
+
+
+class RequestRows:
+    """The ``CallSink`` of one request: every upstream call's row passes through it and is summed
+    into ``spend`` — what the budgets settle on and the request record reports, whatever happened
+    to the request. With ``park`` the rows wait (``take_parked``) so that the request's record and
+    its rows go to the journal in one write and one fsync (a direct request: its one call ends
+    just before the request does); otherwise each row goes to the ledger as its call ends."""
+
+    def __init__(self, ledger: CallSink, *, park: bool) -> None:
+        self._ledger = ledger
+        self._parked: list[LedgerEntry] | None = [] if park else None
+        self.spend = NOTHING
+
+    def record(self, entry: LedgerEntry) -> None:
+        self.spend = self.spend + Spend.of(entry)
+        if self._parked is not None:
+            self._parked.append(entry)
+        else:
+            self._ledger.record(entry)  # never swallowed: the money path fails loudly
+
+    def take_parked(self) -> list[LedgerEntry]:
+        """The parked rows, and stop parking (later rows go to the ledger at once)."""
+        rows, self._parked = self._parked or [], None
+        return rows
