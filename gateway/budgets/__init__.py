@@ -8,7 +8,14 @@ reserves a worst case with ``Budgets.reserve`` and gets a ``Hold`` (``settle(nan
 
 from gateway.budgets.alerts import AlertNotifier
 from gateway.budgets.factory import BudgetRuntime, build_budget_runtime
-from gateway.budgets.holds import CounterRef, Hold
+from gateway.budgets.holds import (
+    REMAINING_HEADER,
+    UNLIMITED,
+    BudgetStatus,
+    CounterRef,
+    Hold,
+    remaining_headers,
+)
 from gateway.budgets.memory_backend import MemoryCounters
 from gateway.budgets.periods import PERIOD_NAMES, PeriodWindow, window_for
 from gateway.budgets.policies import BudgetPolicy, PolicyStore, get_policy_rows, put_policy, subject_of
@@ -17,7 +24,6 @@ from gateway.budgets.redis_backend import RedisCounters
 from gateway.budgets.reservations import ReservationStore
 from gateway.budgets.service import Budgets
 from gateway.budgets.spend import SpendSource, spend_summary
-from gateway.budgets.status import REMAINING_HEADER, UNLIMITED, BudgetStatus, remaining_headers
 
 __all__ = [
     "PERIOD_NAMES", "REMAINING_HEADER", "UNLIMITED", "AlertNotifier", "BudgetPolicy", "BudgetRuntime",

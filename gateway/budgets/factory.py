@@ -17,7 +17,7 @@ from redis.asyncio import Redis
 from sqlalchemy.orm import Session, sessionmaker
 
 from gateway.budgets.alerts import AlertNotifier
-from gateway.budgets.counters import CounterBackend
+from gateway.budgets.holds import CounterBackend
 from gateway.budgets.memory_backend import MemoryCounters
 from gateway.budgets.periods import utc_now
 from gateway.budgets.policies import PolicyStore

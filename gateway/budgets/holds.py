@@ -1,14 +1,21 @@
-"""``Hold``: nano-USD held on a caller's budget counters while upstream work runs — the one
-hold type of tiergate (the request's admission hold and every per-call hold are ``Hold``s).
+"""The plain data of budget holds and the contract of the counters that hold them.
 
-``Budgets.reserve`` returns one: the worst case of the work it covers, held atomically on every
-budget counter of the caller (tenant's and key's), or ``BudgetExceeded``. A hold ends exactly
-once, by ``settle(cost_nanos)`` (the hold is replaced by what the work cost; 0 gives it all
-back) or ``release()`` (gives it all back). Ending is idempotent (a later call waits for the
-first and returns its outcome) and runs to completion even when the caller is cancelled: the
-counter update is a task the caller only waits for (shielded). ``cover(nanos)`` grows a hold
-that is still open to ``nanos`` by reserving the difference as a top-up, which ends with it (a
-request's admission hold becoming its first call's hold).
+- ``Hold``: nano-USD held on a caller's budget counters while upstream work runs — the one hold
+  type of tiergate (the request's admission hold and every per-call hold are ``Hold``s).
+  ``Budgets.reserve`` returns one: the worst case of the work it covers, held atomically on every
+  budget counter of the caller (tenant's and key's), or ``BudgetExceeded``. A hold ends exactly
+  once, by ``settle(cost_nanos)`` (the hold is replaced by what the work cost; 0 gives it all
+  back) or ``release()`` (gives it all back). Ending is idempotent (a later call waits for the
+  first and returns its outcome) and runs to completion even when the caller is cancelled: the
+  counter update is a task the caller only waits for (shielded). ``cover(nanos)`` grows a hold
+  that is still open to ``nanos`` by reserving the difference as a top-up, which ends with it (a
+  request's admission hold becoming its first call's hold).
+- ``CounterBackend``: what both counter backends (in-process, Redis) implement. A counter is
+  ``spent`` (settled nano-USD in one subject's period window, loaded from the database on first
+  use) plus ``held`` (outstanding holds). Reserving checks ``spent + held + amount <= limit`` for
+  every counter of a hold atomically and holds on all of them or on none.
+- ``BudgetStatus``: the tightest budget applying to a caller right now, and its edge forms (the
+  ``x-tiergate-budget-remaining-usd`` header, the admin API's JSON in USD).
 
 Amounts are integer nano-USD (``gateway.money``), so a settlement equals the ledger rows it
 stands for to the last nano. Must not import routes, the app, the pipeline or providers.
@@ -18,13 +25,56 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Protocol
+from typing import Any, Protocol
 
-from gateway.budgets.periods import PeriodWindow
+from gateway.budgets.periods import PeriodName, PeriodWindow
 from gateway.budgets.policies import PrincipalLike
-from gateway.budgets.status import BudgetStatus
+from gateway.money import format_usd, usd_number
+
+REMAINING_HEADER = "x-tiergate-budget-remaining-usd"
+
+
+def remaining_headers(remaining_nanos: int | None) -> dict[str, str]:
+    """The remaining-budget header (never negative), or none when no hard limit applies."""
+    return {} if remaining_nanos is None else {REMAINING_HEADER: format_usd(max(remaining_nanos, 0))}
+
+
+def _usd(nanos: int | None) -> float | None:
+    return None if nanos is None else usd_number(nanos)
+
+
+@dataclass(frozen=True)
+class BudgetStatus:
+    """The tightest budget applying to a caller right now (None fields: no limit set)."""
+
+    remaining_nanos: int | None
+    soft_exceeded: bool
+    hard_limit_nanos: int | None
+    soft_limit_nanos: int | None = None
+    spent_nanos: int = 0
+    held_nanos: int = 0
+    subject: str | None = None
+    period: PeriodName | None = None
+    period_key: str | None = None
+    resets_in_s: float | None = None
+
+    def headers(self) -> dict[str, str]:
+        return remaining_headers(self.remaining_nanos)
+
+    def to_json(self) -> dict[str, Any]:
+        """The admin API's and dashboard's form: amounts as USD numbers."""
+        return {"remaining_usd": _usd(self.remaining_nanos), "soft_exceeded": self.soft_exceeded,
+                "hard_limit_usd": _usd(self.hard_limit_nanos), "soft_limit_usd": _usd(self.soft_limit_nanos),
+                "spent_usd": usd_number(self.spent_nanos), "held_usd": usd_number(self.held_nanos),
+                "subject": self.subject, "period": self.period, "period_key": self.period_key,
+                "resets_in_s": self.resets_in_s}
+
+
+UNLIMITED = BudgetStatus(remaining_nanos=None, soft_exceeded=False, hard_limit_nanos=None)
+
 
 _END_ORDER = itertools.count(1)
 
@@ -128,3 +178,36 @@ class Hold:
         if self.owner is None:
             raise RuntimeError("this hold was not made by Budgets.reserve")
         return self.owner
+
+
+SpentLoader = Callable[[CounterRef], Awaitable[int]]
+
+
+@dataclass(frozen=True)
+class CounterState:
+    spent_nanos: int
+    held_nanos: int
+
+    def remaining(self, limit_nanos: int) -> int:
+        return limit_nanos - self.spent_nanos - self.held_nanos
+
+
+@dataclass(frozen=True)
+class ReserveOutcome:
+    ok: bool
+    states: tuple[CounterState, ...]  # one per counter, after the hold when ok
+    denied_index: int | None = None  # which counter refused
+
+
+class CounterBackend(Protocol):
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+    async def reserve(self, hold: Hold, load: SpentLoader) -> ReserveOutcome: ...
+
+    async def settle(self, hold: Hold, actual_nanos: int) -> tuple[CounterState, ...]: ...
+
+    async def release(self, hold: Hold) -> None: ...
+
+    async def snapshot(self, refs: Sequence[CounterRef], load: SpentLoader) -> tuple[CounterState, ...]: ...

@@ -16,8 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from gateway.budgets.counters import CounterState, ReserveOutcome, SpentLoader
-from gateway.budgets.holds import CounterRef, Hold
+from gateway.budgets.holds import CounterRef, CounterState, Hold, ReserveOutcome, SpentLoader
 from gateway.budgets.periods import utc_now
 from gateway.budgets.reservations import ReservationStore
 
@@ -104,9 +103,10 @@ class MemoryCounters:
             if outcome.ok:
                 try:
                     await self._store.insert(res)
-                except BaseException:
-                    async with self._lock:
+                except BaseException:  # cancelled or failed: give the hold back, and mark its row
+                    async with self._lock:  # released once the insert (maybe still running) lands
                         self._drop_hold(res.id)
+                    self._store.finish(res.id, "released", None)
                     raise
         return outcome
 

@@ -29,8 +29,7 @@ from typing import Any
 from redis.asyncio import Redis
 from sqlalchemy.orm import Session, sessionmaker
 
-from gateway.budgets.counters import CounterState, ReserveOutcome, SpentLoader
-from gateway.budgets.holds import CounterRef, Hold
+from gateway.budgets.holds import CounterRef, CounterState, Hold, ReserveOutcome, SpentLoader
 from gateway.budgets.periods import PeriodWindow, utc_now, window_from_key
 from gateway.budgets.spend import ledger_nanos_by_request, spent_nanos
 from gateway.log_safety import describe

@@ -50,6 +50,9 @@ class ReservationStore:
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
+        # Inserts still being written: an outcome is never written before its hold's row (a request
+        # cancelled while its insert runs in a thread would otherwise leave the row 'held').
+        self._inserting: dict[str, asyncio.Future[None]] = {}
 
     async def start(self) -> None:
         if self._task is None:
@@ -63,14 +66,26 @@ class ReservationStore:
         if self._task is not None:
             await self._task
             self._task = None
-        await asyncio.to_thread(self._write_outcomes, self._take())
+        batch = self._take()
+        await self._inserted(batch)
+        await asyncio.to_thread(self._write_outcomes, batch)
 
     async def insert(self, res: Hold) -> None:
         row = BudgetReservationRow(
             id=res.id, tenant_id=res.tenant_id, key_id=res.key_id, request_id=res.request_id,
             counters=[c.key for c in res.counters], amount_nanos=res.amount_nanos, status="held",
             created_at=res.created_at, expires_at=res.expires_at)
-        await asyncio.to_thread(self._insert, row)
+        written = asyncio.ensure_future(asyncio.to_thread(self._insert, row))
+        self._inserting[res.id] = written
+        written.add_done_callback(lambda _: self._inserting.pop(res.id, None))
+        await asyncio.shield(written)
+
+    async def _inserted(self, batch: Sequence[tuple[str, str, int | None]]) -> None:
+        """Wait until the rows ``batch``'s outcomes update are written (their inserts' errors are
+        their callers')."""
+        waiting = [self._inserting[rid] for rid, _, _ in batch if rid in self._inserting]
+        if waiting:
+            await asyncio.gather(*waiting, return_exceptions=True)
 
     def _insert(self, row: BudgetReservationRow) -> None:
         with self._sf.begin() as session:
@@ -93,6 +108,7 @@ class ReservationStore:
                 await asyncio.sleep(self._interval)
             batch = self._take()
             try:
+                await self._inserted(batch)
                 await asyncio.to_thread(self._write_outcomes, batch)
             except Exception as err:
                 log.error("writing %d reservation outcomes failed; retrying: %s", len(batch), describe(err))

@@ -15,12 +15,18 @@ from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from typing import Protocol
 
-from gateway.budgets.counters import CounterBackend, CounterState
-from gateway.budgets.holds import CounterRef, Hold
+from gateway.budgets.holds import (
+    REMAINING_HEADER,
+    UNLIMITED,
+    BudgetStatus,
+    CounterBackend,
+    CounterRef,
+    CounterState,
+    Hold,
+)
 from gateway.budgets.periods import utc_now, window_for
 from gateway.budgets.policies import BudgetPolicy, PolicyStore, PrincipalLike
 from gateway.budgets.spend import SpendSource
-from gateway.budgets.status import REMAINING_HEADER, UNLIMITED, BudgetStatus
 from gateway.errors import BudgetExceeded
 from gateway.money import format_usd
 

@@ -27,8 +27,8 @@ from collections.abc import Callable
 from typing import Any
 
 from gateway.budgets import Budgets, BudgetStatus, Hold, RateLimiter
+from gateway.budgets.holds import remaining_headers
 from gateway.budgets.policies import PrincipalLike
-from gateway.budgets.status import remaining_headers
 from gateway.chat.request import ChatRequest
 from gateway.chat.spend import Spend, SpendStream
 from gateway.ledger.pricing import model_price, price_for

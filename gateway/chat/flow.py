@@ -21,7 +21,10 @@ Imports routing, schemas, the chat parts, ledger entries, providers and settings
 
 from __future__ import annotations
 
+import asyncio
 import functools
+import inspect
+import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -30,12 +33,12 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
 import orjson
 
 from gateway.chat.admission import Admission, Admitted, AdmittedStream
-from gateway.chat.disconnect import unless_gone
 from gateway.chat.request import CallContext, ChatRequest, Executor
 from gateway.chat.spend import Completion, RequestRows, Spend
 from gateway.errors import ClientClosedRequest, GatewayError, InvalidRequest
 from gateway.ids import fast_id
 from gateway.ledger.entries import LedgerEntry, RequestRecord
+from gateway.log_safety import describe
 from gateway.providers.base import CallOptions
 from gateway.providers.metering import count_prompt_tokens
 from gateway.routing import DecideAuto, RouteDecision, decide
@@ -48,6 +51,7 @@ if TYPE_CHECKING:
 STATUS_CLIENT_CLOSED = ClientClosedRequest.status  # nginx's convention for "client went away"
 PER_MESSAGE_OVERHEAD_TOKENS = 8
 T = TypeVar("T")
+log = logging.getLogger("tiergate.chat")
 
 
 class PrincipalLike(Protocol):
@@ -219,3 +223,61 @@ class ChatFlow:
         run = unless_gone(functools.partial(self._open, rows, req), client_gone)
         stream, first = await self._recorded_on_failure(req, rows, run)
         return ChatStream(self, req, rows, stream, first)
+
+
+# -- racing the work against the client's disconnect ---------------------------------------------
+def unless_gone(run: Callable[[], Awaitable[T]],
+                client_gone: Awaitable[object] | None) -> Callable[[], Awaitable[T]]:
+    """``run``, cancelled once if ``client_gone`` ends first (then ``ClientClosedRequest``)."""
+    if client_gone is None:
+        return run
+    return functools.partial(_run_unless_gone, run, client_gone)
+
+
+async def _run_unless_gone(run: Callable[[], Awaitable[T]], client_gone: Awaitable[object]) -> T:
+    """The work runs in this task. If it is still running after ``WATCH_CLIENT_AFTER_S``, a watcher
+    task starts waiting on ``client_gone``; if the client has left, the watcher cancels this task
+    once — a plain ``Task.cancel`` (not a cancel scope), so the work's own cleanup (cancelled calls'
+    ledger rows, shielded budget settlements) runs to its end — and the cancel surfaces as
+    ``ClientClosedRequest``. Quick answers never start the watcher, and nothing runs as a second
+    task on the hot path: a watcher per request cost ~0.1 ms of added p50 in ``tiergate bench
+    gateway``, the work as its own task ~0.15 ms."""
+    me = asyncio.current_task()
+    assert me is not None
+    watch: asyncio.Future[object] | None = None
+    watching = True  # a done-callback already scheduled when the work ends must not cancel what follows
+
+    def left(done: asyncio.Future[object]) -> None:
+        if watching and not done.cancelled() and done.exception() is None:
+            me.cancel(_CLIENT_GONE)
+
+    def start_watching() -> None:
+        nonlocal watch
+        watch = asyncio.ensure_future(client_gone)
+        watch.add_done_callback(left)
+
+    timer = asyncio.get_running_loop().call_later(WATCH_CLIENT_AFTER_S, start_watching)
+    try:
+        return await run()
+    except asyncio.CancelledError:
+        client_left = watch is not None and watch.done() and not watch.cancelled() and watch.exception() is None
+        if client_left and me.cancelling() == 1:  # only the watcher's cancel: not a shutdown
+            me.uncancel()
+            raise ClientClosedRequest("the client closed the connection before the answer was ready") from None
+        raise
+    finally:
+        watching = False
+        timer.cancel()
+        if watch is None:
+            if inspect.iscoroutine(client_gone):
+                client_gone.close()  # never started
+        else:
+            watch.remove_done_callback(left)
+            watch.cancel()
+            failed = watch.exception() if watch.done() and not watch.cancelled() else None
+            if failed is not None:
+                log.warning("watching the client connection failed: %s", describe(failed))
+
+
+WATCH_CLIENT_AFTER_S = 0.05
+_CLIENT_GONE = "tiergate: the client disconnected"
