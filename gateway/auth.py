@@ -48,6 +48,7 @@ class Principal:
     key_id: str
     key_prefix: str
     allow_prompt_storage: bool
+    routing_exploration: float | None = None  # the tenant's exploration share (None: the config's)
 
 
 def parse_bearer(header: str | None) -> str:
@@ -151,7 +152,7 @@ class KeyStore:
         if key is None or not hmac.compare_digest(key.key_hash, digest):
             return None
         return Principal(tenant_id=key.tenant_id, key_id=key.key_id, key_prefix=key.key_prefix,
-                         allow_prompt_storage=key.allow_prompt_storage)
+                         allow_prompt_storage=key.allow_prompt_storage, routing_exploration=key.routing_exploration)
 
     def invalidate(self, raw_key_or_hash: str) -> None:
         """Forget a key now (e.g. right after revoking it in this process)."""

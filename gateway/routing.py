@@ -32,7 +32,7 @@ from gateway.settings import TIER_NAMES, Settings, Tier
 
 PipelineMode = Literal["auto", "on", "off"]
 ExecutionMode = Literal["direct", "thinking", "pipeline"]
-EffortSource = Literal["client", "classifier", "default", "budget_cap"]
+EffortSource = Literal["client", "classifier", "exploration", "default", "budget_cap"]
 Verbosity = Literal["low", "medium", "high"]
 
 AUTO_MODEL = "auto"
@@ -215,8 +215,10 @@ def direct_body(body: dict[str, Any], plan: ExecutionPlan) -> dict[str, Any]:
 
 
 # -- the one decision ---------------------------------------------------------------------------
-class EffortDecisionLike(Protocol):
-    """What the classifier returns (``gateway.perceive``: ``classifier.EffortDecision``)."""
+class EffortVerdict(Protocol):
+    """What the classifier hook returns for an ``auto`` request (``gateway.learning``'s
+    ``RoutingVerdict``): the tier to run, the score, the classifier version, and — when the
+    router explores — the probability with which this tier was chosen."""
 
     @property
     def tier(self) -> str: ...
@@ -224,9 +226,14 @@ class EffortDecisionLike(Protocol):
     def score(self) -> float: ...
     @property
     def version(self) -> str: ...
+    @property
+    def propensity(self) -> float: ...
+    @property
+    def explored(self) -> bool: ...
 
 
-DecideAuto = Callable[[list[dict[str, Any]]], EffortDecisionLike]
+# (messages, tenant id, the tenant's exploration share or None for the configured one) -> verdict
+DecideAuto = Callable[[list[dict[str, Any]], str | None, float | None], EffortVerdict]
 
 
 @dataclass(frozen=True)
@@ -247,6 +254,12 @@ class RouteDecision:
     capped_from: str | None = None
     classifier_score: float | None = None
     classifier_version: str | None = None
+    verdict: EffortVerdict | None = None  # the classifier's, when it chose the tier (logged for learning)
+
+    @property
+    def propensity(self) -> float:
+        """The probability with which the routing policy chose this tier (1: not randomised)."""
+        return 1.0 if self.verdict is None else float(self.verdict.propensity)
 
     @property
     def uses_pipeline(self) -> bool:
@@ -287,34 +300,37 @@ def cap_output(body: dict[str, Any], cap: int | None) -> dict[str, Any]:
 
 
 def _requested_effort(settings: Settings, requested: str, messages: list[dict[str, Any]],
-                      reasoning_effort: str | None, decide_auto: DecideAuto | None,
-                      ) -> tuple[str, EffortSource, float | None, str | None]:
-    """(tier, source, classifier score, classifier version) of a request naming a tier or ``auto``."""
+                      reasoning_effort: str | None, decide_auto: DecideAuto | None, tenant: str | None,
+                      exploration: float | None) -> tuple[str, EffortSource, EffortVerdict | None]:
+    """(tier, source, the classifier's verdict) of a request naming a tier or ``auto``."""
     if requested in TIER_NAMES:
-        return requested, "client", None, None
+        return requested, "client", None
     if requested.startswith(TIER_PREFIX) and requested[len(TIER_PREFIX):] in TIER_NAMES:
-        return requested[len(TIER_PREFIX):], "client", None, None
+        return requested[len(TIER_PREFIX):], "client", None
     if requested != AUTO_MODEL:
         raise ModelNotFound(f"The model '{requested[:100]}' does not exist or you do not have access to it.",
                             param="model")
     if reasoning_effort in TIER_NAMES:
-        return cast(str, reasoning_effort), "client", None, None
+        return cast(str, reasoning_effort), "client", None
     if decide_auto is not None:
-        verdict = decide_auto(messages)
-        return verdict.tier, "classifier", float(verdict.score), verdict.version
-    return settings.routing.default_tier, "default", None, None
+        verdict = decide_auto(messages, tenant, exploration)
+        return verdict.tier, "exploration" if verdict.explored else "classifier", verdict
+    return settings.routing.default_tier, "default", None
 
 
 def decide(settings: Settings, requested: str, body: dict[str, Any], *, reasoning_effort: str | None = None,
-           decide_auto: DecideAuto | None = None, soft_budget_exceeded: bool = False) -> RouteDecision:
-    """The route of one request (``body``: the validated request as forwardable JSON)."""
+           decide_auto: DecideAuto | None = None, soft_budget_exceeded: bool = False, tenant: str | None = None,
+           exploration: float | None = None) -> RouteDecision:
+    """The route of one request (``body``: the validated request as forwardable JSON; ``tenant``
+    and its ``exploration`` share go to the classifier hook)."""
     messages: list[dict[str, Any]] = body["messages"]
     by_model = requested in settings.models and requested not in TIER_NAMES
+    verdict: EffortVerdict | None = None
     if by_model:
-        tier, source, score, version = tier_for_model(settings, requested), "client", None, None
+        tier, source = tier_for_model(settings, requested), "client"
     else:
-        tier, source, score, version = _requested_effort(settings, requested, messages, reasoning_effort,
-                                                         decide_auto)
+        tier, source, verdict = _requested_effort(settings, requested, messages, reasoning_effort, decide_auto,
+                                                  tenant, exploration)
     if tier not in TIER_NAMES:  # a model no tier uses: a plain proxy call to it
         out = cap_output({k: v for k, v in body.items() if k != "tiergate"},
                          settings.models[requested].max_output_tokens)
@@ -327,8 +343,9 @@ def decide(settings: Settings, requested: str, body: dict[str, Any], *, reasonin
         options = TiergateOptions(pipeline="off", max_cost_usd=options.max_cost_usd)
     plan = plan_execution(settings, effort, options, parse_verbosity(capped), client_max_tokens(capped),
                           pipeline_blocker(capped))
-    common = {"effort_source": effort.source, "capped_from": effort.capped_from, "classifier_score": score,
-              "classifier_version": version}
+    common = {"effort_source": effort.source, "capped_from": effort.capped_from, "verdict": verdict,
+              "classifier_score": None if verdict is None else float(verdict.score),
+              "classifier_version": None if verdict is None else verdict.version}
     if requested != AUTO_MODEL and effort.capped_from is None and not plan.uses_pipeline:
         out = {k: v for k, v in capped.items() if k != "tiergate"}  # what the client asked, as a proxy
         chain = (requested,) if by_model else tier_models(settings, effort.tier)

@@ -24,6 +24,7 @@ from gateway.chat.flow import ChatFlow
 from gateway.chat.request import Executor
 from gateway.chat.wiring import build_flow
 from gateway.jobs.backends import JobsBackend, start_jobs
+from gateway.learning.outcomes import DecisionLog
 from gateway.ledger import Ledger
 from gateway.providers.base import ChatProvider
 from gateway.providers.metering import warm_up
@@ -60,6 +61,7 @@ class Runtime:
     registry: ProviderRegistry
     budgets: BudgetRuntime
     decide_auto: DecideAuto | None
+    decisions: DecisionLog | None  # the classifier's decisions, logged for learning (None: no classifier)
     flow: ChatFlow  # the live route's: budgets and rate limits in front
     jobs: JobsBackend | None  # None in a worker process (it runs batches, it does not submit them)
     admin_throttle: LoginThrottle  # failed admin credential checks per client address
@@ -91,7 +93,7 @@ async def _budgets(settings: Settings, sf: sessionmaker[Session], ledger: Ledger
 
 
 async def _decide_auto(settings: Settings) -> DecideAuto | None:
-    from gateway.perceive import build_perceiver
+    from gateway.learning.perceive import build_perceiver
 
     perceiver = await asyncio.to_thread(build_perceiver, settings)
     return perceiver.decide if perceiver is not None else None
@@ -114,11 +116,17 @@ async def open_runtime(settings: Settings, parts: RuntimeParts = RuntimeParts(),
         warm = asyncio.ensure_future(asyncio.to_thread(warm_up, list(settings.models.values())))
         stack.push_async_callback(lambda: warm)
         decide = parts.decide_auto if parts.decide_auto is not None else await _decide_auto(settings)
-        flow = build_flow(settings, registry, ledger, budgets, sf, decide_auto=decide, pipelined=parts.pipelined)
+        decisions = None
+        if decide is not None:  # the classifier's decisions are logged to be learned from
+            decisions = DecisionLog(sf, settings)
+            stack.callback(decisions.close)
+        flow = build_flow(settings, registry, ledger, budgets, sf, decide_auto=decide, pipelined=parts.pipelined,
+                          decisions=decisions)
         jobs = None
         if role == "gateway":  # batch lines: an in-process runner (embedded) or a Celery producer
             jobs = await start_jobs(settings, stack, session_factory=sf, registry=registry, budget_runtime=budgets,
-                                    decide_auto=decide, ledger=ledger, pipelined=parts.pipelined)
+                                    decide_auto=decide, ledger=ledger, pipelined=parts.pipelined,
+                                    decisions=decisions)
         yield Runtime(settings=settings, session_factory=sf, ledger=ledger, keys=parts.keys or KeyStore(
-            sf, ttl_s=settings.server.key_cache_ttl_s), registry=registry, budgets=budgets, decide_auto=decide,
+            sf, ttl_s=settings.server.key_cache_ttl_s), registry=registry, budgets=budgets, decide_auto=decide, decisions=decisions,
             flow=flow, jobs=jobs, admin_throttle=LoginThrottle())

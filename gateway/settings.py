@@ -180,10 +180,23 @@ class BudgetDefaults(_Strict):
 
 
 class RoutingSettings(_Strict):
-    """How ``model: "auto"`` is routed when nothing else decides: the tier used when no
-    ``reasoning_effort`` is given and no classifier artifact is loaded."""
+    """How ``model: "auto"`` is routed and learned (README "Routing on outcomes").
+
+    ``default_tier``: used when no ``reasoning_effort`` is given and no classifier is loaded.
+    ``exploration``: the share of classifier-routed requests sent to a uniformly random tier
+    instead (billed as usual, recorded with ``effort_source: exploration`` and the propensity of
+    the tier that ran); a tenant's own share (``tiergate tenants set --exploration``) wins.
+    ``decision_log``: which decisions are stored with their hashed features for learning.
+    ``learn_*``: the off-policy learner (``tiergate routing learn``): the held-back share of new
+    outcomes its update must not score worse on, the least number of new outcomes per update,
+    the step size of per-tenant corrections (0: one global router)."""
 
     default_tier: Tier = "low"
+    exploration: float = Field(0.02, ge=0, le=1)
+    decision_log: Literal["all", "explored", "none"] = "all"
+    learn_holdback: float = Field(0.2, gt=0, lt=1)
+    learn_min_records: int = Field(200, ge=10)
+    tenant_adaptation: float = Field(0.05, ge=0, le=1)
 
 
 class ClassifierSettings(_Strict):

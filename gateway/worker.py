@@ -27,7 +27,7 @@ from gateway.settings import Settings
 async def drain_batch(rt: Runtime, batch_id: str) -> None:
     """Run ``batch_id``'s lines in this process until the batch is final."""
     work = build_batch_work(rt.settings, rt.session_factory, rt.registry, rt.budgets, rt.decide_auto,
-                            ledger=rt.ledger)
+                            ledger=rt.ledger, decisions=rt.decisions)
     runner = BatchRunner(work, concurrency=rt.settings.jobs.concurrency,
                          poll_interval_s=rt.settings.jobs.poll_interval_s, batch_id=batch_id)
     await runner.run_until_final()

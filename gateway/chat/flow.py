@@ -61,6 +61,15 @@ class PrincipalLike(Protocol):
     def key_id(self) -> str | None: ...
     @property
     def allow_prompt_storage(self) -> bool: ...
+    @property
+    def routing_exploration(self) -> float | None: ...
+
+
+class DecisionSink(Protocol):
+    """Where the classifier's routing decisions go to be learned from (gateway.learning.DecisionLog)."""
+
+    def log(self, request_id: str, tenant_id: str, verdict: Any, messages: list[dict[str, Any]],
+            allow_prompt_storage: bool) -> None: ...
 
 
 class RequestLedger(Protocol):
@@ -111,9 +120,9 @@ class ChatFlow:
 
     def __init__(self, settings: Settings, *, direct: Executor, pipelined: Executor, admission: Admission,
                  ledger: RequestLedger, decide_auto: DecideAuto | None = None, rate_limited: bool = True,
-                 park_rows: bool = True) -> None:
+                 park_rows: bool = True, decisions: DecisionSink | None = None) -> None:
         self.settings, self.direct, self.pipelined, self.admission = settings, direct, pipelined, admission
-        self.ledger, self.decide_auto = ledger, decide_auto
+        self.ledger, self.decide_auto, self.decisions = ledger, decide_auto, decisions
         self.rate_limited, self.park_rows = rate_limited, park_rows
 
     async def prepare(self, principal: PrincipalLike, data: Any, *, request_id: str | None = None
@@ -123,7 +132,8 @@ class ChatFlow:
         body = wire.forwardable()  # re-encoded from the validated model: never the raw body
         soft = await self.admission.soft_exceeded(principal)
         decision = decide(self.settings, wire.model, body, reasoning_effort=wire.reasoning_effort,
-                          decide_auto=self.decide_auto, soft_budget_exceeded=soft)
+                          decide_auto=self.decide_auto, soft_budget_exceeded=soft, tenant=principal.tenant_id,
+                          exploration=principal.routing_exploration)
         check_context_window(self.settings, decision.models[0], body["messages"])
         tier = self.settings.tiers.get(decision.tier)  # type: ignore[call-overload]
         options = CallOptions(experts_per_token=tier.engine.experts_per_token if tier else None,
@@ -131,6 +141,9 @@ class ChatFlow:
         req = ChatRequest(request_id=request_id or new_request_id(), tenant_id=principal.tenant_id,
                           key_id=principal.key_id, decision=decision, options=options,
                           include_usage=wire.include_usage, allow_prompt_storage=principal.allow_prompt_storage)
+        if decision.verdict is not None and self.decisions is not None:  # routed by the classifier: learnable
+            self.decisions.log(req.request_id, req.tenant_id, decision.verdict, body["messages"],
+                               principal.allow_prompt_storage)
         return req, wire.stream
 
     def _executor(self, req: ChatRequest) -> Executor:

@@ -14,18 +14,29 @@ app = typer.Typer(help="tiergate: an OpenAI-compatible gateway that spends compu
 
 def _register() -> None:
     # Imported lazily so that `tiergate --help` stays fast and nothing heavy loads at import.
-    from gateway.cli import bench, budgets_cmd, classifier_cmd, db_cmd, engine_cmd, serve, tenants
+    from gateway.cli import (
+        bench,
+        budgets_cmd,
+        classifier_cmd,
+        db_cmd,
+        engine_cmd,
+        routing_cmd,
+        serve,
+        tenants,
+    )
 
     app.add_typer(db_cmd.app, name="db")
     app.add_typer(tenants.tenants_app, name="tenants")
     app.add_typer(tenants.keys_app, name="keys")
     app.add_typer(engine_cmd.app, name="engine")
     app.add_typer(classifier_cmd.app, name="classifier")
+    app.add_typer(routing_cmd.app, name="routing")
     app.add_typer(bench.app, name="bench")
     app.add_typer(budgets_cmd.app, name="budgets")
     from gateway.cli import ledger_bench
 
     bench.app.command("ledger-sqlite")(ledger_bench.ledger)
+    bench.app.command("routing")(classifier_cmd.bench_routing)
     serve.register(app)
     from gateway.cli import worker
 

@@ -3,7 +3,7 @@ real ``Pipeline`` against simulated upstreams, priced like a frontier high tier 
 low tier, and compares the total with answering every request on the high tier (and on the low).
 
 Simulated, and printed with the report: token counts per call (below). Real: prompts (from the
-shared data), the effort decision (the gateway's classifier, ``gateway.perceive``, when its
+shared data), the effort decision (the gateway's classifier, ``gateway.learning.perceive``, when its
 artifact exists, else the sources' own difficulty signals, labelled as such), routing, the plan/execute/review/prune
 code path, and the accounting. Quality is not measured here.
 
@@ -164,11 +164,11 @@ Decide = Callable[[list[dict[str, Any]]], str]
 
 
 def load_decider(settings: Settings | None) -> tuple[Decide | None, str]:
-    """The gateway's own decider (``gateway.perceive``: the classifier artifact with the config's
+    """The gateway's own decider (``gateway.learning.perceive``: the classifier artifact with the config's
     target mix) when an artifact exists; else None, and why (the signal fallback is used)."""
     if settings is None:
         return None, "classifier disabled with --no-classifier"
-    from gateway.perceive import artifact_candidates, build_perceiver
+    from gateway.learning.perceive import artifact_candidates, build_perceiver
 
     perceiver = build_perceiver(settings)
     if perceiver is None:

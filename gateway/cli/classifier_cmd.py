@@ -1,6 +1,6 @@
 """`tiergate classifier`: train, cross-validate, evaluate as a router, explain, bench and
 update the effort classifier. Thin: every computation lives in the classifier library (or,
-for feedback rows, gateway.perceive); this module parses options and prints.
+for feedback rows, gateway.learning.perceive); this module parses options and prints.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ def _data_dir(settings: Any, data: Path | None) -> Path:
 
 def _load_model(settings: Any, artifact: Path | None) -> Any:
     import classifier
-    from gateway.perceive import artifact_candidates
+    from gateway.learning.perceive import artifact_candidates
 
     paths = [artifact] if artifact is not None else artifact_candidates(settings)
     for p in paths:
@@ -54,7 +54,7 @@ def _load_model(settings: Any, artifact: Path | None) -> Any:
 
 def _load_artifact(settings: Any, artifact: Path | None) -> Any:
     import classifier
-    from gateway.perceive import artifact_candidates
+    from gateway.learning.perceive import artifact_candidates
 
     paths = [artifact] if artifact is not None else artifact_candidates(settings)
     for p in paths:
@@ -433,7 +433,7 @@ def run_update(settings: Any, session_factory: Any, base_examples: list[Any], *,
     """Refit on ``base_examples`` + the feedback rows; publish the new artifact where running
     Perceivers look first. None when there is no usable feedback."""
     import classifier
-    from gateway.perceive import CURRENT_ARTIFACT_NAME, artifact_candidates, feedback_examples
+    from gateway.learning.perceive import CURRENT_ARTIFACT_NAME, artifact_candidates, feedback_examples
 
     fb, skipped = feedback_examples(session_factory, weight=weight)
     if not fb:

@@ -77,6 +77,29 @@ def tenants_create(name: str, allow_prompt_storage: bool = typer.Option(
         typer.echo(f"created tenant {tenant.name} ({tenant.id})")
 
 
+@tenants_app.command("set")
+def tenants_set(tenant: str = typer.Argument(..., help="Tenant id or name."),
+                exploration: float | None = typer.Option(
+                    None, min=0.0, max=1.0, help="Share of this tenant's auto requests routed to a random tier "
+                    "to learn from (default: routing.exploration)."),
+                default_exploration: bool = typer.Option(False, "--default-exploration",
+                                                         help="Use routing.exploration again."),
+                allow_prompt_storage: bool | None = typer.Option(None, "--allow-prompt-storage/--no-prompt-storage"),
+                config: Path | None = ConfigOption) -> None:
+    """Change a tenant's settings (takes effect within server.key_cache_ttl_s)."""
+    from gateway.db.queries import find_tenant
+
+    with _session(config) as s:
+        t = find_tenant(s, tenant)
+        if exploration is not None or default_exploration:
+            t.routing_exploration = None if default_exploration else exploration
+        if allow_prompt_storage is not None:
+            t.allow_prompt_storage = allow_prompt_storage
+        typer.echo(f"tenant {t.name} ({t.id}): exploration "
+                   f"{'default' if t.routing_exploration is None else t.routing_exploration}, "
+                   f"prompt storage {'allowed' if t.allow_prompt_storage else 'off'}")
+
+
 @tenants_app.command("list")
 def tenants_list(config: Path | None = ConfigOption, as_json: bool = JsonOption) -> None:
     """List tenants."""
@@ -84,8 +107,9 @@ def tenants_list(config: Path | None = ConfigOption, as_json: bool = JsonOption)
 
     with _session(config) as s:
         rows = [{"id": t.id, "name": t.name, "allow_prompt_storage": t.allow_prompt_storage,
+                 "exploration": "default" if t.routing_exploration is None else t.routing_exploration,
                  "created_at": t.created_at.isoformat()} for t in list_tenants(s)]
-    _print(rows, ["id", "name", "allow_prompt_storage", "created_at"], as_json)
+    _print(rows, ["id", "name", "allow_prompt_storage", "exploration", "created_at"], as_json)
 
 
 @keys_app.command("create")

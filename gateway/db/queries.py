@@ -84,17 +84,19 @@ class ActiveKey:
     key_hash: str
     tenant_id: str
     allow_prompt_storage: bool
+    routing_exploration: float | None = None  # the tenant's exploration share (None: the config's)
 
 
 def find_active_key(session: Session, key_hash: str) -> ActiveKey | None:
     """The unrevoked key with this hash and its tenant, or None."""
     row = session.execute(
-        sa.select(ApiKey.id, ApiKey.prefix, ApiKey.key_hash, Tenant.id, Tenant.allow_prompt_storage)
+        sa.select(ApiKey.id, ApiKey.prefix, ApiKey.key_hash, Tenant.id, Tenant.allow_prompt_storage,
+                  Tenant.routing_exploration)
         .join(Tenant, Tenant.id == ApiKey.tenant_id)
         .where(ApiKey.key_hash == key_hash, ApiKey.revoked_at.is_(None))).first()
     if row is None:
         return None
-    return ActiveKey(row[0], row[1], row[2], row[3], bool(row[4]))
+    return ActiveKey(row[0], row[1], row[2], row[3], bool(row[4]), row[5])
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,7 @@ from typing import Any
 from sqlalchemy.orm import Session, sessionmaker
 
 from gateway.budgets import BudgetRuntime
+from gateway.chat.flow import DecisionSink
 from gateway.chat.request import Executor
 from gateway.chat.wiring import build_flow
 from gateway.errors import GatewayError
@@ -58,16 +59,17 @@ class JobsBackend:
 
 def build_batch_work(settings: Settings, session_factory: sessionmaker[Session], registry: ProviderRegistry,
                      budget_runtime: BudgetRuntime, decide_auto: DecideAuto | None, *, ledger: JournaledLedger,
-                     pipelined: Executor | None = None) -> BatchWork:
+                     pipelined: Executor | None = None, decisions: DecisionSink | None = None) -> BatchWork:
     capture = AttemptLedger(ledger)
     flow = build_flow(settings, registry, capture, budget_runtime, session_factory, decide_auto=decide_auto,
-                      pipelined=pipelined, batch=True)
+                      pipelined=pipelined, batch=True, decisions=decisions)
     return BatchWork(flow, capture, session_factory, lease_s=settings.jobs.line_lease_s)
 
 
 async def start_jobs(settings: Settings, stack: AsyncExitStack, *, session_factory: sessionmaker[Session],
                      registry: ProviderRegistry, budget_runtime: BudgetRuntime, decide_auto: DecideAuto | None,
-                     ledger: JournaledLedger, pipelined: Executor | None = None) -> JobsBackend:
+                     ledger: JournaledLedger, pipelined: Executor | None = None,
+                     decisions: DecisionSink | None = None) -> JobsBackend:
     """The backend for the app's lifespan; stopped (lines in flight handed back) by ``stack``.
     ``ledger``: the app's, started before and stopped after this backend."""
     if settings.jobs.backend == "celery":
@@ -86,7 +88,7 @@ async def start_jobs(settings: Settings, stack: AsyncExitStack, *, session_facto
         await requeue_runnable(session_factory, enqueue)
         return JobsBackend(enqueue)
     work = build_batch_work(settings, session_factory, registry, budget_runtime, decide_auto, ledger=ledger,
-                            pipelined=pipelined)
+                            pipelined=pipelined, decisions=decisions)
     runner = BatchRunner(work, concurrency=settings.jobs.concurrency, poll_interval_s=settings.jobs.poll_interval_s)
     runner.start()
     stack.push_async_callback(runner.stop)

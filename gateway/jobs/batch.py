@@ -47,6 +47,7 @@ class LinePrincipal:
     tenant_id: str
     key_id: str | None
     allow_prompt_storage: bool = False
+    routing_exploration: float | None = None
 
 
 class BatchWork:

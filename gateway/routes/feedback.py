@@ -1,18 +1,21 @@
-"""``POST /v1/feedback``: a client says how much effort a past request really needed.
+"""``POST /v1/feedback``: a client says what came of a past request's answer.
 
-Body: ``request_id`` (one of the caller's own requests) and either ``label_tier`` (the tier
-that should have answered) or ``rating`` (``good``: the tier used was right; ``bad``: it
-needed one tier more), optionally ``score`` in [0, 1] and the conversation (``messages`` or
-``prompt``) so that the example can be learned from. The prompt text is stored only when
-the tenant allows prompt storage; otherwise only its hashed feature vector is kept.
-`tiergate classifier update` refits the classifier from these rows.
+Body: ``request_id`` (one of the caller's own requests) and its outcome — ``outcome`` in [0, 1]
+(how well the answer served), or ``rating`` (``good`` = 1, ``bad`` = 0) — for the arm (tier)
+that ran: an outcome row (gateway.learning.outcomes) carrying the routing decision's arm,
+propensity and hashed features, which ``tiergate routing learn`` learns from off-policy. For a
+request the classifier did not route, the conversation (``messages`` or ``prompt``) lets it be
+learned from too. A legacy ``label_tier`` (the tier that should have answered) is still stored
+for ``tiergate classifier update`` refits, and counts as outcome 1 when the tier that ran was at
+least that tier. Prompt text is stored only when the tenant allows prompt storage.
 
-Imports settings, errors, deps, identifiers, request_body, db models and gateway.perceive; no
+Imports settings, errors, deps, identifiers, request_body, db models and gateway.learning; no
 pipeline, no providers.
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Literal
 
 import orjson
@@ -24,7 +27,8 @@ from gateway.auth import Principal as PrincipalLike
 from gateway.deps import get_runtime, principal
 from gateway.errors import InvalidRequest, NotFound
 from gateway.identifiers import Identifier
-from gateway.perceive import TIER_SCORES, feedback_fields, record_verdict
+from gateway.learning.outcomes import record_outcome
+from gateway.learning.perceive import TIER_SCORES, feedback_fields, record_verdict
 from gateway.request_body import read_model
 from gateway.runtime import Runtime
 from gateway.settings import TIER_NAMES, Tier
@@ -37,6 +41,7 @@ class FeedbackBody(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     request_id: Identifier
+    outcome: float | None = Field(None, ge=0.0, le=1.0)  # how well the answer served (1: fully)
     label_tier: Tier | None = None
     rating: Literal["good", "bad"] | None = None
     score: float | None = Field(None, ge=0.0, le=1.0)
@@ -71,15 +76,18 @@ async def _find_request(state: Runtime, request_id: str, tenant_id: str) -> str 
     return used
 
 
-def _label(body: FeedbackBody, used: str | None) -> str:
-    if body.label_tier is not None:
-        return body.label_tier
-    if body.rating is None:
-        raise InvalidRequest("Give 'label_tier' or 'rating'.", param="label_tier")
+def _outcome(body: FeedbackBody, used: str | None) -> float:
+    """What came of the arm that ran: ``outcome`` as given, ``rating`` good/bad as 1/0, or a legacy
+    ``label_tier`` as 1 when the tier that ran was at least that tier (it was enough), else 0."""
+    if body.outcome is not None:
+        return body.outcome
+    if body.rating is not None:
+        return 1.0 if body.rating == "good" else 0.0
+    if body.label_tier is None:
+        raise InvalidRequest("Give 'outcome', 'rating' or 'label_tier'.", param="outcome")
     if used not in TIER_NAMES:
-        raise InvalidRequest("That request did not run on a tier; give 'label_tier'.", param="label_tier")
-    i = TIER_NAMES.index(used)  # type: ignore[arg-type]
-    return used if body.rating == "good" else TIER_NAMES[min(i + 1, len(TIER_NAMES) - 1)]  # type: ignore[return-value]
+        return 0.5  # unused: a request on no tier records no outcome
+    return 1.0 if TIER_NAMES.index(used) >= TIER_NAMES.index(body.label_tier) else 0.0  # type: ignore[arg-type]
 
 
 @router.post("/v1/feedback")
@@ -88,15 +96,24 @@ async def post_feedback(request: Request, state: Runtime = Depends(get_runtime),
     body = await read_model(request, state.settings.server, FeedbackBody, max_bytes=MAX_FEEDBACK_BYTES)
     tenant_id = str(who.tenant_id)
     used = await _find_request(state, body.request_id, tenant_id)
-    label = _label(body, used)
+    outcome = _outcome(body, used)
     messages = body.messages if body.messages else (
         [{"role": "user", "content": body.prompt}] if body.prompt else None)
     allow_text = bool(getattr(who, "allow_prompt_storage", False)) or state.settings.classifier.store_prompt_text
-    text, features = feedback_fields(messages, allow_text) if messages else (None, None)
-    score = body.score if body.score is not None else TIER_SCORES[label]
-    fid = await run_in_threadpool(record_verdict, state.session_factory, body.request_id, tenant_id, label,
-                                  score, text, features, source="user")
-    stored = "text" if text is not None else ("features" if features is not None else "label")
-    out = {"id": fid, "object": "feedback", "request_id": body.request_id, "label_tier": label,
-           "score": score, "stored": stored}
+    record = functools.partial(
+        record_outcome, state.session_factory, request_id=body.request_id, tenant_id=tenant_id, outcome=outcome,
+        source="feedback", messages=messages, allow_prompt_storage=allow_text)
+    oid = await run_in_threadpool(record)
+    if oid is None and state.decisions is not None:  # its decision may still be on its way to the database
+        await run_in_threadpool(state.decisions.flush)
+        oid = await run_in_threadpool(record)
+    out: dict[str, Any] = {"id": oid, "object": "feedback", "request_id": body.request_id, "arm": used,
+                           "outcome": outcome, "learned": oid is not None}
+    if body.label_tier is not None:  # the legacy label also feeds `tiergate classifier update` refits
+        text, features = feedback_fields(messages, allow_text) if messages else (None, None)
+        score = body.score if body.score is not None else TIER_SCORES[body.label_tier]
+        fid = await run_in_threadpool(record_verdict, state.session_factory, body.request_id, tenant_id,
+                                      body.label_tier, score, text, features, source="user")
+        out.update(id=oid or fid, label_tier=body.label_tier, score=score,
+                   stored="text" if text is not None else ("features" if features is not None else "label"))
     return Response(orjson.dumps(out), media_type="application/json")

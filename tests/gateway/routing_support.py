@@ -15,6 +15,8 @@ class Verdict:
     tier: str
     score: float = 0.5
     version: str = "test"
+    propensity: float = 1.0
+    explored: bool = False
 
 
 def decision_of(settings: Settings, body: dict[str, Any], classifier_tier: str | None = None, *,
@@ -22,7 +24,7 @@ def decision_of(settings: Settings, body: dict[str, Any], classifier_tier: str |
     """``body``: a request (``model`` defaults to auto) as the wire model forwards it."""
     wire = {k: v for k, v in body.items() if k != "model"}
     return decide(settings, body.get("model", "auto"), wire, reasoning_effort=body.get("reasoning_effort"),
-                  decide_auto=(lambda _m: Verdict(classifier_tier)) if classifier_tier else None,
+                  decide_auto=(lambda _m, _t, _e: Verdict(classifier_tier)) if classifier_tier else None,
                   soft_budget_exceeded=soft_budget_exceeded)
 
 

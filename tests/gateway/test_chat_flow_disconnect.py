@@ -47,6 +47,7 @@ class Principal:
     tenant_id: str = "t1"
     key_id: str = "k1"
     allow_prompt_storage: bool = False
+    routing_exploration: float | None = None
 
 
 class BlockingExecutor:

@@ -9,8 +9,8 @@ import pytest
 import sqlalchemy as sa
 
 from classifier import TrainConfig, save_artifact, train
-from gateway.db.models import Feedback, Tenant
-from gateway.perceive import artifact_candidates
+from gateway.db.models import Feedback, RoutingOutcome, Tenant
+from gateway.learning.perceive import artifact_candidates
 from tests.classifier.synthetic import prompts_of, tiny_dataset
 from tests.gateway.gateway_harness import Gateway, gateway
 from tests.gateway.scripted_upstream import ScriptedUpstream
@@ -38,19 +38,30 @@ def _rows(gw: Gateway) -> list[Feedback]:
         return list(s.scalars(sa.select(Feedback).order_by(Feedback.created_at)))
 
 
-async def test_feedback_stores_label_and_features_not_text(tmp_path: Path, upstream: ScriptedUpstream) -> None:
+def _outcomes(gw: Gateway) -> list[RoutingOutcome]:
+    with gw.session_factory() as s:
+        return list(s.scalars(sa.select(RoutingOutcome).order_by(RoutingOutcome.seq)))
+
+
+async def test_a_rating_is_the_outcome_of_the_arm_that_ran(tmp_path: Path, upstream: ScriptedUpstream) -> None:
+    """Not a guess at the tier that "was needed": a bad answer on low is outcome 0 *for low*."""
     async with gateway(tmp_path, upstream) as gw:
         rid = await _request(gw, "low")
         r = await gw.client.post("/v1/feedback", headers=gw.auth,
                                  json={"request_id": rid, "rating": "bad", "messages": MSGS})
         assert r.status_code == 200, r.text
         body = r.json()
-        assert body["object"] == "feedback" and body["label_tier"] == "medium" and body["stored"] == "features"
-        (row,) = _rows(gw)
-        assert (row.request_id, row.tenant_id, row.label_tier, row.source) == (rid, gw.tenant_id, "medium", "user")
-        assert row.prompt_text is None and row.features["v"] and row.score == 0.5
-        r = await gw.client.post("/v1/feedback", headers=gw.auth, json={"request_id": rid, "rating": "good"})
-        assert r.json()["label_tier"] == "low" and r.json()["stored"] == "label"
+        assert body["object"] == "feedback" and (body["arm"], body["outcome"], body["learned"]) == ("low", 0.0, True)
+        (row,) = _outcomes(gw)
+        assert (row.request_id, row.tenant_id, row.arm, row.outcome, row.source) == (rid, gw.tenant_id, "low", 0.0,
+                                                                                    "feedback")
+        assert row.propensity == 1.0 and row.prompt_text is None and row.features["v"]  # hashed features only
+        assert _rows(gw) == []  # no label tier was invented
+        r = await gw.client.post("/v1/feedback", headers=gw.auth, json={"request_id": rid, "outcome": 0.75})
+        assert r.json()["learned"] is False  # no decision logged and no conversation given: nothing to learn from
+        r = await gw.client.post("/v1/feedback", headers=gw.auth,
+                                 json={"request_id": rid, "outcome": 0.75, "prompt": "again"})
+        assert r.json()["learned"] is True and [o.outcome for o in _outcomes(gw)] == [0.0, 0.75]
 
 
 async def test_feedback_stores_text_when_tenant_allows(tmp_path: Path, upstream: ScriptedUpstream) -> None:
@@ -62,7 +73,7 @@ async def test_feedback_stores_text_when_tenant_allows(tmp_path: Path, upstream:
         r = await gw.client.post("/v1/feedback", headers=gw.auth,
                                  json={"request_id": rid, "label_tier": "xhigh", "score": 0.9, "prompt": "hard one"})
         assert r.status_code == 200, r.text
-        assert r.json()["stored"] == "text"
+        assert r.json()["stored"] == "text" and r.json()["outcome"] == 0.0  # low ran; xhigh was needed
         (row,) = _rows(gw)
         assert "hard one" in row.prompt_text and row.score == 0.9 and row.label_tier == "xhigh"
 

@@ -33,7 +33,7 @@ async def _worst_case(gw: Gateway, body: dict[str, Any]) -> Decimal:
     state: Runtime = gw.app.state.tiergate
 
     class Who:
-        tenant_id, key_id, allow_prompt_storage = gw.tenant_id, None, False
+        tenant_id, key_id, allow_prompt_storage, routing_exploration = gw.tenant_id, None, False, None
 
     req, _ = await state.flow.prepare(Who(), body)
     assert isinstance(req, ChatRequest)

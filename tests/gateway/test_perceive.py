@@ -18,7 +18,7 @@ from classifier import TrainConfig, save_artifact, train, user_prompt
 from gateway.cli.classifier_cmd import run_update
 from gateway.db.models import Base, Feedback
 from gateway.db.session import make_engine, make_session_factory
-from gateway.perceive import (
+from gateway.learning.perceive import (
     FeedbackRecorder,
     Perceiver,
     artifact_candidates,

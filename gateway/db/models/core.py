@@ -26,6 +26,8 @@ class Tenant(Base):
     name: Mapped[str] = mapped_column(sa.String(200), unique=True)
     created_at: Mapped[datetime] = mapped_column(sa.DateTime(timezone=True), default=utcnow)
     allow_prompt_storage: Mapped[bool] = mapped_column(sa.Boolean, default=False)
+    # The share of this tenant's ``auto`` requests that explore a random tier (None: routing.exploration).
+    routing_exploration: Mapped[float | None] = mapped_column(sa.Float, nullable=True)
 
 
 class ApiKey(Base):

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import logging
+import random
 import threading
 import time
 import uuid
@@ -49,6 +50,21 @@ def artifact_candidates(settings: Settings) -> list[Path]:
 
 
 @dataclass(frozen=True)
+class RoutingVerdict:
+    """The classifier's routing of one ``auto`` request (``gateway.routing.EffortVerdict``): the
+    tier to run, its propensity (< 1 when exploration may have changed it), the greedy tier, and
+    the prompt's hashed features, logged so the outcome can be learned from off-policy."""
+
+    tier: str
+    score: float
+    version: str
+    propensity: float
+    explored: bool
+    greedy_tier: str
+    features: classifier.SparseFeatures
+
+
+@dataclass(frozen=True)
 class _Loaded:
     model: EffortModel
     path: Path
@@ -68,8 +84,11 @@ class Perceiver:
 
     def __init__(self, paths: Sequence[str | Path], *, reload_interval_s: float = 5.0,
                  clock: Callable[[], float] = time.monotonic, background: bool = True,
-                 target_mix: Mapping[str, float] | None = None) -> None:
+                 target_mix: Mapping[str, float] | None = None, exploration: float = 0.0,
+                 rng: random.Random | None = None) -> None:
         self.paths = [Path(p) for p in paths]
+        self.exploration = exploration
+        self._rng = rng or random.Random()
         self.target_mix = dict(target_mix) if target_mix else None
         self.reload_interval_s = reload_interval_s
         self.clock = clock
@@ -84,7 +103,7 @@ class Perceiver:
     def from_settings(cls, settings: Settings, **kw: Any) -> Perceiver:
         """Candidates from the config; the config's ``target_mix`` re-derives the thresholds."""
         return cls(artifact_candidates(settings), reload_interval_s=settings.classifier.reload_interval_s,
-                   target_mix=settings.classifier.target_mix, **kw)
+                   target_mix=settings.classifier.target_mix, exploration=settings.routing.exploration, **kw)
 
     def _pick(self) -> Path:
         for p in self.paths:
@@ -95,7 +114,10 @@ class Perceiver:
 
     def _load(self, path: Path) -> _Loaded:
         stamp = _stamp(path)
-        model = classifier.load_artifact(path).model
+        # A fresh window per version: thresholds come from this model's own scores on the traffic
+        # (until it is warm, from the quantiles it was published with: the learner computes them on
+        # the latest logged decisions).
+        model = classifier.load_artifact(path, traffic=False).model.with_traffic(classifier.ScoreWindow())
         if self.target_mix and model.score_quantiles:
             model = model.with_target_mix(self.target_mix)
         elif self.target_mix:
@@ -111,9 +133,20 @@ class Perceiver:
     def version(self) -> str:
         return self._loaded.model.version
 
-    def decide(self, messages: Sequence[dict[str, Any]]) -> EffortDecision:
+    def decide(self, messages: Sequence[dict[str, Any]], tenant: str | None = None,
+               exploration: float | None = None) -> RoutingVerdict:
+        """The tier for a conversation: the model's (through its traffic-calibrated thresholds and
+        the tenant's correction, when it has one) or, with probability ``exploration`` (default
+        the configured share), a uniformly random tier — with the propensity of the one chosen."""
         self.maybe_reload()
-        return self._loaded.model.decide(messages)
+        idx, val = classifier.extract_arrays(messages)
+        decision = self._loaded.model.decide_arrays(idx, val, tenant)
+        epsilon = self.exploration if exploration is None else exploration
+        tier, propensity, explored = classifier.epsilon_greedy(decision.tier, classifier.TIERS, epsilon, self._rng)
+        return RoutingVerdict(tier=tier, score=decision.score, version=decision.version, propensity=propensity,
+                              explored=explored, greedy_tier=decision.tier,
+                              features=classifier.SparseFeatures(tuple(idx.tolist()), tuple(val.tolist()),
+                                                                 classifier.FEATURE_VERSION))
 
     def _changed(self) -> Path | None:
         """The artifact to load if it differs from the current one, else None."""
@@ -180,7 +213,7 @@ def build_perceiver(settings: Settings) -> Perceiver | None:
     return Perceiver.from_settings(settings)
 
 
-def conversation_json(messages: Sequence[dict[str, Any]]) -> str:
+def conversation_json(messages: Sequence[Mapping[str, Any]]) -> str:
     """How a conversation is stored as ``feedback.prompt_text``: OpenAI messages as JSON."""
     return json.dumps([{"role": m.get("role"), "content": m.get("content")} for m in messages],
                       ensure_ascii=False)
@@ -232,10 +265,23 @@ class FeedbackRecorder:
         args = (self.session_factory, verdict.request_id, verdict.tenant_id, verdict.label_tier,
                 TIER_SCORES.get(verdict.label_tier), text, features)
         self._pool.submit(self._write, *args)
+        # The outcome of the arm that ran: the reviewer accepted the first answer, or sent it back.
+        self._pool.submit(self._write_outcome, verdict.request_id, verdict.tenant_id,
+                          1.0 if getattr(verdict, "verdict", None) == "accept" else 0.0, messages, allow)
 
     def close(self) -> None:
         """Wait for queued verdicts to be written."""
         self._pool.shutdown(wait=True)
+
+    def _write_outcome(self, request_id: str, tenant_id: str, outcome: float,
+                       messages: Sequence[dict[str, Any]], allow_text: bool) -> None:
+        from gateway.learning.outcomes import record_outcome
+
+        try:
+            record_outcome(self.session_factory, request_id=request_id, tenant_id=tenant_id, outcome=outcome,
+                           source="review", messages=messages or None, allow_prompt_storage=allow_text)
+        except Exception as err:
+            log.error("could not store a review verdict as a routing outcome: %s", describe(err))
 
     @staticmethod
     def _write(*args: Any) -> None:
