@@ -15,12 +15,21 @@ def pipeline_bench(
     seed: int = typer.Option(0),
     config: str = typer.Option("config.yaml", help="config whose classifier settings decide effort"),
     classifier: bool = typer.Option(True, help="let the gateway's classifier decide (when its artifact exists)"),
+    outcomes: str | None = typer.Option(None, "--outcomes", help="an outcomes file (JSONL with per-arm outcomes): "
+                                        "print expected quality beside cost for its prompts"),
 ) -> None:
-    """Routed cost of a mixed workload vs answering everything on the high tier (and on the low)."""
+    """Routed cost of a mixed workload vs answering everything on the high tier (and on the low);
+    with --outcomes, the routed cost and expected quality of that file's prompts."""
     from pathlib import Path
 
     from gateway.cli.bench_pipeline import run_bench
     from gateway.settings import load_settings
+
+    if outcomes is not None:
+        from gateway.cli.bench_quality import run_quality
+
+        typer.echo(run_quality(Path(outcomes), n, seed, load_settings(config) if classifier else None))
+        return
 
     shares = tuple(float(x) for x in mix.split(","))
     if len(shares) != 3:

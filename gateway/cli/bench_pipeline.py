@@ -193,6 +193,7 @@ class BenchTotals:
     effort: Counter[str] = field(default_factory=Counter)
     cost_by_effort: Counter[str] = field(default_factory=Counter)
     modes: Counter[tuple[str, str]] = field(default_factory=Counter)  # (source difficulty, mode)
+    efforts: list[str] = field(default_factory=list)  # each request's effort, in order
 
 
 async def replay(items: list[WorkItem], decide: Decide | None, seed: int) -> BenchTotals:
@@ -225,6 +226,7 @@ async def replay(items: list[WorkItem], decide: Decide | None, seed: int) -> Ben
         totals.all_low += cost_nanos_for(settings, "low", "local-moe",
                                          Usage(prompt, ANSWER_TOKENS[item.difficulty]))[0]
         totals.effort[ex.effort] += 1
+        totals.efforts.append(ex.effort)
         totals.modes[(item.difficulty, ex.mode)] += 1
         totals.cost_by_effort[ex.effort] += cost
     return totals
