@@ -27,6 +27,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from gateway.db.queries import ActiveKey, find_active_key
 from gateway.errors import AuthenticationFailed
+from gateway.routing import NO_PREFS, RoutingPrefs
 
 KEY_PREFIX = "tg-"
 # Keys we issue are "tg-" + 43 urlsafe chars; accept any sane token shape, refuse the rest unseen.
@@ -48,7 +49,7 @@ class Principal:
     key_id: str
     key_prefix: str
     allow_prompt_storage: bool
-    routing_exploration: float | None = None  # the tenant's exploration share (None: the config's)
+    routing: RoutingPrefs = NO_PREFS  # the tenant's exploration share and threshold target (None: the config's)
 
 
 def parse_bearer(header: str | None) -> str:
@@ -152,7 +153,9 @@ class KeyStore:
         if key is None or not hmac.compare_digest(key.key_hash, digest):
             return None
         return Principal(tenant_id=key.tenant_id, key_id=key.key_id, key_prefix=key.key_prefix,
-                         allow_prompt_storage=key.allow_prompt_storage, routing_exploration=key.routing_exploration)
+                         allow_prompt_storage=key.allow_prompt_storage,
+                         routing=RoutingPrefs(key.routing_exploration, key.routing_target_quality,
+                                              key.routing_target_cost))
 
     def invalidate(self, raw_key_or_hash: str) -> None:
         """Forget a key now (e.g. right after revoking it in this process)."""

@@ -232,8 +232,20 @@ class EffortVerdict(Protocol):
     def explored(self) -> bool: ...
 
 
-# (messages, tenant id, the tenant's exploration share or None for the configured one) -> verdict
-DecideAuto = Callable[[list[dict[str, Any]], str | None, float | None], EffortVerdict]
+@dataclass(frozen=True)
+class RoutingPrefs:
+    """A tenant's own routing settings (None: the configured ones): its exploration share, and a
+    quality or cost target for the thresholds."""
+
+    exploration: float | None = None
+    target_quality: float | None = None
+    target_cost: float | None = None
+
+
+NO_PREFS = RoutingPrefs()
+
+# (messages, tenant id, the tenant's routing settings) -> verdict
+DecideAuto = Callable[[list[dict[str, Any]], str | None, RoutingPrefs], EffortVerdict]
 
 
 @dataclass(frozen=True)
@@ -301,7 +313,7 @@ def cap_output(body: dict[str, Any], cap: int | None) -> dict[str, Any]:
 
 def _requested_effort(settings: Settings, requested: str, messages: list[dict[str, Any]],
                       reasoning_effort: str | None, decide_auto: DecideAuto | None, tenant: str | None,
-                      exploration: float | None) -> tuple[str, EffortSource, EffortVerdict | None]:
+                      prefs: RoutingPrefs) -> tuple[str, EffortSource, EffortVerdict | None]:
     """(tier, source, the classifier's verdict) of a request naming a tier or ``auto``."""
     if requested in TIER_NAMES:
         return requested, "client", None
@@ -313,16 +325,16 @@ def _requested_effort(settings: Settings, requested: str, messages: list[dict[st
     if reasoning_effort in TIER_NAMES:
         return cast(str, reasoning_effort), "client", None
     if decide_auto is not None:
-        verdict = decide_auto(messages, tenant, exploration)
+        verdict = decide_auto(messages, tenant, prefs)
         return verdict.tier, "exploration" if verdict.explored else "classifier", verdict
     return settings.routing.default_tier, "default", None
 
 
 def decide(settings: Settings, requested: str, body: dict[str, Any], *, reasoning_effort: str | None = None,
            decide_auto: DecideAuto | None = None, soft_budget_exceeded: bool = False, tenant: str | None = None,
-           exploration: float | None = None) -> RouteDecision:
+           prefs: RoutingPrefs = NO_PREFS) -> RouteDecision:
     """The route of one request (``body``: the validated request as forwardable JSON; ``tenant``
-    and its ``exploration`` share go to the classifier hook)."""
+    and its routing ``prefs`` go to the classifier hook)."""
     messages: list[dict[str, Any]] = body["messages"]
     by_model = requested in settings.models and requested not in TIER_NAMES
     verdict: EffortVerdict | None = None
@@ -330,7 +342,7 @@ def decide(settings: Settings, requested: str, body: dict[str, Any], *, reasonin
         tier, source = tier_for_model(settings, requested), "client"
     else:
         tier, source, verdict = _requested_effort(settings, requested, messages, reasoning_effort, decide_auto,
-                                                  tenant, exploration)
+                                                  tenant, prefs)
     if tier not in TIER_NAMES:  # a model no tier uses: a plain proxy call to it
         out = cap_output({k: v for k, v in body.items() if k != "tiergate"},
                          settings.models[requested].max_output_tokens)

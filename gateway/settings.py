@@ -192,11 +192,22 @@ class RoutingSettings(_Strict):
     the step size of per-tenant corrections (0: one global router)."""
 
     default_tier: Tier = "low"
+    # A target for the thresholds instead of classifier.target_mix's strong share: keep at least
+    # this share of the all-strong quality (measured on outcomes), or spend at most this share of
+    # the all-strong cost. Per tenant: tiergate tenants set --target-quality / --target-cost.
+    target_quality: float | None = Field(None, gt=0, le=1)
+    target_cost: float | None = Field(None, gt=0, le=1)
     exploration: float = Field(0.02, ge=0, le=1)
     decision_log: Literal["all", "explored", "none"] = "all"
     learn_holdback: float = Field(0.2, gt=0, lt=1)
     learn_min_records: int = Field(200, ge=10)
     tenant_adaptation: float = Field(0.05, ge=0, le=1)
+
+    @model_validator(mode="after")
+    def _one_target(self) -> RoutingSettings:
+        if self.target_quality is not None and self.target_cost is not None:
+            raise ValueError("set routing.target_quality or routing.target_cost, not both")
+        return self
 
 
 class ClassifierSettings(_Strict):

@@ -41,7 +41,7 @@ from gateway.ledger.entries import LedgerEntry, RequestRecord
 from gateway.log_safety import describe
 from gateway.providers.base import CallOptions
 from gateway.providers.metering import count_prompt_tokens
-from gateway.routing import DecideAuto, RouteDecision, decide
+from gateway.routing import DecideAuto, RouteDecision, RoutingPrefs, decide
 from gateway.schemas import parse_chat_request
 from gateway.settings import Settings
 
@@ -62,7 +62,7 @@ class PrincipalLike(Protocol):
     @property
     def allow_prompt_storage(self) -> bool: ...
     @property
-    def routing_exploration(self) -> float | None: ...
+    def routing(self) -> RoutingPrefs: ...
 
 
 class DecisionSink(Protocol):
@@ -133,7 +133,7 @@ class ChatFlow:
         soft = await self.admission.soft_exceeded(principal)
         decision = decide(self.settings, wire.model, body, reasoning_effort=wire.reasoning_effort,
                           decide_auto=self.decide_auto, soft_budget_exceeded=soft, tenant=principal.tenant_id,
-                          exploration=principal.routing_exploration)
+                          prefs=principal.routing)
         check_context_window(self.settings, decision.models[0], body["messages"])
         tier = self.settings.tiers.get(decision.tier)  # type: ignore[call-overload]
         options = CallOptions(experts_per_token=tier.engine.experts_per_token if tier else None,

@@ -84,6 +84,12 @@ def tenants_set(tenant: str = typer.Argument(..., help="Tenant id or name."),
                     "to learn from (default: routing.exploration)."),
                 default_exploration: bool = typer.Option(False, "--default-exploration",
                                                          help="Use routing.exploration again."),
+                target_quality: float | None = typer.Option(
+                    None, min=0.0, max=1.0, help="Keep at least this share of the all-strong quality (thresholds "
+                    "from the router's quality curve measured on outcomes)."),
+                target_cost: float | None = typer.Option(
+                    None, min=0.0, max=1.0, help="Spend at most this share of the all-strong cost."),
+                default_target: bool = typer.Option(False, "--default-target", help="Use the configured target again."),
                 allow_prompt_storage: bool | None = typer.Option(None, "--allow-prompt-storage/--no-prompt-storage"),
                 config: Path | None = ConfigOption) -> None:
     """Change a tenant's settings (takes effect within server.key_cache_ttl_s)."""
@@ -93,11 +99,22 @@ def tenants_set(tenant: str = typer.Argument(..., help="Tenant id or name."),
         t = find_tenant(s, tenant)
         if exploration is not None or default_exploration:
             t.routing_exploration = None if default_exploration else exploration
+        if target_quality is not None and target_cost is not None:
+            typer.echo("error: give --target-quality or --target-cost, not both", err=True)
+            raise typer.Exit(2)
+        if target_quality is not None or target_cost is not None or default_target:
+            t.routing_target_quality, t.routing_target_cost = target_quality, target_cost
         if allow_prompt_storage is not None:
             t.allow_prompt_storage = allow_prompt_storage
         typer.echo(f"tenant {t.name} ({t.id}): exploration "
                    f"{'default' if t.routing_exploration is None else t.routing_exploration}, "
-                   f"prompt storage {'allowed' if t.allow_prompt_storage else 'off'}")
+                   f"target {_target(t)}, prompt storage {'allowed' if t.allow_prompt_storage else 'off'}")
+
+
+def _target(t: Any) -> str:
+    if t.routing_target_quality is not None:
+        return f"quality >= {t.routing_target_quality}"
+    return "default" if t.routing_target_cost is None else f"cost <= {t.routing_target_cost}"
 
 
 @tenants_app.command("list")
@@ -108,8 +125,8 @@ def tenants_list(config: Path | None = ConfigOption, as_json: bool = JsonOption)
     with _session(config) as s:
         rows = [{"id": t.id, "name": t.name, "allow_prompt_storage": t.allow_prompt_storage,
                  "exploration": "default" if t.routing_exploration is None else t.routing_exploration,
-                 "created_at": t.created_at.isoformat()} for t in list_tenants(s)]
-    _print(rows, ["id", "name", "allow_prompt_storage", "exploration", "created_at"], as_json)
+                 "target": _target(t), "created_at": t.created_at.isoformat()} for t in list_tenants(s)]
+    _print(rows, ["id", "name", "allow_prompt_storage", "exploration", "target", "created_at"], as_json)
 
 
 @keys_app.command("create")

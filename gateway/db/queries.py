@@ -84,19 +84,21 @@ class ActiveKey:
     key_hash: str
     tenant_id: str
     allow_prompt_storage: bool
-    routing_exploration: float | None = None  # the tenant's exploration share (None: the config's)
+    routing_exploration: float | None = None  # the tenant's routing settings (None: the config's)
+    routing_target_quality: float | None = None
+    routing_target_cost: float | None = None
 
 
 def find_active_key(session: Session, key_hash: str) -> ActiveKey | None:
     """The unrevoked key with this hash and its tenant, or None."""
     row = session.execute(
         sa.select(ApiKey.id, ApiKey.prefix, ApiKey.key_hash, Tenant.id, Tenant.allow_prompt_storage,
-                  Tenant.routing_exploration)
+                  Tenant.routing_exploration, Tenant.routing_target_quality, Tenant.routing_target_cost)
         .join(Tenant, Tenant.id == ApiKey.tenant_id)
         .where(ApiKey.key_hash == key_hash, ApiKey.revoked_at.is_(None))).first()
     if row is None:
         return None
-    return ActiveKey(row[0], row[1], row[2], row[3], bool(row[4]), row[5])
+    return ActiveKey(row[0], row[1], row[2], row[3], bool(row[4]), row[5], row[6], row[7])
 
 
 @dataclass(frozen=True)

@@ -35,6 +35,7 @@ from gateway.errors import GatewayError
 from gateway.jobs import store
 from gateway.jobs.capture import AttemptLedger
 from gateway.jobs.store import ClaimedLine, LineOutcome, utc_now
+from gateway.routing import NO_PREFS, RoutingPrefs
 
 log = logging.getLogger("tiergate.jobs")
 T = TypeVar("T")
@@ -47,7 +48,7 @@ class LinePrincipal:
     tenant_id: str
     key_id: str | None
     allow_prompt_storage: bool = False
-    routing_exploration: float | None = None
+    routing: RoutingPrefs = NO_PREFS
 
 
 class BatchWork:

@@ -125,6 +125,27 @@ def _calibrated(candidate: classifier.EffortModel, session_factory: sessionmaker
     return dataclasses.replace(calibrated, thresholds=calibrated.reference_thresholds(calibrated.tier_shares))
 
 
+def quality_curve(model: classifier.EffortModel, held: list[classifier.OutcomeRecord],
+                  mix: dict[str, float]) -> dict[str, list[float]] | None:
+    """(strong share → PGR) of ``model``'s routing on ``held``, estimated off-policy: what a quality
+    target ("keep ≥ X of the all-strong quality") sets the thresholds' strong share from."""
+    def arrays(r: classifier.OutcomeRecord) -> tuple[np.ndarray, np.ndarray]:
+        if r.features is not None:
+            return np.asarray(r.features.indices, dtype=np.int64), np.asarray(r.features.values, dtype=np.float64)
+        return classifier.extract_arrays(r.messages or [])
+
+    scores = np.asarray([model.raw_score(*arrays(r), r.tenant) for r in held])
+    base = classifier.full_mix(mix)
+    shares = np.linspace(0.0, 1.0, 11)
+    values = [classifier.policy_value(scores, held, [classifier.mix_with_strong_share(base, float(q))]).value
+              for q in shares]
+    span = values[-1] - values[0]
+    if not np.isfinite(span) or span <= 0:
+        return None  # the strong tiers do not pay on this traffic: no curve to aim at
+    pgr = np.maximum.accumulate(np.clip((np.asarray(values) - values[0]) / span, 0.0, 1.0))
+    return {"shares": [float(q) for q in shares], "pgr": [float(p) for p in pgr]}
+
+
 def learn_once(settings: Settings, session_factory: sessionmaker[Session]) -> LearnReport:
     """One update, if there are enough new outcomes (see the module docstring)."""
     store = LearnerStore(settings)
@@ -152,9 +173,13 @@ def learn_once(settings: Settings, session_factory: sessionmaker[Session]) -> Le
         log.warning("routing update refused: %s", report.line())
         return report
     candidate = _calibrated(result.candidate, session_factory, live)
+    records = [r for _, r in rows]
+    ordered = sorted(records, key=lambda r: r.timestamp or 0.0) if all(r.timestamp for r in records) else records
+    curve = quality_curve(candidate, ordered[-result.held_back:], dict(settings.classifier.target_mix))
     classifier.publish_artifact(candidate, settings.resolve_path(settings.classifier.feedback_dir),
                                 data_hash=f"outcomes:{after}-{rows[-1][0]}", live_name=CURRENT_ARTIFACT_NAME,
-                                extra={"learner_base_path": str(base_path), "learned_records": result.learned})
+                                extra={"learner_base_path": str(base_path), "learned_records": result.learned,
+                                       **({"quality_curve": curve} if curve else {})})
     store.write(learner, {"seq": rows[-1][0], "base": base.version, "published": version})
     log.info("routing update published: %s", report.line())
     return report

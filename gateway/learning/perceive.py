@@ -24,13 +24,16 @@ import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 import classifier
 from classifier import EffortDecision, EffortModel
 from gateway.log_safety import describe
+from gateway.routing import NO_PREFS, RoutingPrefs
 from gateway.settings import TIER_NAMES, Settings
 
 log = logging.getLogger("tiergate.perceive")
@@ -69,6 +72,8 @@ class _Loaded:
     model: EffortModel
     path: Path
     stamp: tuple[int, int]  # (mtime_ns, size) of the .skops file when loaded
+    quality_curve: tuple[np.ndarray, np.ndarray] | None = None  # (strong share, PGR) measured on outcomes
+    variants: dict[tuple[float | None, float | None], EffortModel | None] = field(default_factory=dict)
 
 
 def _stamp(path: Path) -> tuple[int, int] | None:
@@ -88,6 +93,9 @@ class Perceiver:
                  rng: random.Random | None = None) -> None:
         self.paths = [Path(p) for p in paths]
         self.exploration = exploration
+        self.target_quality: float | None = None
+        self.target_cost: float | None = None
+        self.tier_costs: dict[str, float] | None = None  # per tier, relative (for cost targets)
         self._rng = rng or random.Random()
         self.target_mix = dict(target_mix) if target_mix else None
         self.reload_interval_s = reload_interval_s
@@ -101,9 +109,14 @@ class Perceiver:
 
     @classmethod
     def from_settings(cls, settings: Settings, **kw: Any) -> Perceiver:
-        """Candidates from the config; the config's ``target_mix`` re-derives the thresholds."""
-        return cls(artifact_candidates(settings), reload_interval_s=settings.classifier.reload_interval_s,
-                   target_mix=settings.classifier.target_mix, exploration=settings.routing.exploration, **kw)
+        """Candidates from the config; the config's ``target_mix`` re-derives the thresholds, its
+        quality or cost target (if any) sets their strong share."""
+        perceiver = cls(artifact_candidates(settings), reload_interval_s=settings.classifier.reload_interval_s,
+                        target_mix=settings.classifier.target_mix, exploration=settings.routing.exploration, **kw)
+        perceiver.target_quality, perceiver.target_cost = settings.routing.target_quality, settings.routing.target_cost
+        perceiver.tier_costs = {t: (settings.tier_price(t).input + settings.tier_price(t).output) / 2
+                                for t in TIER_NAMES}
+        return perceiver
 
     def _pick(self) -> Path:
         for p in self.paths:
@@ -117,13 +130,17 @@ class Perceiver:
         # A fresh window per version: thresholds come from this model's own scores on the traffic
         # (until it is warm, from the quantiles it was published with: the learner computes them on
         # the latest logged decisions).
-        model = classifier.load_artifact(path, traffic=False).model.with_traffic(classifier.ScoreWindow())
+        loaded = classifier.load_artifact(path, traffic=False)
+        model = loaded.model.with_traffic(classifier.ScoreWindow())
         if self.target_mix and model.score_quantiles:
             model = model.with_target_mix(self.target_mix)
         elif self.target_mix:
             log.warning("classifier %s stores no score quantiles: using its own thresholds, not "
                         "classifier.target_mix", model.version)
-        return _Loaded(model, path, stamp or (0, 0))
+        curve = loaded.metadata.get("quality_curve")
+        quality_curve = (np.asarray(curve["shares"], dtype=float), np.asarray(curve["pgr"], dtype=float)) \
+            if isinstance(curve, dict) else None
+        return _Loaded(model, path, stamp or (0, 0), quality_curve)
 
     @property
     def model(self) -> EffortModel:
@@ -133,15 +150,37 @@ class Perceiver:
     def version(self) -> str:
         return self._loaded.model.version
 
+    def _model_for(self, prefs: RoutingPrefs) -> EffortModel:
+        """The live model aiming at the tenant's (or the configured) quality or cost target: the
+        strong share of the thresholds from the artifact's quality curve, or from the tiers'
+        costs; the target mix when there is no target (or no curve to meet a quality target)."""
+        loaded = self._loaded
+        quality = prefs.target_quality if prefs.target_quality is not None else self.target_quality
+        cost = prefs.target_cost if prefs.target_cost is not None else self.target_cost
+        if quality is None and cost is None:
+            return loaded.model
+        key = (quality, cost)
+        if key not in loaded.variants:
+            target = classifier.RoutingTarget(self.target_mix or classifier.DEFAULT_TIER_MIX, quality=quality,
+                                              quality_curve=loaded.quality_curve, cost_budget=cost,
+                                              tier_costs=self.tier_costs)
+            try:
+                loaded.variants[key] = loaded.model.with_shares(target.shares())
+            except classifier.ClassifierError as err:
+                log.warning("routing target %s not applied to %s: %s", key, loaded.model.version, err)
+                loaded.variants[key] = None
+        return loaded.variants[key] or loaded.model
+
     def decide(self, messages: Sequence[dict[str, Any]], tenant: str | None = None,
-               exploration: float | None = None) -> RoutingVerdict:
-        """The tier for a conversation: the model's (through its traffic-calibrated thresholds and
-        the tenant's correction, when it has one) or, with probability ``exploration`` (default
-        the configured share), a uniformly random tier — with the propensity of the one chosen."""
+               prefs: RoutingPrefs = NO_PREFS) -> RoutingVerdict:
+        """The tier for a conversation: the model's (through its traffic-calibrated thresholds aimed
+        at the tenant's target, and the tenant's correction, when it has them) or, with
+        probability of the tenant's (else the configured) exploration share, a uniformly random
+        tier — with the propensity of the one chosen."""
         self.maybe_reload()
         idx, val = classifier.extract_arrays(messages)
-        decision = self._loaded.model.decide_arrays(idx, val, tenant)
-        epsilon = self.exploration if exploration is None else exploration
+        decision = self._model_for(prefs).decide_arrays(idx, val, tenant)
+        epsilon = self.exploration if prefs.exploration is None else prefs.exploration
         tier, propensity, explored = classifier.epsilon_greedy(decision.tier, classifier.TIERS, epsilon, self._rng)
         return RoutingVerdict(tier=tier, score=decision.score, version=decision.version, propensity=propensity,
                               explored=explored, greedy_tier=decision.tier,

@@ -1,5 +1,5 @@
 """Routing on outcomes: the classifier's logged decisions (arm, propensity, features) and the
-outcomes it learns from; a per-tenant exploration share.
+outcomes it learns from; a tenant's own exploration share and threshold target.
 
 Revision ID: 0005_routing_outcomes
 Revises: 0004_batch_attempts
@@ -57,10 +57,14 @@ def upgrade() -> None:
     op.create_index("ix_routing_outcomes_request_id", "routing_outcomes", ["request_id"])
     with op.batch_alter_table("tenants") as t:
         t.add_column(sa.Column("routing_exploration", sa.Float(), nullable=True))
+        t.add_column(sa.Column("routing_target_quality", sa.Float(), nullable=True))
+        t.add_column(sa.Column("routing_target_cost", sa.Float(), nullable=True))
 
 
 def downgrade() -> None:
     with op.batch_alter_table("tenants") as t:
+        t.drop_column("routing_target_cost")
+        t.drop_column("routing_target_quality")
         t.drop_column("routing_exploration")
     op.drop_index("ix_routing_outcomes_request_id", table_name="routing_outcomes")
     op.drop_table("routing_outcomes")

@@ -20,6 +20,7 @@ from gateway.errors import ClientClosedRequest
 from gateway.ids import fast_id
 from gateway.ledger import LedgerEntry, RequestRecord
 from gateway.providers.base import Usage
+from gateway.routing import NO_PREFS, RoutingPrefs
 from gateway.settings import settings_from_dict
 from tests.gateway.scripted_upstream import config_for
 
@@ -47,7 +48,7 @@ class Principal:
     tenant_id: str = "t1"
     key_id: str = "k1"
     allow_prompt_storage: bool = False
-    routing_exploration: float | None = None
+    routing: RoutingPrefs = NO_PREFS
 
 
 class BlockingExecutor:

@@ -93,3 +93,21 @@ def test_bad_config_names_the_field(tmp_path: Path) -> None:
     bad.write_text("models: {}\ntiers: {}\n")
     result = CliRunner().invoke(db_cmd.app, ["upgrade", "--config", str(bad)])
     assert result.exit_code == 2 and "tiers" in result.output
+
+
+async def test_tenant_routing_targets_reach_the_principal(cli) -> None:  # type: ignore[no-untyped-def]
+    run, db_file = cli
+    run("db", "upgrade")
+    run("tenants", "create", "acme")
+    raw = run("keys", "create", "--tenant", "acme").stdout.strip()
+    assert "not both" in run("tenants", "set", "acme", "--target-quality", "0.9", "--target-cost", "0.3",
+                             ok=False).output
+    assert "target quality >= 0.9" in run("tenants", "set", "acme", "--target-quality", "0.9").stdout
+    assert json.loads(run("tenants", "list", "--json").stdout)[0]["target"] == "quality >= 0.9"
+    store = KeyStore(make_session_factory(make_engine(f"sqlite:///{db_file}")))
+    prefs = (await store.authenticate(f"Bearer {raw}")).routing
+    assert (prefs.target_quality, prefs.target_cost, prefs.exploration) == (0.9, None, None)
+    assert "target cost <= 0.25" in run("tenants", "set", "acme", "--target-cost", "0.25",
+                                         "--exploration", "0.1").stdout
+    assert "target default" in run("tenants", "set", "acme", "--default-target").stdout
+    assert json.loads(run("tenants", "list", "--json").stdout)[0]["exploration"] == 0.1

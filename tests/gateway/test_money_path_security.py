@@ -14,6 +14,7 @@ import pytest
 
 from gateway.chat.request import ChatRequest
 from gateway.money import nanos_to_decimal
+from gateway.routing import NO_PREFS
 from gateway.runtime import Runtime
 from tests.gateway.gateway_harness import Gateway, gateway
 from tests.gateway.scripted_upstream import ADMIN_KEY, ScriptedUpstream
@@ -33,7 +34,7 @@ async def _worst_case(gw: Gateway, body: dict[str, Any]) -> Decimal:
     state: Runtime = gw.app.state.tiergate
 
     class Who:
-        tenant_id, key_id, allow_prompt_storage, routing_exploration = gw.tenant_id, None, False, None
+        tenant_id, key_id, allow_prompt_storage, routing = gw.tenant_id, None, False, NO_PREFS
 
     req, _ = await state.flow.prepare(Who(), body)
     assert isinstance(req, ChatRequest)

@@ -4,11 +4,13 @@ feedback → `classifier update` → reload → different decisions."""
 
 from __future__ import annotations
 
+import random
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import sqlalchemy as sa
 from sqlalchemy.orm import Session, sessionmaker
@@ -28,7 +30,7 @@ from gateway.learning.perceive import (
     record_verdict,
 )
 from gateway.settings import Settings, settings_from_dict
-from tests.classifier.synthetic import prompts_of, tiny_dataset
+from tests.classifier.synthetic import KINDS, prompts_of, tiny_dataset
 
 MIX_DEFAULT = {"low": 0.7, "medium": 0.2, "high": 0.1}
 MIX_HEAVY = {"low": 0.1, "medium": 0.1, "high": 0.8}
@@ -216,3 +218,36 @@ def test_config_target_mix_rederives_thresholds(tmp_path: Path, artifacts: dict[
                                    "classifier": {"artifact": str(path), "target_mix": MIX_HEAVY}},
                                   base_dir=tmp_path)
     assert Perceiver.from_settings(settings).model.thresholds == heavy.model.thresholds
+
+
+def test_a_quality_or_cost_target_sets_the_strong_share(tmp_path: Path) -> None:
+    """A tenant's quality target ("keep >= X of the all-strong quality") takes the strong share from
+    the router's quality curve (published with it, measured on outcomes); a cost target from the
+    tiers' costs; with neither, the target mix. Thresholds follow the traffic window either way."""
+    from classifier.thresholds import full_mix, strong_share_for_cost, strong_share_for_quality
+    from gateway.routing import RoutingPrefs
+
+    shares = [i / 10 for i in range(11)]
+    pgr = [0.0, 0.5, 0.7, 0.8, 0.86, 0.9, 0.93, 0.96, 0.98, 0.99, 1.0]
+    path = tmp_path / "effort.skops"
+    result = train(tiny_dataset(), TrainConfig(), cv=False, version="curved")
+    save_artifact(result.model, path, data_hash=result.data_hash,
+                  extra={"quality_curve": {"shares": shares, "pgr": pgr}})
+    mix = {"low": 0.7, "medium": 0.2, "high": 0.1}
+    perceiver = Perceiver([path], background=False, target_mix=mix, exploration=0.0)
+    perceiver.tier_costs = {"none": 1.0, "minimal": 1.0, "low": 1.0, "medium": 5.0, "high": 20.0, "xhigh": 20.0}
+    texts = [t for kind in range(len(KINDS)) for t in prompts_of(kind, 150, seed=kind)]
+    random.Random(0).shuffle(texts)
+    for text in texts[:300]:  # warm the traffic window
+        perceiver.decide(user_prompt(text))
+
+    def strong_share(prefs: RoutingPrefs) -> float:
+        tiers = [perceiver.decide(user_prompt(t), None, prefs).tier for t in texts[:600]]
+        return sum(t in ("high", "xhigh") for t in tiers) / len(tiers)
+
+    expected_q = strong_share_for_quality(np.asarray(shares), np.asarray(pgr), 0.85)
+    expected_c = strong_share_for_cost(full_mix(mix), perceiver.tier_costs, 0.3)
+    assert strong_share(RoutingPrefs()) == pytest.approx(0.1, abs=0.05)
+    assert strong_share(RoutingPrefs(target_quality=0.85)) == pytest.approx(expected_q, abs=0.06)
+    assert strong_share(RoutingPrefs(target_cost=0.3)) == pytest.approx(expected_c, abs=0.06)
+    assert expected_q > 0.3 and abs(expected_c - 0.1) > 0.05  # the targets moved the mix

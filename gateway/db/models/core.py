@@ -28,6 +28,9 @@ class Tenant(Base):
     allow_prompt_storage: Mapped[bool] = mapped_column(sa.Boolean, default=False)
     # The share of this tenant's ``auto`` requests that explore a random tier (None: routing.exploration).
     routing_exploration: Mapped[float | None] = mapped_column(sa.Float, nullable=True)
+    # The tenant's threshold target (None: routing.target_quality / routing.target_cost / the mix).
+    routing_target_quality: Mapped[float | None] = mapped_column(sa.Float, nullable=True)
+    routing_target_cost: Mapped[float | None] = mapped_column(sa.Float, nullable=True)
 
 
 class ApiKey(Base):
