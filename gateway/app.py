@@ -1,7 +1,7 @@
 """``create_app``: the FastAPI application factory. Nothing is built at import time: the
 lifespan opens the process's ``Runtime`` (gateway.runtime), with whatever parts the caller hands
 in (tests pass small real ones), and puts it at ``app.state.tiergate``. Errors are mapped here, once, to
-OpenAI's error shape — never a stack trace or a secret in a response (gateway.edge answers
+OpenAI's error shape — never a stack trace or a secret in a response (gateway.web.edge answers
 and logs whatever escapes a route).
 
 Other engineers add their router with one ``app.include_router(...)`` line in ``_routers``.
@@ -18,11 +18,11 @@ from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from gateway.edge import EdgeMiddleware
 from gateway.errors import GatewayError, NotFound
-from gateway.request_body import FORM_OVERHEAD_BYTES, invalid_value
 from gateway.runtime import RuntimeParts, open_runtime
 from gateway.settings import Settings
+from gateway.web.edge import EdgeMiddleware
+from gateway.web.request_body import FORM_OVERHEAD_BYTES, invalid_value
 
 
 def _error_response(err: GatewayError) -> Response:

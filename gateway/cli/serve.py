@@ -1,5 +1,5 @@
 """`tiergate serve`: run the gateway with uvicorn (uvloop + httptools, one worker by default), with
-the edge limits of ``server:`` (header/body/keep-alive timeouts, concurrency; gateway.serving).
+the edge limits of ``server:`` (header/body/keep-alive timeouts, concurrency; gateway.web.serving).
 
 ``--demo`` first migrates the database, creates a ``demo`` tenant with one key if none exists
 (printing the key once, never logging it) and prints a working curl and openai-SDK example.
@@ -97,8 +97,8 @@ def register(app: typer.Typer) -> None:
               access_log: bool = typer.Option(False, "--access-log", help="Log one line per request."),
               ) -> None:
         """Run the gateway."""
-        from gateway.serving import run, uvicorn_config
         from gateway.settings import ConfigError, load_settings
+        from gateway.web.serving import run, uvicorn_config
 
         try:
             settings = load_settings(config)

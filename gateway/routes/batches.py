@@ -1,7 +1,7 @@
 """``/v1/batches``: create (validates the input file's JSONL first), retrieve, list, cancel.
 The work itself runs in the jobs backend (embedded runner or Celery); this module only reads
 and writes batch rows; ids are checked at the edge (gateway.identifiers) and the create body is
-read after the key (gateway.request_body). Imports deps, errors, identifiers, request_body and
+read after the key (gateway.web.request_body). Imports deps, errors, identifiers, request_body and
 gateway.jobs.
 """
 
@@ -15,15 +15,15 @@ from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
 from gateway.auth import Principal as PrincipalLike
-from gateway.deps import get_runtime, principal
 from gateway.errors import InvalidRequest
 from gateway.identifiers import Identifier, is_clean, is_storable
 from gateway.jobs import store
 from gateway.jobs.backends import QueueUnavailable
 from gateway.jobs.files import get_file
 from gateway.jobs.validate import parse_batch_file
-from gateway.request_body import read_model
 from gateway.runtime import Runtime
+from gateway.web.deps import get_runtime, principal
+from gateway.web.request_body import read_model
 
 router = APIRouter()
 

@@ -26,9 +26,9 @@ from gateway.budgets.policies import Scope
 from gateway.db.models import ApiKey, BudgetPolicyRow, Tenant
 from gateway.errors import InvalidRequest, NotFound
 from gateway.identifiers import Identifier
-from gateway.request_body import read_model
 from gateway.routes.admin_auth import require_admin
 from gateway.runtime import Runtime
+from gateway.web.request_body import read_model
 
 router = APIRouter(prefix="/admin/budgets")
 

@@ -4,6 +4,8 @@ size limit, orjson, SSE, the client's disconnect). Policy lives in gateway.chat 
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import anyio
 import orjson
 from fastapi import APIRouter, Request, Response
@@ -13,8 +15,10 @@ from starlette.types import Receive, Scope, Send
 from gateway.chat.request import ChatRequest
 from gateway.chat.sse import ChatStream
 from gateway.money import format_usd
-from gateway.request_body import read_json
-from gateway.runtime import Runtime
+from gateway.web.request_body import read_json
+
+if TYPE_CHECKING:  # the route takes its collaborators from app.state; it imports none of them
+    from gateway.runtime import Runtime
 
 router = APIRouter()
 
@@ -64,7 +68,7 @@ def _decision_headers(req: ChatRequest) -> dict[str, str]:
 
 async def chat_completions(request: Request) -> Response:
     # A plain Starlette route (added below), not a FastAPI one: the hot path skips dependency
-    # solving. Same steps as the deps: the runtime, then the key, then the body (gateway.request_body).
+    # solving. Same steps as the deps: the runtime, then the key, then the body (gateway.web.request_body).
     rt: Runtime = request.app.state.tiergate
     who = await rt.keys.authenticate(request.headers.get("authorization"))
     data = await read_json(request, rt.settings.server)

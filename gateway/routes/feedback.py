@@ -24,14 +24,14 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
 from gateway.auth import Principal as PrincipalLike
-from gateway.deps import get_runtime, principal
 from gateway.errors import InvalidRequest, NotFound
 from gateway.identifiers import Identifier
 from gateway.learning.outcomes import record_outcome
 from gateway.learning.perceive import TIER_SCORES, feedback_fields, record_verdict
-from gateway.request_body import read_model
 from gateway.runtime import Runtime
 from gateway.settings import TIER_NAMES, Tier
+from gateway.web.deps import get_runtime, principal
+from gateway.web.request_body import read_model
 
 router = APIRouter()
 MAX_FEEDBACK_BYTES = 1024 * 1024

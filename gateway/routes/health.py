@@ -9,8 +9,8 @@ import orjson
 import sqlalchemy as sa
 from fastapi import APIRouter, Depends, Response
 
-from gateway.deps import get_runtime
 from gateway.runtime import Runtime
+from gateway.web.deps import get_runtime
 
 router = APIRouter()
 log = logging.getLogger("tiergate.health")

@@ -8,10 +8,10 @@ import orjson
 from fastapi import APIRouter, Depends, Response
 
 from gateway.auth import Principal as PrincipalLike
-from gateway.deps import get_runtime, principal
 from gateway.errors import ModelNotFound
 from gateway.routing import public_model_names
 from gateway.runtime import Runtime
+from gateway.web.deps import get_runtime, principal
 
 router = APIRouter()
 

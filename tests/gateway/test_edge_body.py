@@ -1,4 +1,4 @@
-"""The one body reader (gateway.request_body) on every route: the key is checked before a byte of
+"""The one body reader (gateway.web.request_body) on every route: the key is checked before a byte of
 the body is read (and the connection is then closed rather than drained), every route has a
 size limit, a body that trickles in gets 408, JSON nested deeper than ``server.max_json_depth``
 is a 400 that says so (orjson re-encodes at most 254 levels: deeper bodies were 500s), and the

@@ -1,5 +1,5 @@
 """Request-scoped dependencies for the routes: the process's ``Runtime`` and the authenticated
-principal. Bodies are read with gateway.request_body, after these.
+principal. Bodies are read with gateway.web.request_body, after these.
 
 The runtime is ``app.state.tiergate``, opened by create_app's lifespan (gateway.runtime); routes
 take their typed collaborators from it. Imports the runtime and auth types and starlette only.

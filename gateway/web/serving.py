@@ -6,7 +6,7 @@ held a connection (and a slot) for as long as it liked. ``HeaderTimeoutHttpTools
 httptools protocol with that timeout: armed when the connection opens and when a request starts,
 cancelled when its headers are complete; when it fires the client gets a 408 and the connection
 is closed (a response already being sent on it finishes first). Body reads are timed by
-gateway.request_body, idle keep-alive by uvicorn (``timeout_keep_alive``), and
+gateway.web.request_body, idle keep-alive by uvicorn (``timeout_keep_alive``), and
 ``limit_concurrency`` makes uvicorn answer 503 past that many connections + requests in flight.
 Every log handler redacts exceptions to type + place (gateway.log_safety).
 

@@ -11,7 +11,7 @@ which it never lets an exception reach).
   100 MB upload, a 413, a 408) closes the connection (``connection: close``), so the rest of
   that body is never read and discarded on a keep-alive connection.
 - No body may exceed ``max_body_bytes`` however a route reads it (the routes' own, lower limits
-  come from gateway.request_body).
+  come from gateway.web.request_body).
 
 Imports starlette, errors and log_safety only.
 """
