@@ -13,8 +13,8 @@ from pathlib import Path
 import httpx
 import orjson
 
-from gateway.cli.bench_gateway import BenchArgs, Phase, _report
-from gateway.cli.bench_tools import run_load
+from gateway.bench.gateway import BenchArgs, Phase, _report
+from gateway.bench.tools import run_load
 
 
 def _port() -> int:
@@ -25,7 +25,7 @@ def _port() -> int:
 
 async def test_mock_and_load_generator() -> None:
     port = _port()
-    mock = subprocess.Popen([sys.executable, "-m", "gateway.cli.bench_tools", "mock", "--port", str(port)],
+    mock = subprocess.Popen([sys.executable, "-m", "gateway.bench.tools", "mock", "--port", str(port)],
                             cwd=Path(__file__).resolve().parents[2])
     try:
         deadline = time.monotonic() + 30

@@ -11,7 +11,7 @@ import re
 import pytest
 import sqlalchemy as sa
 
-from gateway.cli.bench_ledger_pg import FullCollections, run
+from gateway.bench.ledger_pg import FullCollections, run
 from tests.conftest import PG_URL
 
 

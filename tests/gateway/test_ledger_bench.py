@@ -7,7 +7,7 @@ import re
 import typer
 from typer.testing import CliRunner
 
-from gateway.cli.ledger_bench import ledger
+from gateway.cli.bench import ledger_sqlite_bench as ledger
 
 
 def test_bench_ledger_prints_ratios_against_the_naive_baseline() -> None:

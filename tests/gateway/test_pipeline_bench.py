@@ -7,7 +7,7 @@ import json
 from collections import Counter
 from pathlib import Path
 
-from gateway.cli.bench_pipeline import (
+from gateway.bench.pipeline import (
     ANSWER_TOKENS,
     HIGH_REASONING_TOKENS,
     bench_settings,
@@ -15,7 +15,7 @@ from gateway.cli.bench_pipeline import (
     replay,
     report,
 )
-from gateway.cli.bench_workload import WorkItem, sample_workload
+from gateway.bench.workload import WorkItem, sample_workload
 from gateway.ledger.pricing import cost_nanos_for
 from gateway.providers.base import Usage
 
@@ -54,7 +54,7 @@ async def test_replay_prices_routes_against_all_high_and_all_low() -> None:
 
 
 def test_without_a_classifier_artifact_the_fallback_is_labelled(tmp_path: Path) -> None:
-    from gateway.cli.bench_pipeline import load_decider
+    from gateway.bench.pipeline import load_decider
     from tests.gateway.scripted_models import scripted_settings
 
     assert load_decider(None) == (None, "classifier disabled with --no-classifier")

@@ -15,8 +15,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import typer
-
 
 def _entries(n: int, tag: str) -> list:  # type: ignore[type-arg]
     from gateway.ledger import LedgerEntry
@@ -82,18 +80,20 @@ async def _run(workdir: Path, n: int, concurrency: int) -> dict[str, float]:
     return out
 
 
-def ledger(n: int = typer.Option(3000, help="Entries per variant."),
-           concurrency: int = typer.Option(64, help="Concurrent writers.")) -> None:
-    """Ledger rows/s: naive per-call transaction vs record_durable vs record (SQLite, temp dir)."""
+def run(n: int, concurrency: int) -> list[str]:
+    """Ledger rows/s: naive per-call transaction vs record_durable vs record (SQLite, temp dir);
+    the report's lines."""
     with tempfile.TemporaryDirectory(prefix="tiergate-bench-ledger-") as tmp:
         r = asyncio.run(_run(Path(tmp), n, concurrency))
-    typer.echo(f"ledger bench: {n} entries per variant, concurrency {concurrency}, SQLite in a temp dir")
-    typer.echo(f"  naive: 1 transaction per call      {r['naive']:10.0f} rows/s   (baseline)")
-    typer.echo(f"  record_durable, acknowledged        {r['durable_ack']:10.0f} rows/s   "
-               f"x{r['durable_ack'] / r['naive']:.1f}")
-    typer.echo(f"  record_durable, all committed       {r['durable_committed']:10.0f} rows/s   "
-               f"x{r['durable_committed'] / r['naive']:.1f}")
-    typer.echo(f"  record (non-blocking), committed    {r['plain_committed']:10.0f} rows/s   "
-               f"x{r['plain_committed'] / r['naive']:.1f}   ({r['record_call_us']:.1f} us per record() call)")
-    typer.echo(f"  record_durable latency, concurrency 1: p50 {r['durable_p50_ms']:.2f} ms, "
-               f"p99 {r['durable_p99_ms']:.2f} ms")
+    return [
+        f"ledger bench: {n} entries per variant, concurrency {concurrency}, SQLite in a temp dir",
+        f"  naive: 1 transaction per call      {r['naive']:10.0f} rows/s   (baseline)",
+        f"  record_durable, acknowledged        {r['durable_ack']:10.0f} rows/s   "
+        f"x{r['durable_ack'] / r['naive']:.1f}",
+        f"  record_durable, all committed       {r['durable_committed']:10.0f} rows/s   "
+        f"x{r['durable_committed'] / r['naive']:.1f}",
+        f"  record (non-blocking), committed    {r['plain_committed']:10.0f} rows/s   "
+        f"x{r['plain_committed'] / r['naive']:.1f}   ({r['record_call_us']:.1f} us per record() call)",
+        f"  record_durable latency, concurrency 1: p50 {r['durable_p50_ms']:.2f} ms, "
+        f"p99 {r['durable_p99_ms']:.2f} ms",
+    ]

@@ -2,7 +2,7 @@
 
 The prompts of an outcomes file (per-prompt results of arms — tiers — run on them, e.g.
 ``bbh_direct_vs_cot.jsonl``: direct = low, chain-of-thought = high) are replayed through the
-gateway's classifier, routing and pipeline cost model (``bench_pipeline.replay``); each
+gateway's classifier, routing and pipeline cost model (``gateway.bench.pipeline.replay``); each
 prompt's expected quality is the outcome of the arm nearest to the tier it was routed to (at or
 below it when there is one). Printed beside the cost: routed vs all-high vs all-low, the share of
 the all-high quality kept, and the share of its cost spent.
@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any
 
 import classifier
-from gateway.cli.bench_pipeline import load_decider, replay
-from gateway.cli.bench_workload import WorkItem
+from gateway.bench.pipeline import load_decider, replay
+from gateway.bench.workload import WorkItem
 from gateway.money import format_usd
 from gateway.settings import TIER_NAMES, Settings
 

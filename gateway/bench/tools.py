@@ -1,4 +1,4 @@
-"""Processes for `tiergate bench gateway`, run as ``python -m gateway.cli.bench_tools <mock|load>``:
+"""Processes for `tiergate bench gateway`, run as ``python -m gateway.bench.tools <mock|load>``:
 
 - ``mock``: a fast mock OpenAI upstream (aiohttp.web + uvloop) answering every chat completion
   with the same small JSON body (with usage);
@@ -153,7 +153,7 @@ async def run_load(url: str, body: bytes, key: str, concurrency: int, duration_s
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="bench_tools")
+    parser = argparse.ArgumentParser(prog="python -m gateway.bench.tools")
     sub = parser.add_subparsers(dest="cmd", required=True)
     mock = sub.add_parser("mock")
     mock.add_argument("--host", default="127.0.0.1")

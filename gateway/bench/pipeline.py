@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gateway.cli.bench_workload import WorkItem, sample_workload
+from gateway.bench.workload import WorkItem, sample_workload
 from gateway.ledger.pricing import cost_nanos_for
 from gateway.money import format_usd
 from gateway.pipeline import Pipeline, RequestContext

@@ -1,7 +1,7 @@
 """`tiergate bench gateway`: gateway overhead against a mock upstream, measured in one run.
 
-Starts the mock OpenAI upstream (``bench_tools mock``), then measures with the same load
-generator (``bench_tools load``): direct-to-mock; through tiergate (``tiergate serve``: auth and
+Starts the mock OpenAI upstream (``gateway.bench.tools mock``), then measures with the same load
+generator (``gateway.bench.tools load``): direct-to-mock; through tiergate (``tiergate serve``: auth and
 the journaled ledger on, SQLite, one uvicorn worker; ``ledger.durability`` process — the default —
 plus fsync and none variants); and through the LiteLLM proxy from
 ``.venv-litellm-proxy`` (``make bench-venv``; one worker, same upstream; skipped with a note if
@@ -95,7 +95,7 @@ def _process(cmd: list[str], ready_url: str, log: Path, env: dict[str, str] | No
 
 def _load(url: str, body: dict[str, Any], key: str, concurrency: int, core: int | None, *,
           duration_s: float = 0.0, requests: int = 0) -> Phase:
-    cmd = [*_pin(core), sys.executable, "-m", "gateway.cli.bench_tools", "load", "--url", url,
+    cmd = [*_pin(core), sys.executable, "-m", "gateway.bench.tools", "load", "--url", url,
            "--body", orjson.dumps(body).decode(), "--key", key, "--concurrency", str(concurrency),
            "--duration", str(duration_s or 3600), "--requests", str(requests)]
     out = subprocess.run(cmd, capture_output=True, check=True, timeout=900).stdout
@@ -225,11 +225,11 @@ def run_gateway_bench(args: BenchArgs) -> str:
     notes: list[str] = []
     targets = [Target("direct", f"{upstream}/chat/completions", REQUEST, "none")]
     with ExitStack() as stack:
-        mock_cmd = [*_pin(args.load_core), sys.executable, "-m", "gateway.cli.bench_tools", "mock",
+        mock_cmd = [*_pin(args.load_core), sys.executable, "-m", "gateway.bench.tools", "mock",
                     "--port", str(mock_port)]
         stack.enter_context(_process(mock_cmd, f"http://127.0.0.1:{mock_port}/v1/models", work / "mock.log", env))
         bare_port = _free_port()
-        bare_cmd = [*_pin(args.server_core), sys.executable, "-m", "gateway.cli.bench_tools", "bare",
+        bare_cmd = [*_pin(args.server_core), sys.executable, "-m", "gateway.bench.tools", "bare",
                     "--port", str(bare_port), "--upstream", upstream]
         stack.enter_context(_process(bare_cmd, f"http://127.0.0.1:{bare_port}/healthz", work / "bare.log", env))
         targets.append(Target("bare-fastapi", f"http://127.0.0.1:{bare_port}/v1/chat/completions", REQUEST, "none"))
