@@ -13,7 +13,7 @@ from urllib.parse import quote
 import pytest
 
 from gateway.errors import InvalidRequest
-from tests.gateway.edge_support import ADMIN, edge_gateway, openai_error
+from tests.gateway.edge.edge_support import ADMIN, edge_gateway, openai_error
 from tests.gateway.gateway_harness import Gateway
 from tests.gateway.jobs_support import create_batch, jsonl, line, upload
 from tests.gateway.scripted_upstream import ScriptedUpstream

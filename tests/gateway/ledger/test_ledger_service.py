@@ -24,14 +24,6 @@ def entry(i: int) -> LedgerEntry:
                        cost_nanos=500_000_000, baseline_cost_nanos=1_000_000_000)
 
 
-@pytest.fixture
-def db(tmp_path: Path):  # type: ignore[no-untyped-def]
-    engine = make_engine(f"sqlite:///{tmp_path}/l.db")
-    Base.metadata.create_all(engine)
-    yield make_session_factory(engine)
-    engine.dispose()
-
-
 def _count(f: sessionmaker[Session], sql: str = "SELECT count(*) FROM ledger_entries") -> object:
     with f() as s:
         return s.scalar(sa.text(sql))

@@ -57,7 +57,7 @@ def test_kill_9_loses_no_acknowledged_entry_and_duplicates_none(tmp_path: Path, 
     journal = tmp_path / "journal"
     script = tmp_path / "child.py"
     script.write_text(CHILD)
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[3])}
     child = subprocess.Popen([sys.executable, str(script), url, str(journal), level], stdout=subprocess.PIPE,
                              env=env, text=True)
     acked: dict[str, tuple[int, int]] = {}

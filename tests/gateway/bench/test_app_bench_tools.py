@@ -26,7 +26,7 @@ def _port() -> int:
 async def test_mock_and_load_generator() -> None:
     port = _port()
     mock = subprocess.Popen([sys.executable, "-m", "gateway.bench.tools", "mock", "--port", str(port)],
-                            cwd=Path(__file__).resolve().parents[2])
+                            cwd=Path(__file__).resolve().parents[3])
     try:
         deadline = time.monotonic() + 30
         while True:

@@ -14,7 +14,7 @@ from gateway.admin import SESSION_COOKIE, LoginThrottle, SessionSigner
 from gateway.db.models import BudgetAlertRow
 from gateway.db.queries import create_tenant
 from gateway.money import nanos_to_decimal
-from tests.gateway.admin_support import ADMIN, db_sums, seed
+from tests.gateway.admin.admin_support import ADMIN, db_sums, seed
 from tests.gateway.gateway_harness import Gateway, gateway
 from tests.gateway.scripted_upstream import ScriptedUpstream
 

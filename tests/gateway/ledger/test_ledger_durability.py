@@ -7,15 +7,12 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
 from sqlalchemy.orm import Session, sessionmaker
 
-from gateway.db.models import Base
-from gateway.db.session import make_engine, make_session_factory
 from gateway.ledger import Ledger, LedgerEntry, LedgerError, new_entry_id
 from gateway.ledger.journal import read_segment
 from gateway.providers.base import Usage
@@ -30,14 +27,6 @@ def entry(i: int) -> LedgerEntry:
     return LedgerEntry(id=new_entry_id(), request_id=f"req-{i}", tenant_id="t1", key_id="k1", stage="direct",
                        tier="low", model="demo-moe", usage=Usage(prompt_tokens=i, completion_tokens=1),
                        cost_nanos=500_000_000, baseline_cost_nanos=1_000_000_000)
-
-
-@pytest.fixture
-def db(tmp_path: Path) -> Iterator[sessionmaker[Session]]:
-    engine = make_engine(f"sqlite:///{tmp_path}/l.db")
-    Base.metadata.create_all(engine)
-    yield make_session_factory(engine)
-    engine.dispose()
 
 
 class GatedSync:

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
+DEPLOY = Path(__file__).resolve().parents[3] / "deploy"
 CONF = DEPLOY / "proxy" / "nginx.conf"
 
 

@@ -15,7 +15,14 @@ import orjson
 import pytest
 
 from gateway.errors import InvalidRequest
-from tests.gateway.edge_support import ADMIN, CountingBody, edge_gateway, nested, nested_json, openai_error
+from tests.gateway.edge.edge_support import (
+    ADMIN,
+    CountingBody,
+    edge_gateway,
+    nested,
+    nested_json,
+    openai_error,
+)
 from tests.gateway.jobs_support import create_batch, jsonl, line, upload, wait_final
 from tests.gateway.scripted_upstream import ScriptedUpstream
 

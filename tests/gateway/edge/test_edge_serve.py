@@ -15,7 +15,7 @@ import httpx
 import pytest
 import sqlalchemy as sa
 
-from tests.gateway.edge_support import ADMIN, Served, rss_mib, serve_subprocess
+from tests.gateway.edge.edge_support import ADMIN, Served, rss_mib, serve_subprocess
 from tests.gateway.scripted_upstream import UPSTREAM_KEY, UPSTREAM_KEY_ENV, ScriptedUpstream
 
 pytestmark = pytest.mark.slow

@@ -11,7 +11,6 @@ everything else (q/k norms, clipping, a shared expert, two norm epsilons) to the
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
 
@@ -40,19 +39,6 @@ KINDS: dict[str, tuple[ModelConfig, ExpertCount | None]] = {
 }
 CONTEXT = {0: 5, 1: 17, 2: 11}  # tokens already cached per sequence before the decode step
 BLOCK = 4
-
-
-@pytest.fixture(autouse=True)
-def _native() -> None:
-    assert ops.available(), ops.reason()
-
-
-@pytest.fixture(params=[1, 2])
-def threads(request: pytest.FixtureRequest) -> Iterator[int]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(request.param)
-    yield int(request.param)
-    torch.set_num_threads(before)
 
 
 def _model(config: ModelConfig, seed: int, bf16: bool = False) -> CausalLM:

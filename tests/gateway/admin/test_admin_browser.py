@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.gateway.admin_support import ADMIN, db_sums, seed
+from tests.gateway.admin.admin_support import ADMIN, db_sums, seed
 from tests.gateway.gateway_harness import served_gateway
 from tests.gateway.scripted_upstream import ScriptedUpstream
 

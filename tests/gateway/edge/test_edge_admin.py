@@ -26,7 +26,7 @@ from gateway.cli import budgets_cmd
 from gateway.ledger import Ledger
 from gateway.runtime import RuntimeParts
 from tests.gateway.cli_support import admin_cli_root
-from tests.gateway.edge_support import ADMIN, edge_gateway, new_tenant_and_key, openai_error
+from tests.gateway.edge.edge_support import ADMIN, edge_gateway, new_tenant_and_key, openai_error
 from tests.gateway.gateway_harness import Gateway
 from tests.gateway.scripted_upstream import ADMIN_KEY, ScriptedUpstream, config_for
 

@@ -20,7 +20,7 @@ from gateway.runtime import RuntimeParts
 from gateway.settings import Settings, settings_from_dict
 from tests.gateway.gateway_harness import make_database
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 # TIERGATE_TEST_DEMO_MODEL points the test at another build of the demo model (e.g. a fresh one).
 DEMO = Path(os.environ.get("TIERGATE_TEST_DEMO_MODEL") or ROOT / "engine" / "models" / "demo-moe")
 QUESTION = [{"role": "user", "content": "Tom has 3 apples and buys 4 more. How many apples does he have?"}]

@@ -28,8 +28,8 @@ from gateway.db.models import BatchLine, DailySpend, LedgerEntryRow, Request
 from gateway.db.queries import add_api_key, create_tenant
 from gateway.db.session import make_engine, make_session_factory
 from tests.gateway.jobs_support import batch_config, jsonl, line
+from tests.gateway.ledger.test_gateway_kill9 import _free_port, _start
 from tests.gateway.scripted_upstream import Behaviour, ScriptedUpstream
-from tests.gateway.test_gateway_kill9 import _free_port, _start
 
 N = 8
 MSGS = [{"role": "user", "content": "count"}]

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from tests.gateway.edge_support import edge_gateway, openai_error
+from tests.gateway.edge.edge_support import edge_gateway, openai_error
 from tests.gateway.gateway_harness import Gateway
 from tests.gateway.scripted_upstream import ScriptedUpstream
 
@@ -97,7 +97,7 @@ def test_redacting_filter_and_describe() -> None:
     except KeyError as exc:
         caught = exc
     text = describe(caught)
-    assert text.startswith("KeyError at tests.gateway.test_edge_logs:") and "SECRET" not in text
+    assert text.startswith("KeyError at tests.gateway.edge.test_edge_logs:") and "SECRET" not in text
     record = logging.LogRecord("x", logging.ERROR, __file__, 1, "failed for %s", ("tenant",),
                                (type(caught), caught, caught.__traceback__))
     assert RedactExceptions().filter(record)
