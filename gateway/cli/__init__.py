@@ -33,9 +33,6 @@ def _register() -> None:
     app.add_typer(routing_cmd.app, name="routing")
     app.add_typer(bench.app, name="bench")
     app.add_typer(budgets_cmd.app, name="budgets")
-    from gateway.cli import ledger_bench
-
-    bench.app.command("ledger-sqlite")(ledger_bench.ledger)
     bench.app.command("routing")(classifier_cmd.bench_routing)
     serve.register(app)
     from gateway.cli import worker

@@ -1,4 +1,8 @@
-"""`tiergate bench`: benchmarks that print ratios against a baseline run in the same process."""
+"""`tiergate bench`: benchmarks that print ratios against a baseline run in the same process.
+
+Thin typer dispatch: each command parses its options and calls its benchmark in gateway.bench.
+`tiergate bench routing` is classifier_cmd.bench_routing (registered in gateway.cli).
+"""
 
 from __future__ import annotations
 
@@ -22,11 +26,11 @@ def pipeline_bench(
     with --outcomes, the routed cost and expected quality of that file's prompts."""
     from pathlib import Path
 
-    from gateway.cli.bench_pipeline import run_bench
+    from gateway.bench.pipeline import run_bench
     from gateway.settings import load_settings
 
     if outcomes is not None:
-        from gateway.cli.bench_quality import run_quality
+        from gateway.bench.quality import run_quality
 
         typer.echo(run_quality(Path(outcomes), n, seed, load_settings(config) if classifier else None))
         return
@@ -53,7 +57,7 @@ def gateway_bench(
     """Gateway overhead: direct-to-mock vs tiergate (auth + ledger on) vs the LiteLLM proxy."""
     from pathlib import Path
 
-    from gateway.cli.bench_gateway import BenchArgs, run_gateway_bench
+    from gateway.bench.gateway import BenchArgs, run_gateway_bench
 
     typer.echo(run_gateway_bench(BenchArgs(concurrency, duration, latency_requests, server_core, load_core,
                                            Path(litellm_venv))))
@@ -71,22 +75,12 @@ def engine_bench(
     skip_random: bool = typer.Option(False, "--skip-random", help="run part (d) only"),
 ) -> None:
     """Engine speed vs HF transformers, memory-bandwidth use, batching scale-up, k=1 vs trained k."""
-    from dataclasses import replace
     from pathlib import Path
 
-    import torch
+    from gateway.bench.engine import run
 
-    from engine.bench import QUICK, BenchSizes, run_expert_count_bench, run_random_moe_bench
-
-    if threads:
-        torch.set_num_threads(threads)
-    sizes = QUICK if quick else BenchSizes()
-    if decode_tokens:
-        sizes = replace(sizes, decode_tokens=decode_tokens)
-    if not skip_random:
-        run_random_moe_bench(sizes, typer.echo, repeats=repeats)
-    run_expert_count_bench(Path(demo), Path(data_dir), typer.echo, decode_tokens=sizes.decode_tokens * 2,
-                           ppl_windows=ppl_windows, repeats=repeats)
+    run(quick=quick, threads=threads, decode_tokens=decode_tokens, repeats=repeats, demo=Path(demo),
+        data_dir=Path(data_dir), ppl_windows=ppl_windows, skip_random=skip_random, echo=typer.echo)
 
 
 @app.command("ledger")
@@ -101,7 +95,17 @@ def ledger_pg_bench(
     seed_rows: int = typer.Option(1_000_000, help="ledger rows seeded before timing the spend summary"),
 ) -> None:
     """Ledger rows/s into PostgreSQL while serving (p99 vs ledger off) and spend-summary latency."""
-    from gateway.cli.bench_ledger_pg import run
+    from gateway.bench.ledger_pg import run
 
     for line in run(postgres_url, requests, concurrency, upstream_ms, extra_rows_per_s, seed_rows, rounds):
+        typer.echo(line)
+
+
+@app.command("ledger-sqlite")
+def ledger_sqlite_bench(n: int = typer.Option(3000, help="Entries per variant."),
+                        concurrency: int = typer.Option(64, help="Concurrent writers.")) -> None:
+    """Ledger rows/s: naive per-call transaction vs record_durable vs record (SQLite, temp dir)."""
+    from gateway.bench.ledger_sqlite import run
+
+    for line in run(n, concurrency):
         typer.echo(line)

@@ -1,6 +1,7 @@
 """`tiergate classifier`: train, cross-validate, evaluate as a router, explain, bench and
 update the effort classifier. Thin: every computation lives in the classifier library (or,
-for feedback rows, gateway.learning.perceive); this module parses options and prints.
+for feedback rows, gateway.learning.perceive; for the benches, gateway.bench); this module parses
+options and prints.
 """
 
 from __future__ import annotations
@@ -238,29 +239,6 @@ def eval_cmd(outcomes: Path = typer.Option(..., "--outcomes", help="CSV/JSONL: p
         typer.echo(f"  {r.name:12} " + " ".join(f"{quality_at(r.curve, s):.3f}" for s in shares))
 
 
-def _report_json(report: Any) -> dict[str, Any]:
-    from classifier import quality_at
-    from classifier.routing_bench import SHARES
-
-    def rows(results: list[Any]) -> dict[str, Any]:
-        return {r.name: {"apgr": r.metrics.apgr, "cpt50": r.metrics.cpt50, "cpt80": r.metrics.cpt80,
-                         "ci": {k: [v.low, v.high] for k, v in r.intervals.items()},
-                         "curve": {str(x): quality_at(r.curve, x) for x in SHARES}} for r in results}
-
-    out: dict[str, Any] = {"items": report.n_items, "notes": report.notes, "routers": rows(report.routers)}
-    if report.holdout:
-        out["holdout"] = {"note": report.holdout_note, "routers": rows(report.holdout)}
-    rp = report.replay
-    if rp is not None:
-        out["prequential"] = {"epsilon": rp.epsilon, "strong_share": rp.strong_share, "order": rp.order,
-                              "windows": rp.windows, "learning": rp.learner_apgr, "frozen": rp.frozen_apgr,
-                              "learning_all": rp.learner_overall, "frozen_all": rp.frozen_overall,
-                              "last_window_ci": {k: [v.estimate, v.low, v.high] for k, v in rp.last_window.items()},
-                              "reward": {"learning": rp.learner_reward, "frozen": rp.frozen_reward},
-                              "updates_per_second": rp.updates_per_second}
-    return out
-
-
 @app.command("bench-routing")
 def bench_routing(outcomes: Path = typer.Option(..., "--outcomes", help="Outcomes file (JSONL/CSV; see "
                                                 "classifier.outcomes for the formats, e.g. bbh_direct_vs_cot.jsonl)."),
@@ -280,6 +258,7 @@ def bench_routing(outcomes: Path = typer.Option(..., "--outcomes", help="Outcome
     router (score and tier) vs prompt length, random and oracle; leave-groups-out retraining; and the
     partial-feedback prequential replay of the learning loop vs the frozen router."""
     import classifier
+    from gateway.bench import routing
 
     settings = _settings(config)
     loaded = _load_artifact(settings, artifact)
@@ -290,18 +269,16 @@ def bench_routing(outcomes: Path = typer.Option(..., "--outcomes", help="Outcome
             typer.echo(msg, err=True)
 
     try:
-        report = classifier.bench_outcome_file(
-            loaded.model, loaded.metadata, outcomes, data_dir=data_dir, holdout_groups=holdout_groups,
-            folds=folds or None, prequential=prequential, epsilon=epsilon, strong_share=strong_share, seed=seed,
-            n_boot=n_boot, progress=say)
+        report = routing.run(loaded, outcomes, data_dir=data_dir, holdout_groups=holdout_groups,
+                             folds=folds or None, prequential=prequential, epsilon=epsilon,
+                             strong_share=strong_share, seed=seed, n_boot=n_boot, progress=say)
     except classifier.ClassifierError as err:
         typer.echo(f"error: {err}", err=True)
         raise typer.Exit(2) from None
     if as_json:
-        typer.echo(json.dumps(_report_json(report), indent=2))
+        typer.echo(json.dumps(routing.report_json(report), indent=2))
         return
-    typer.echo(f"classifier {loaded.model.version}")
-    typer.echo(classifier.format_report(report))
+    typer.echo(routing.report_text(loaded, report))
 
 
 @app.command()
@@ -371,50 +348,12 @@ def bench(config: Path | None = ConfigOption, data: Path | None = DataOption, ar
     """p50/p99 per-prompt latency of one decision (single prompts, one thread), with the
     cost of JSON-decoding the same request body measured in the same run as the baseline."""
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    import random
-    import time
-
-    from threadpoolctl import threadpool_limits
-
-    import classifier
+    from gateway.bench import classifier_latency
 
     settings = _settings(config)
     model = _load_model(settings, artifact)
-    examples = classifier.build_dataset(_data_dir(settings, data))
-    random.Random(0).shuffle(examples)
-    convs = [list(ex.messages or []) for ex in examples[:n]]
-    bodies = [json.dumps({"model": "auto", "messages": c}) for c in convs]
-    long_conv = classifier.user_prompt(("Prove that the sequence converges. " * 3000)[:100_000])
-
-    def timed(fn: Any, items: list[Any], clock: Any = time.perf_counter_ns) -> list[float]:
-        out = []
-        for _ in range(repeat):
-            for it in items:
-                t = clock()
-                fn(it)
-                out.append((clock() - t) / 1e6)
-        return sorted(out)
-
-    def pct(xs: list[float], q: float) -> float:
-        return xs[min(int(q * len(xs)), len(xs) - 1)]
-
-    with threadpool_limits(1):
-        for c in convs[:200]:
-            model.decide(c)  # warm-up
-        rows = [("decide (features + model)", timed(model.decide, convs)),
-                ("  same, thread CPU time", timed(model.decide, convs, time.thread_time_ns)),
-                ("  features only", timed(classifier.extract, convs)),
-                ("  100k-char prompt decide", timed(model.decide, [long_conv] * 20)),
-                ("baseline: json.loads(body)", timed(json.loads, bodies))]
-    typer.echo(f"{len(convs)} prompts x {repeat} passes, one thread; classifier {model.version}; "
-               f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
-    typer.echo(f"{'':28} {'p50 ms':>8} {'p99 ms':>8}")
-    for name, xs in rows:
-        typer.echo(f"{name:28} {pct(xs, .5):8.3f} {pct(xs, .99):8.3f}")
-    decide, base = rows[0][1], rows[-1][1]
-    typer.echo(f"ratio decide / json.loads body: p50 {pct(decide, .5) / pct(base, .5):.1f}x, "
-               f"p99 {pct(decide, .99) / pct(base, .99):.1f}x  (wall-clock p99 includes waiting for a CPU "
-               "on a loaded machine; the thread-CPU row excludes it)")
+    for line in classifier_latency.run(model, _data_dir(settings, data), n, repeat):
+        typer.echo(line)
 
 
 @dataclass(frozen=True)

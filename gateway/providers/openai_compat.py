@@ -93,7 +93,7 @@ def _received_lines(content: aiohttp.StreamReader) -> list[bytes]:
     """The complete lines left in ``content``'s buffer after its error was set. Every public
     reader raises that error first, so this reads the buffer with ``_read_nowait``, the private
     step they all share (aiohttp 3.x; a rename fails mypy and
-    tests/gateway/test_providers_openai_compat.py). A line the break cut off is not an event."""
+    tests/gateway/providers/test_providers_openai_compat.py). A line the break cut off is not an event."""
     *complete, _cut = content._read_nowait(-1).split(b"\n")
     return [line + b"\n" for line in complete]
 

@@ -4,7 +4,7 @@ Request bodies are the very models the routes validate with (``ChatCompletionReq
 ``BatchCreate``, ``FeedbackBody``); responses are described by the small models below, loose
 where OpenAI's own objects are (extra fields allowed), and every status a route can answer is
 listed with OpenAI's error shape. The test suite runs schemathesis against this document
-(``tests/gateway/test_openapi_fuzz.py``): no 5xx, every response conforming.
+(``tests/gateway/app/test_openapi_fuzz.py``): no 5xx, every response conforming.
 
 Built once per process, on first request. Imports schemas and the sibling routes' body models.
 """

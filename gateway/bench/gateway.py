@@ -1,0 +1,310 @@
+"""`tiergate bench gateway`: gateway overhead against a mock upstream, measured in one run.
+
+Starts the mock OpenAI upstream (``gateway.bench.tools mock``), then measures with the same load
+generator (``gateway.bench.tools load``): direct-to-mock; through tiergate (``tiergate serve``: auth and
+the journaled ledger on, SQLite, one uvicorn worker; ``ledger.durability`` process — the default —
+plus fsync and none variants); and through the LiteLLM proxy from
+``.venv-litellm-proxy`` (``make bench-venv``; one worker, same upstream; skipped with a note if
+absent), plus a bare FastAPI + aiohttp pass-through as the floor. All servers run at once and
+are measured interleaved, round by round (median of 3), so load changes on a shared machine
+hit every target alike. Servers under test are pinned to one core with taskset, the load
+generator and the mock to another (when the machine has two). Prints RPS at fixed
+concurrency, added p50/p99 latency at concurrency 1 versus direct, and the ratios.
+
+Bench-only: imported lazily by gateway.cli.bench.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+import yaml
+
+REQUEST = {"model": "low", "messages": [{"role": "user", "content": "Say hello"}], "max_tokens": 16}
+LITELLM_MODEL = "bench-model"
+LITELLM_MASTER_KEY = "sk-litellm-bench-master"
+
+
+@dataclass(frozen=True)
+class Phase:
+    rps: float
+    p50_ms: float
+    p99_ms: float
+    errors: int
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _pin(core: int | None) -> list[str]:
+    if core is None or core < 0 or shutil.which("taskset") is None:
+        return []
+    return ["taskset", "-c", str(core)]
+
+
+def _wait_http(url: str, proc: subprocess.Popen[bytes], timeout_s: float, log: Path) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{url} exited early:\n{log.read_text(errors='replace')[-2000:]}")
+        try:
+            if httpx.get(url, timeout=2).status_code < 500:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise RuntimeError(f"{url} not ready after {timeout_s}s:\n{log.read_text(errors='replace')[-2000:]}")
+
+
+@contextmanager
+def _process(cmd: list[str], ready_url: str, log: Path, env: dict[str, str] | None = None,
+             timeout_s: float = 120) -> Iterator[None]:
+    proc = subprocess.Popen(cmd, stdout=log.open("wb"), stderr=subprocess.STDOUT, env=env or dict(os.environ),
+                            start_new_session=True)
+    try:
+        _wait_http(ready_url, proc, timeout_s, log)
+        yield
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(20)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(5)
+
+
+def _load(url: str, body: dict[str, Any], key: str, concurrency: int, core: int | None, *,
+          duration_s: float = 0.0, requests: int = 0) -> Phase:
+    cmd = [*_pin(core), sys.executable, "-m", "gateway.bench.tools", "load", "--url", url,
+           "--body", orjson.dumps(body).decode(), "--key", key, "--concurrency", str(concurrency),
+           "--duration", str(duration_s or 3600), "--requests", str(requests)]
+    out = subprocess.run(cmd, capture_output=True, check=True, timeout=900).stdout
+    r = orjson.loads(out.strip().splitlines()[-1])
+    nan = float("nan")  # no successful request: shown as nan, with the error count
+    return Phase(r["rps"], r["p50_ms"] if r["p50_ms"] is not None else nan,
+                 r["p99_ms"] if r["p99_ms"] is not None else nan, r["errors"])
+
+
+def _measure(name: str, url: str, body: dict[str, Any], key: str, args: BenchArgs) -> tuple[Phase, Phase]:
+    sys.stderr.write(f"  measuring {name} ...\n")
+    latency = _load(url, body, key, 1, args.load_core, requests=args.latency_requests)
+    throughput = _load(url, body, key, args.concurrency, args.load_core, duration_s=args.duration_s)
+    return latency, throughput
+
+
+@dataclass(frozen=True)
+class BenchArgs:
+    concurrency: int = 32
+    duration_s: float = 5.0
+    latency_requests: int = 500
+    server_core: int | None = 0
+    load_core: int | None = 1
+    litellm_venv: Path = Path(".venv-litellm-proxy")
+    nowait_variant: bool = True
+    rounds: int = 3
+
+
+def _tiergate_config(work: Path, upstream: str, durability: str = "process") -> Path:
+    model = {"provider": "openai", "model": "mock", "api_base": upstream, "context_window": 8192,
+             "price": {"input": 0.5, "output": 1.5}}
+    cfg = {"server": {"log_level": "warning"},
+           "database": {"url_env": "TIERGATE_BENCH_DATABASE_URL", "default_url": "sqlite:///tiergate-bench.db"},
+           "ledger": {"journal_dir": "journal", "durability": durability},
+           "models": {"mock": model},
+           "tiers": {t: {"model": "mock"} for t in ("none", "minimal", "low", "medium", "high", "xhigh")}}
+    path = work / "config.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def _tiergate_key(config: Path) -> str:
+    from gateway.auth import generate_key, hash_key
+    from gateway.db import migrate
+    from gateway.db.queries import add_api_key, create_tenant
+    from gateway.db.session import database_url, make_engine, make_session_factory
+    from gateway.settings import load_settings
+
+    url = database_url(load_settings(config))
+    migrate.upgrade(url.render_as_string(hide_password=False))
+    engine = make_engine(url)
+    raw = generate_key()
+    with make_session_factory(engine)() as s, s.begin():
+        tenant = create_tenant(s, "bench")
+        add_api_key(s, tenant.id, raw, hash_key(raw))
+    engine.dispose()
+    return raw
+
+
+def _ledger_rows(config: Path) -> int:
+    import sqlalchemy as sa
+
+    from gateway.db.models import LedgerEntryRow
+    from gateway.db.session import database_url, make_engine
+
+    engine = make_engine(database_url(_settings(config)))
+    with engine.connect() as conn:
+        n = conn.execute(sa.select(sa.func.count()).select_from(LedgerEntryRow)).scalar_one()
+    engine.dispose()
+    return int(n)
+
+
+def _settings(config: Path) -> Any:
+    from gateway.settings import load_settings
+
+    return load_settings(config)
+
+
+def _litellm_config(work: Path, upstream: str) -> Path:
+    cfg = {"model_list": [{"model_name": LITELLM_MODEL, "litellm_params": {
+               "model": f"openai/{LITELLM_MODEL}", "api_base": upstream, "api_key": "sk-mock"}}],
+           "general_settings": {"master_key": LITELLM_MASTER_KEY},
+           "litellm_settings": {"telemetry": False, "drop_params": True}}
+    path = work / "litellm.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+@dataclass(frozen=True)
+class Target:
+    name: str
+    url: str
+    body: dict[str, Any]
+    key: str
+
+
+def _median_phase(phases: list[Phase]) -> Phase:
+    def med(values: list[float]) -> float:
+        return statistics.median(values)
+
+    return Phase(med([p.rps for p in phases]), med([p.p50_ms for p in phases]), med([p.p99_ms for p in phases]),
+                 sum(p.errors for p in phases))
+
+
+def _tiergate_target(stack: ExitStack, work: Path, name: str, upstream: str, durability: str, args: BenchArgs,
+                     env: dict[str, str]) -> tuple[Target, Path]:
+    home = work / name
+    home.mkdir()
+    config = _tiergate_config(home, upstream, durability=durability)
+    key, port = _tiergate_key(config), _free_port()
+    cmd = [*_pin(args.server_core), sys.executable, "-c", "from gateway.cli import main; main()",
+           "serve", "--config", str(config), "--port", str(port)]
+    stack.enter_context(_process(cmd, f"http://127.0.0.1:{port}/readyz", work / f"{name}.log", env))
+    return Target(name, f"http://127.0.0.1:{port}/v1/chat/completions", REQUEST, key), config
+
+
+def run_gateway_bench(args: BenchArgs) -> str:
+    """Start every server, then measure them interleaved (round by round, median per target),
+    so load changes on a shared machine hit all targets alike."""
+    cores = os.cpu_count() or 1
+    if cores < 2:
+        args = dataclasses.replace(args, server_core=None, load_core=None)
+    work = Path(tempfile.mkdtemp(prefix="tiergate-bench-"))
+    mock_port = _free_port()
+    upstream = f"http://127.0.0.1:{mock_port}/v1"
+    env = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True", "TIERGATE_BENCH_DATABASE_URL": ""}
+    notes: list[str] = []
+    targets = [Target("direct", f"{upstream}/chat/completions", REQUEST, "none")]
+    with ExitStack() as stack:
+        mock_cmd = [*_pin(args.load_core), sys.executable, "-m", "gateway.bench.tools", "mock",
+                    "--port", str(mock_port)]
+        stack.enter_context(_process(mock_cmd, f"http://127.0.0.1:{mock_port}/v1/models", work / "mock.log", env))
+        bare_port = _free_port()
+        bare_cmd = [*_pin(args.server_core), sys.executable, "-m", "gateway.bench.tools", "bare",
+                    "--port", str(bare_port), "--upstream", upstream]
+        stack.enter_context(_process(bare_cmd, f"http://127.0.0.1:{bare_port}/healthz", work / "bare.log", env))
+        targets.append(Target("bare-fastapi", f"http://127.0.0.1:{bare_port}/v1/chat/completions", REQUEST, "none"))
+        notes.append("bare-fastapi: FastAPI + aiohttp pass-through with no auth, validation or ledger "
+                     "(the floor for a Python gateway on this machine)")
+        target, config = _tiergate_target(stack, work, "tiergate", upstream, "process", args, env)
+        targets.append(target)
+        if args.nowait_variant:
+            targets.append(_tiergate_target(stack, work, "tiergate-fsync", upstream, "fsync", args, env)[0])
+            targets.append(_tiergate_target(stack, work, "tiergate-nowait", upstream, "none", args, env)[0])
+            notes.append("tiergate: ledger.durability=process, the default (responses wait until their ledger "
+                         "rows are written to the journal: kill -9 safe; fdatasync follows in the background); "
+                         "tiergate-fsync: durability=fsync (responses wait for the fdatasync); tiergate-nowait: "
+                         "durability=none (rows journaled within ms but not awaited)")
+        litellm_bin = args.litellm_venv / "bin" / "litellm"
+        if litellm_bin.exists():
+            ll_port = _free_port()
+            ll_cmd = [*_pin(args.server_core), str(litellm_bin), "--config", str(_litellm_config(work, upstream)),
+                      "--host", "127.0.0.1", "--port", str(ll_port), "--num_workers", "1"]
+            ll_env = {**env, "LITELLM_LOG": "ERROR", "LITELLM_TELEMETRY": "False", "DISABLE_SCHEMA_UPDATE": "True"}
+            try:
+                stack.enter_context(_process(ll_cmd, f"http://127.0.0.1:{ll_port}/health/liveliness",
+                                             work / "litellm.log", ll_env, timeout_s=240))
+                targets.append(Target("litellm", f"http://127.0.0.1:{ll_port}/v1/chat/completions",
+                                      {**REQUEST, "model": LITELLM_MODEL}, LITELLM_MASTER_KEY))
+                notes.append("LiteLLM proxy ran with master-key auth and no database (its spend logs need "
+                             "PostgreSQL), i.e. with less work per request than tiergate")
+            except RuntimeError as err:
+                notes.append(f"LiteLLM proxy failed to start: {str(err)[:300]}")
+        else:
+            notes.append(f"LiteLLM proxy not installed ({litellm_bin} missing; run `make bench-venv`): "
+                         "measured the others only")
+        measured: dict[str, list[tuple[Phase, Phase]]] = {t.name: [] for t in targets}
+        for round_no in range(args.rounds):
+            for t in targets:
+                measured[t.name].append(_measure(f"{t.name} (round {round_no + 1}/{args.rounds})", t.url, t.body,
+                                                 t.key, args))
+    rows = _ledger_rows(config)
+    notes.append(f"ledger rows written by the durable tiergate run: {rows} (auth + journaled ledger on, SQLite)")
+    shutil.rmtree(work, ignore_errors=True)
+    results = {name: (_median_phase([m[0] for m in ms]), _median_phase([m[1] for m in ms]))
+               for name, ms in measured.items()}
+    return _report(results, notes, args, cores)
+
+
+def _report(results: dict[str, tuple[Phase, Phase]], notes: list[str], args: BenchArgs, cores: int) -> str:
+    direct_lat = results["direct"][0]
+    lines = [f"tiergate bench gateway: concurrency {args.concurrency} for {args.duration_s:.0f}s (RPS); "
+             f"{args.latency_requests} sequential requests (latency); median of {args.rounds} interleaved "
+             f"rounds; {cores} cores, server core "
+             f"{args.server_core}, load+mock core {args.load_core}",
+             "", f"{'target':<16}{'RPS@c':>10}{'p50 ms':>10}{'p99 ms':>10}{'+p50 ms':>10}{'+p99 ms':>10}{'errors':>8}"]
+    for name, (lat, thr) in results.items():
+        added50, added99 = lat.p50_ms - direct_lat.p50_ms, lat.p99_ms - direct_lat.p99_ms
+        lines.append(f"{name:<16}{thr.rps:>10.1f}{lat.p50_ms:>10.3f}{lat.p99_ms:>10.3f}"
+                     f"{added50 if name != 'direct' else 0:>10.3f}{added99 if name != 'direct' else 0:>10.3f}"
+                     f"{lat.errors + thr.errors:>8}")
+    lines.append("")
+    tg = results["tiergate"]
+    lines.append(f"tiergate / direct RPS: {tg[1].rps / results['direct'][1].rps:.3f}")
+    if "bare-fastapi" in results:
+        bare = results["bare-fastapi"]
+        lines.append(f"tiergate / bare pass-through RPS: {tg[1].rps / max(bare[1].rps, 1e-9):.3f}; added p50 "
+                     f"{tg[0].p50_ms - direct_lat.p50_ms:.3f} ms vs {bare[0].p50_ms - direct_lat.p50_ms:.3f} ms")
+    if "litellm" in results:
+        ll = results["litellm"]
+        tg_add = max(tg[0].p50_ms - direct_lat.p50_ms, 1e-3)
+        ll_add = ll[0].p50_ms - direct_lat.p50_ms
+        lines.append(f"tiergate / LiteLLM RPS: {tg[1].rps / max(ll[1].rps, 1e-9):.2f}x  (target >= 10x)")
+        lines.append(f"tiergate added p50 / LiteLLM added p50: {tg_add / max(ll_add, 1e-9):.3f}  (target <= 0.10)")
+        for variant in ("tiergate-fsync", "tiergate-nowait"):
+            if variant in results:
+                nw = results[variant]
+                nw_add = max(nw[0].p50_ms - direct_lat.p50_ms, 1e-3)
+                lines.append(f"{variant} / LiteLLM RPS: {nw[1].rps / max(ll[1].rps, 1e-9):.2f}x; added p50 "
+                             f"ratio {nw_add / max(ll_add, 1e-9):.3f}")
+    lines += ["", *("note: " + n for n in notes)]
+    return "\n".join(lines)

@@ -1,0 +1,180 @@
+"""The native kernels' per-op entry points (`engine.native.ops`) against the plain-torch computations they
+replace: packed products with odd sizes and biases, the fused MoE (routing, per-token k, renormalisation),
+paged decode attention (GQA, windows, scattered blocks), the fused residual RMSNorm and RoPE + cache write;
+the same results on one thread and two; and the build cache. The one-call decode kernel is tested layer by
+layer in test_decode_layers.py."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import engine.native.build as build
+from engine.attention import AttentionContext, _decode, plan_paged, write_kv
+from engine.moe import ExpertCount, grouped_moe, route
+from engine.native import ops
+from engine.rope import apply_rotary
+
+
+def _gen(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+@pytest.mark.parametrize(("m", "k", "n"), [(1, 768, 2560), (3, 100, 37), (7, 33, 64), (16, 256, 130), (64, 64, 200)])
+def test_packed_linear_equals_f_linear(m: int, k: int, n: int, threads: int) -> None:
+    x = torch.randn(m, k, generator=_gen(m))
+    w = torch.randn(n, k, generator=_gen(n))
+    b = torch.randn(n, generator=_gen(k))
+    packed = ops.pack(w)
+    assert packed.data.numel() == -(-n // ops.PANEL) * ops.PANEL * k
+    for bias in (None, b):
+        torch.testing.assert_close(ops.linear(x, packed, bias), F.linear(x, w, bias), rtol=1e-5, atol=1e-4)
+
+
+def test_pack_leaves_the_source_and_reads_any_layout() -> None:
+    w = torch.randn(70, 40, generator=_gen(1))
+    column_major = w.t().contiguous().t()
+    before = w.clone()
+    x = torch.randn(2, 40, generator=_gen(2))
+    torch.testing.assert_close(ops.linear(x, ops.pack(column_major)), x @ w.T, rtol=1e-5, atol=1e-5)
+    assert torch.equal(w, before)
+
+
+@pytest.mark.parametrize("tokens", [1, 2, 7, 16])
+@pytest.mark.parametrize("normalize", [True, False])
+@pytest.mark.parametrize("mixed_k", [False, True])
+def test_fused_moe_equals_route_and_grouped_moe(tokens: int, normalize: bool, mixed_k: bool, threads: int) -> None:
+    e, h, i = 8, 96, 80
+    x = torch.randn(tokens, h, generator=_gen(tokens))
+    router = torch.randn(e, h, generator=_gen(3))
+    gate_up = 0.1 * torch.randn(e, 2 * i, h, generator=_gen(4))
+    down = 0.1 * torch.randn(e, h, i, generator=_gen(5))
+    per_token = torch.randint(1, 4, (tokens,), generator=_gen(6)) if mixed_k else None
+    k_max = 3 if mixed_k else 2
+    weights, ids = route(x @ router.T, ExpertCount(k_max, per_token), normalize, x.dtype)
+    expected = grouped_moe(x, gate_up, down, weights, ids, per_token)
+    got = ops.moe(x, router, ops.pack(gate_up), ops.pack(down), k_max, per_token, normalize)
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("window", [None, 8])
+def test_paged_decode_equals_torch_decode(window: int | None, threads: int) -> None:
+    batch, n_q, n_kv, d, block, blocks = 3, 8, 2, 32, 16, 20
+    k_cache = torch.randn(blocks, block, n_kv, d, generator=_gen(1))
+    v_cache = torch.randn(blocks, block, n_kv, d, generator=_gen(2))
+    lens = torch.tensor([5, 33, 17])
+    tables = torch.tensor([[3, -1, -1], [0, 7, 9], [11, 2, -1]])
+    q = torch.randn(batch, n_q, d, generator=_gen(3))
+    ctx = AttentionContext(False, torch.arange(batch + 1), lens, torch.zeros(batch, dtype=torch.long), tables)
+    plan = plan_paged(ctx, block)
+    with torch.inference_mode():
+        got = ops.paged_decode(q, k_cache, v_cache, tables, lens, 0.17, window)
+        expected = _decode(q, k_cache, v_cache, plan, 0.17, window)  # the torch model's decode attention
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_add_rmsnorm_updates_the_residual_and_normalises() -> None:
+    h = torch.randn(3, 200, generator=_gen(1))
+    delta = torch.randn(3, 200, generator=_gen(2))
+    weight = torch.rand(200, generator=_gen(3)) + 0.5
+    expected_h = h + delta
+    expected = F.rms_norm(expected_h, (200,), weight, 1e-6)
+    out = ops.add_rmsnorm(h, delta, weight, 1e-6)
+    torch.testing.assert_close(h, expected_h)
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(ops.add_rmsnorm(h, None, weight, 1e-6), expected, rtol=1e-5, atol=1e-6)
+
+
+def test_rope_write_kv_equals_apply_rotary_and_write_kv() -> None:
+    t, n_q, n_kv, d, block, blocks = 3, 4, 2, 16, 4, 6
+    qkv = torch.randn(t, (n_q + 2 * n_kv) * d, generator=_gen(1))
+    angles = torch.randn(t, d // 2, generator=_gen(2))
+    cos, sin = torch.cat((angles, angles), -1).cos(), torch.cat((angles, angles), -1).sin()
+    slots = torch.tensor([5, 17, 2])
+    caches = [torch.zeros(blocks, block, n_kv, d) for _ in range(4)]
+    q = ops.rope_write_kv(qkv, n_q, n_kv, d, cos, sin, caches[0], caches[1], slots)
+    heads = qkv.view(t, n_q + 2 * n_kv, d)
+    expected_q = apply_rotary(heads[:, :n_q], cos, sin)
+    write_kv(caches[2], caches[3], apply_rotary(heads[:, n_q:n_q + n_kv], cos, sin), heads[:, n_q + n_kv:], slots)
+    torch.testing.assert_close(q, expected_q, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(caches[0], caches[2], rtol=1e-6, atol=1e-6)
+    assert torch.equal(caches[1], caches[3])
+
+
+def test_build_is_cached_per_source_and_rebuilt_elsewhere(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TIERGATE_NATIVE_CACHE", str(tmp_path))
+    first = build.build()
+    assert first.parent == tmp_path and first.is_file()
+    stamp = first.stat().st_mtime_ns
+    assert build.build() == first and first.stat().st_mtime_ns == stamp  # cached: not rebuilt
+    monkeypatch.setattr(build, "_cpu_fingerprint", lambda: "another machine")
+    assert build.build() != first  # a different CPU gets its own build
+    assert not [p for p in os.listdir(tmp_path) if p.endswith(".tmp")]
+
+
+def test_a_failed_build_says_why(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TIERGATE_NATIVE_CACHE", str(tmp_path))
+    broken = tmp_path / "broken.c"
+    broken.write_text("this is not C\n")
+    monkeypatch.setattr(build, "SOURCE", broken)
+    with pytest.raises(build.BuildError, match="failed"):
+        build.build()
+
+
+@pytest.mark.parametrize(("m", "k", "n"), [(1, 768, 2560), (3, 100, 37), (16, 256, 130)])
+def test_bf16_panels_equal_f_linear_on_the_rounded_weights(m: int, k: int, n: int, threads: int) -> None:
+    x = torch.randn(m, k, generator=_gen(m))
+    w = torch.randn(n, k, generator=_gen(n))
+    b = torch.randn(n, generator=_gen(k))
+    packed = ops.pack(w, bf16=True)
+    assert packed.bf16 and packed.data.numel() * 4 == -(-n // ops.PANEL) * ops.PANEL * k * 2  # half the bytes
+    rounded = w.bfloat16().float()
+    for bias in (None, b):
+        torch.testing.assert_close(ops.linear(x, packed, bias), F.linear(x, rounded, bias), rtol=1e-5, atol=1e-4)
+
+
+def test_bf16_moe_equals_the_fp32_kernel_on_bf16_exact_weights() -> None:
+    e, h, i, tokens = 8, 64, 96, 5
+    x = torch.randn(tokens, h, generator=_gen(1))
+    router = torch.randn(e, h, generator=_gen(2))
+    gate_up = (0.1 * torch.randn(e, 2 * i, h, generator=_gen(3))).bfloat16().float()
+    down = (0.1 * torch.randn(e, h, i, generator=_gen(4))).bfloat16().float()
+    fp32 = ops.moe(x, router, ops.pack(gate_up), ops.pack(down), 2, None, True)
+    bf16 = ops.moe(x, router, ops.pack(gate_up, bf16=True), ops.pack(down, bf16=True), 2, None, True)
+    torch.testing.assert_close(bf16, fp32, rtol=1e-6, atol=1e-6)
+    with pytest.raises(ValueError, match="same element type"):
+        ops.moe(x, router, ops.pack(gate_up, bf16=True), ops.pack(down), 2, None, True)
+
+
+def test_the_portable_build_without_avx512_computes_the_same(tmp_path: Path) -> None:
+    """The kernels' non-AVX-512 code path (what a machine without AVX-512 compiles), built for x86-64-v3 and
+    checked against torch in a fresh process."""
+    import platform
+    import subprocess
+    import sys
+
+    if platform.machine() not in ("x86_64", "AMD64"):
+        pytest.skip("x86-64-v3 is an x86 target")
+    check = (
+        "import torch, torch.nn.functional as F\n"
+        "from engine.native import ops\n"
+        "assert ops.available(), ops.reason()\n"
+        "assert ops._lib.tg_has_avx512() == 0\n"
+        "g = torch.Generator().manual_seed(0)\n"
+        "x, w, b = torch.randn(5, 70, generator=g), torch.randn(130, 70, generator=g), torch.randn(130, generator=g)\n"
+        "for bf16 in (False, True):\n"
+        "    ref = F.linear(x, w.bfloat16().float() if bf16 else w, b)\n"
+        "    torch.testing.assert_close(ops.linear(x, ops.pack(w, bf16=bf16), b), ref, rtol=1e-5, atol=1e-4)\n"
+        "h = torch.randn(3, 70, generator=g)\n"
+        "torch.testing.assert_close(ops.add_rmsnorm(h.clone(), None, torch.ones(70), 1e-6),\n"
+        "                           F.rms_norm(h, (70,), torch.ones(70), 1e-6), rtol=1e-5, atol=1e-6)\n"
+        "print('ok')\n"
+    )
+    env = {**os.environ, "TIERGATE_NATIVE_MARCH": "x86-64-v3", "TIERGATE_NATIVE_CACHE": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-c", check], env=env, capture_output=True, text=True, timeout=300,
+                          check=False, cwd=Path(__file__).resolve().parents[3])
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]

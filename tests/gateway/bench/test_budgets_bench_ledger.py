@@ -1,0 +1,51 @@
+"""`tiergate bench ledger` end to end at a tiny size: it creates and drops its temp database,
+serves through the real app in ABBA rounds of both phases, seeds rows by COPY and checks the
+spend summary from daily_spend against the raw ledger (the command raises if they disagree);
+and the full-collection recorder it uses to report GC pauses."""
+
+from __future__ import annotations
+
+import gc
+import re
+
+import pytest
+import sqlalchemy as sa
+
+from gateway.bench.ledger_pg import FullCollections, run
+from tests.conftest import PG_URL
+
+
+def _bench_databases() -> int:
+    engine = sa.create_engine(PG_URL)
+    with engine.connect() as conn:
+        n = conn.execute(sa.text("SELECT count(*) FROM pg_database WHERE datname LIKE 'tiergate_bench_%'")).scalar()
+    engine.dispose()
+    return int(n or 0)
+
+
+@pytest.mark.postgres
+def test_bench_ledger_pg_small(postgres_url: str) -> None:
+    before = _bench_databases()
+    lines = run(postgres_url, n=40, concurrency=4, upstream_ms=1, extra_rows_per_s=200, seed_rows=3000, rounds=2)
+    text = "\n".join(lines)
+    m = re.search(r"committed to PostgreSQL while serving .*: (\d+) in [\d.]+ s = (\d+) rows/s", text)
+    assert m is not None and int(m.group(1)) > 0 and int(m.group(2)) > 0
+    assert re.search(r"p99 ratio on/off: \d+\.\d+ \(median of the rounds", text)
+    per_round = re.search(r"p99 ratio on/off per round: ([\d. ]+); all rounds pooled: \d+\.\d+", text)
+    assert per_round is not None and len(per_round.group(1).split()) == 2
+    assert re.search(r"full GC pauses while timed: ledger off \d+ \(max [\d.]+ ms\), ledger on \d+", text)
+    assert "3000 ledger rows seeded" in text and "spend summary (daily_spend" in text
+    assert _bench_databases() == before  # the temp database was dropped
+
+
+def test_full_collections_records_generation_2_pauses_only_while_entered() -> None:
+    pauses = FullCollections()
+    gc.collect(0)
+    with pauses:
+        gc.collect(0)
+        gc.collect(1)
+        assert pauses.pauses_ms == []
+        gc.collect()
+        assert len(pauses.pauses_ms) == 1 and pauses.pauses_ms[0] >= 0
+    gc.collect()
+    assert len(pauses.pauses_ms) == 1

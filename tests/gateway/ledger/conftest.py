@@ -1,0 +1,22 @@
+"""Fixtures of the ledger tests: an empty SQLite database with every table, for a Ledger or the
+applier to write to."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy.orm import Session, sessionmaker
+
+from gateway.db.models import Base
+from gateway.db.session import make_engine, make_session_factory
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> Iterator[sessionmaker[Session]]:
+    """A session factory on ``tmp_path/l.db`` with every table created (no migrations)."""
+    engine = make_engine(f"sqlite:///{tmp_path}/l.db")
+    Base.metadata.create_all(engine)
+    yield make_session_factory(engine)
+    engine.dispose()
