@@ -14,7 +14,7 @@ from typing import Any
 
 from gateway import client_json
 from gateway.errors import GatewayError, InvalidRequest
-from gateway.identifiers import FORBIDDEN_MESSAGE, is_clean
+from gateway.ids import FORBIDDEN_MESSAGE, is_clean
 from gateway.schemas import UnknownFields, parse_chat_request
 
 ENDPOINTS = ("/v1/chat/completions",)

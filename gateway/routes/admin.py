@@ -32,7 +32,7 @@ from gateway.admin import SESSION_COOKIE, SessionSigner
 from gateway.budgets.alerts import recent_alerts
 from gateway.db import admin_queries as aq
 from gateway.errors import InvalidRequest, NotFound, PermissionDenied, RateLimited
-from gateway.identifiers import Identifier, check_identifier
+from gateway.ids import Identifier, check_identifier
 from gateway.routes.admin_auth import admin_json, admin_key, check_key, same_origin, signed_in, throttled
 from gateway.runtime import Runtime
 from gateway.web.deps import get_runtime

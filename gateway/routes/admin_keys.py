@@ -19,7 +19,7 @@ from fastapi import APIRouter, Depends, Request, Response
 
 from gateway.db.models import ApiKey, utcnow
 from gateway.errors import NotFound, PermissionDenied
-from gateway.identifiers import Identifier
+from gateway.ids import Identifier
 from gateway.routes.admin_auth import admin_json, bearer, same_origin
 from gateway.runtime import Runtime
 

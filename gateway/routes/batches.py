@@ -1,6 +1,6 @@
 """``/v1/batches``: create (validates the input file's JSONL first), retrieve, list, cancel.
 The work itself runs in the jobs backend (embedded runner or Celery); this module only reads
-and writes batch rows; ids are checked at the edge (gateway.identifiers) and the create body is
+and writes batch rows; ids are checked at the edge (gateway.ids) and the create body is
 read after the key (gateway.web.request_body). Imports deps, errors, identifiers, request_body and
 gateway.jobs.
 """
@@ -16,7 +16,7 @@ from starlette.concurrency import run_in_threadpool
 
 from gateway.auth import Principal as PrincipalLike
 from gateway.errors import InvalidRequest
-from gateway.identifiers import Identifier, is_clean, is_storable
+from gateway.ids import Identifier, is_clean, is_storable
 from gateway.jobs import store
 from gateway.jobs.backends import QueueUnavailable
 from gateway.jobs.files import get_file

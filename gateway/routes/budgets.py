@@ -25,7 +25,7 @@ from gateway.budgets.alerts import recent_alerts
 from gateway.budgets.policies import Scope
 from gateway.db.models import ApiKey, BudgetPolicyRow, Tenant
 from gateway.errors import InvalidRequest, NotFound
-from gateway.identifiers import Identifier
+from gateway.ids import Identifier
 from gateway.routes.admin_auth import require_admin
 from gateway.runtime import Runtime
 from gateway.web.request_body import read_model

@@ -25,7 +25,7 @@ from starlette.concurrency import run_in_threadpool
 
 from gateway.auth import Principal as PrincipalLike
 from gateway.errors import InvalidRequest, NotFound
-from gateway.identifiers import Identifier
+from gateway.ids import Identifier
 from gateway.learning.outcomes import record_outcome
 from gateway.learning.perceive import TIER_SCORES, feedback_fields, record_verdict
 from gateway.runtime import Runtime

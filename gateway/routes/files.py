@@ -1,6 +1,6 @@
 """``/v1/files``: upload (multipart ``file`` + ``purpose=batch``), list, retrieve, content, delete.
 Files are the caller's tenant's; another tenant's file is 404. Stored in the database (see
-gateway.jobs.files). Ids and file names are checked at the edge (gateway.identifiers); the upload
+gateway.jobs.files). Ids and file names are checked at the edge (gateway.ids); the upload
 streams under the file size limit and read timeout (gateway.web.request_body). Imports deps, errors,
 identifiers, request_body and gateway.jobs; no policy here.
 """
@@ -15,7 +15,7 @@ from starlette.datastructures import UploadFile
 
 from gateway.auth import Principal as PrincipalLike
 from gateway.errors import InvalidRequest, PayloadTooLarge
-from gateway.identifiers import FORBIDDEN_MESSAGE, Identifier, is_clean
+from gateway.ids import FORBIDDEN_MESSAGE, Identifier, is_clean
 from gateway.jobs.files import create_file, delete_file, file_json, get_file, list_files
 from gateway.jobs.store import utc_now
 from gateway.runtime import Runtime

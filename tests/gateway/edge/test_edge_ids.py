@@ -1,4 +1,4 @@
-"""Identifiers are checked at the edge (gateway.identifiers): a NUL or another control character
+"""Identifiers are checked at the edge (gateway.ids): a NUL or another control character
 in any id, file name, ``custom_id``, paging cursor or feedback ``request_id`` is a 400 in
 OpenAI's shape naming the param — on SQLite and on PostgreSQL, where a NUL reaching the
 database was a 500 with a traceback (PostgreSQL text cannot hold NUL)."""
@@ -82,7 +82,7 @@ CASES: list[tuple[str, str, Case]] = [
 
 
 def test_check_identifier() -> None:
-    from gateway.identifiers import check_identifier
+    from gateway.ids import check_identifier
     assert check_identifier("file-abc_1.2", "file_id") == "file-abc_1.2"
     for bad in [*BAD, "", "x" * 257, "a\ud800"]:
         with pytest.raises(InvalidRequest) as info:
