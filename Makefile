@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.tiergate-installed
 export LITELLM_LOCAL_MODEL_COST_MAP := True
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: run test venv lint typecheck imports unit clean bench-venv
+.PHONY: run test test-fast test-fast-libraries test-fast-gateway-http test-fast-gateway-rest venv lint typecheck imports unit clean bench-venv
 
 venv: $(STAMP)
 
@@ -36,6 +36,29 @@ unit: venv
 	$(VENV)/bin/pytest -q -ra
 
 test: venv lint typecheck imports unit
+
+# The unit lane, in under a minute: no service, no subprocess, no browser, nothing slow. The marks
+# are kept true by tests/lanes.py (a test that spawns a process or reaches a service unmarked fails,
+# in every run); `make test` still runs everything. Three pytest processes side by side, one
+# torch/OpenMP thread each: the libraries' tests, the gateway's HTTP-surface areas and the rest of
+# the gateway (every test file is in exactly one); each prints its own summary when it is done.
+FAST_LANE := not integration and not process and not browser and not slow
+FAST_PYTEST := TIERGATE_FAST_LANE=1 OMP_NUM_THREADS=1 $(VENV)/bin/pytest -q -m "$(FAST_LANE)" \
+	-p no:schemathesis -p no:hypothesispytest
+FAST_HTTP_AREAS := admin app bench cli db edge jobs
+
+test-fast: venv
+	@$(MAKE) --no-print-directory -j3 --output-sync=target test-fast-libraries test-fast-gateway-http \
+		test-fast-gateway-rest
+
+test-fast-libraries:
+	$(FAST_PYTEST) tests --ignore=tests/gateway
+
+test-fast-gateway-http:
+	$(FAST_PYTEST) $(addprefix tests/gateway/,$(FAST_HTTP_AREAS))
+
+test-fast-gateway-rest:
+	$(FAST_PYTEST) tests/gateway $(addprefix --ignore=tests/gateway/,$(FAST_HTTP_AREAS))
 
 bench-venv:
 	test -x .venv-litellm-proxy/bin/python || $(PYTHON) -m venv .venv-litellm-proxy

@@ -9,6 +9,8 @@ import sys
 import time
 from collections.abc import Callable
 
+import pytest
+
 from classifier import FEATURE_VERSION, N_FEATURES, extract, split_conversation
 from classifier.features import DENSE_NAMES, N_DENSE
 
@@ -74,6 +76,7 @@ def test_odd_inputs_do_not_crash() -> None:
         assert len(f.indices) == len(f.values) >= N_DENSE
 
 
+@pytest.mark.process
 def test_hashing_is_stable_across_processes() -> None:
     prompt = [{"role": "user", "content": "Compute 17 * 23 and explain 你好"}]
     code = ("import json, sys; from classifier import extract; "

@@ -143,6 +143,7 @@ def test_invalid_limits_are_rejected() -> None:
         Scheduler(BlockAllocator(4, 4), max_num_seqs=0)
 
 
+@pytest.mark.process
 def test_scheduler_blocks_and_sequence_run_without_torch() -> None:
     """What the import-linter contract says, checked at run time in a fresh interpreter: the scheduler side of
     the engine (scheduler, block allocator, sequence, sampling parameters) loads no torch."""

@@ -28,6 +28,7 @@ from gateway.db.session import make_engine, make_session_factory
 from gateway.ledger import Ledger
 from gateway.runtime import RuntimeParts
 from gateway.settings import Settings, settings_from_dict
+from tests import lanes
 from tests.gateway.scripted_upstream import ScriptedUpstream, config_for
 
 
@@ -116,7 +117,9 @@ async def gateway(tmp_path: Path, upstream: ScriptedUpstream, **config: Any) -> 
 
 @contextmanager
 def served(app: FastAPI) -> Iterator[str]:
-    """Run ``app`` under a real uvicorn server in a thread on a loopback port; yields its /v1 URL."""
+    """Run ``app`` under a real uvicorn server in a thread on a loopback port; yields its /v1 URL.
+    A real server on a socket: the test must be marked integration (tests/lanes.py)."""
+    lanes.note("integration", "it served the gateway under uvicorn on a loopback socket")
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]

@@ -105,6 +105,8 @@ def test_rope_write_kv_equals_apply_rotary_and_write_kv() -> None:
     assert torch.equal(caches[1], caches[3])
 
 
+@pytest.mark.process
+@pytest.mark.slow
 def test_build_is_cached_per_source_and_rebuilt_elsewhere(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TIERGATE_NATIVE_CACHE", str(tmp_path))
     first = build.build()
@@ -116,6 +118,7 @@ def test_build_is_cached_per_source_and_rebuilt_elsewhere(tmp_path: Path, monkey
     assert not [p for p in os.listdir(tmp_path) if p.endswith(".tmp")]
 
 
+@pytest.mark.process
 def test_a_failed_build_says_why(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TIERGATE_NATIVE_CACHE", str(tmp_path))
     broken = tmp_path / "broken.c"
@@ -150,6 +153,8 @@ def test_bf16_moe_equals_the_fp32_kernel_on_bf16_exact_weights() -> None:
         ops.moe(x, router, ops.pack(gate_up, bf16=True), ops.pack(down), 2, None, True)
 
 
+@pytest.mark.process
+@pytest.mark.slow
 def test_the_portable_build_without_avx512_computes_the_same(tmp_path: Path) -> None:
     """The kernels' non-AVX-512 code path (what a machine without AVX-512 compiles), built for x86-64-v3 and
     checked against torch in a fresh process."""

@@ -20,7 +20,8 @@ ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-net
 SCREENSHOT = "/tmp/tiergate-admin-dashboard.png"
 OVERVIEW_SCREENSHOT = "/tmp/tiergate-admin-overview.png"
 
-pytestmark = pytest.mark.browser
+# One list: a second ``pytestmark =`` would replace this one (the browser mark was once lost so).
+pytestmark = [pytest.mark.browser, pytest.mark.integration, pytest.mark.slow, pytest.mark.usefixtures("admin_key")]
 
 
 @pytest.fixture
@@ -30,9 +31,6 @@ def chromium() -> str:
             pytest.fail(f"{CHROMIUM} is missing under CI; .ci/run should have installed it")
         pytest.skip(f"{CHROMIUM} not installed")
     return CHROMIUM
-
-
-pytestmark = pytest.mark.usefixtures("admin_key")
 
 
 def test_dashboard_shows_the_database_sums(tmp_path: Path, upstream: ScriptedUpstream, chromium: str) -> None:

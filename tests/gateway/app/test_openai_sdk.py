@@ -13,6 +13,8 @@ import pytest
 from tests.gateway.gateway_harness import Gateway, served_gateway
 from tests.gateway.scripted_upstream import UPSTREAM_KEY, UPSTREAM_KEY_ENV, ScriptedUpstream
 
+pytestmark = pytest.mark.integration
+
 MSGS = [{"role": "user", "content": "hello"}]
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather in a city",
                                           "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]

@@ -24,7 +24,7 @@ from schemathesis.specs.openapi.checks import (
 from tests.gateway.gateway_harness import served_gateway
 from tests.gateway.scripted_upstream import ScriptedUpstream
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.integration]
 EXAMPLES = 40
 CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance]
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import httpx
 import orjson
+import pytest
 
 from gateway.bench.gateway import BenchArgs, Phase, _report
 from gateway.bench.tools import run_load
@@ -23,6 +24,8 @@ def _port() -> int:
         return int(s.getsockname()[1])
 
 
+@pytest.mark.integration
+@pytest.mark.process
 async def test_mock_and_load_generator() -> None:
     port = _port()
     mock = subprocess.Popen([sys.executable, "-m", "gateway.bench.tools", "mock", "--port", str(port)],

@@ -23,6 +23,8 @@ def _bench_databases() -> int:
     return int(n or 0)
 
 
+@pytest.mark.process
+@pytest.mark.slow
 @pytest.mark.postgres
 def test_bench_ledger_pg_small(postgres_url: str) -> None:
     before = _bench_databases()

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import re
 
+import pytest
 import typer
 from typer.testing import CliRunner
 
 from gateway.cli.bench import ledger_sqlite_bench as ledger
+
+pytestmark = pytest.mark.slow
 
 
 def test_bench_ledger_prints_ratios_against_the_naive_baseline() -> None:

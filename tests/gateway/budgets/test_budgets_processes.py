@@ -36,7 +36,7 @@ from tests.gateway.scripted_upstream import (
     config_for,
 )
 
-pytestmark = [pytest.mark.postgres, pytest.mark.redis, pytest.mark.slow]
+pytestmark = [pytest.mark.postgres, pytest.mark.redis, pytest.mark.slow, pytest.mark.process]
 # An empty message: 11 prompt tokens by the gateway's hold bound (3 + 8 per message + its bytes)
 # and by the scripted upstream (10 + 1 message), so each hold equals what the call costs.
 BODY = {"model": "low", "messages": [{"role": "user", "content": ""}], "max_tokens": 4}

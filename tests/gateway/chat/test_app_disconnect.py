@@ -30,7 +30,7 @@ from tests.gateway.scripted_models import plan_json
 from tests.gateway.scripted_upstream import ADMIN_KEY, Behaviour, ScriptedUpstream
 
 ADMIN = ADMIN_KEY
-pytestmark = pytest.mark.usefixtures("admin_key")
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("admin_key")]
 WAIT_S = 10.0
 UPSTREAM_TIMEOUT_S = 120.0
 MESSAGES = [{"role": "user", "content": "Compute 17*23 and then add 5."}]

@@ -103,6 +103,8 @@ def _tables_after(imports: str) -> list[str]:
     return out.stdout.splitlines()
 
 
+@pytest.mark.process
+@pytest.mark.slow
 def test_gateway_db_models_alone_declares_every_table() -> None:
     """Importing ``gateway.db.models`` registers every table and index (nothing is added as a side
     effect of importing another package), and every mapped class is declared under it."""

@@ -52,6 +52,7 @@ def test_proxy_config_carries_the_edge_limits() -> None:
     assert "gateway:8080 max_fails=0" in d["server"]
 
 
+@pytest.mark.process
 @pytest.mark.skipif(shutil.which("nginx") is None, reason="Debian's nginx is not installed here")
 def test_nginx_accepts_the_config(tmp_path: Path) -> None:
     conf = tmp_path / "nginx.conf"  # the compose service name does not resolve here: point it at localhost

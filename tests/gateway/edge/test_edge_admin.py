@@ -202,6 +202,7 @@ async def test_admin_revoke_api_on_one_replica_reaches_the_other(tmp_path: Path,
         assert openai_error(r, 403)["code"] == "permission_denied"
 
 
+@pytest.mark.process
 def test_cli_revoke_in_another_process_within_the_bound(tmp_path: Path, upstream: ScriptedUpstream) -> None:
     async def scenario() -> None:
         async with edge_gateway(tmp_path, upstream) as gw:

@@ -18,7 +18,7 @@ import sqlalchemy as sa
 from tests.gateway.edge.edge_support import ADMIN, Served, rss_mib, serve_subprocess
 from tests.gateway.scripted_upstream import UPSTREAM_KEY, UPSTREAM_KEY_ENV, ScriptedUpstream
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.process, pytest.mark.integration]
 TIMEOUT_S = 1.0  # header, body and keep-alive timeouts of the served gateway
 LIMIT = 16  # limit_concurrency
 

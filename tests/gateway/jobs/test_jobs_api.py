@@ -187,6 +187,7 @@ async def test_budget_denies_lines_mid_batch_and_the_batch_goes_on(tmp_path: Pat
         assert denied == 5
 
 
+@pytest.mark.slow
 async def test_cancel_stops_new_lines_and_finalises_with_what_is_done(tmp_path: Path,
                                                                       upstream: ScriptedUpstream) -> None:
     async with jobs_gateway(tmp_path, upstream, jobs={"concurrency": 1}, timeout_s=2, max_retries=0) as gw:

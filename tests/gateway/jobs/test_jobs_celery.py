@@ -49,6 +49,7 @@ def _kill(proc: subprocess.Popen[bytes], sig: int) -> None:
     proc.wait(30)
 
 
+@pytest.mark.process
 @pytest.mark.rabbitmq
 @pytest.mark.slow
 async def test_celery_worker_killed_mid_batch(tmp_path: Path, upstream: ScriptedUpstream, rabbitmq_url: str,

@@ -19,6 +19,7 @@ from typing import Any
 
 import httpx
 import orjson
+import pytest
 import sqlalchemy as sa
 import yaml
 
@@ -30,6 +31,8 @@ from gateway.db.session import make_engine, make_session_factory
 from tests.gateway.jobs_support import batch_config, jsonl, line
 from tests.gateway.ledger.test_gateway_kill9 import _free_port, _start
 from tests.gateway.scripted_upstream import Behaviour, ScriptedUpstream
+
+pytestmark = [pytest.mark.process, pytest.mark.slow, pytest.mark.integration]
 
 N = 8
 MSGS = [{"role": "user", "content": "count"}]

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 import sqlalchemy as sa
 import yaml
 
@@ -28,6 +29,8 @@ from tests.gateway.scripted_upstream import (
     ScriptedUpstream,
     config_for,
 )
+
+pytestmark = [pytest.mark.process, pytest.mark.slow, pytest.mark.integration]
 
 K = 12
 MSGS = [{"role": "user", "content": "count"}]

@@ -21,6 +21,8 @@ from gateway.db import migrate
 from gateway.db.session import make_engine, make_session_factory
 from gateway.ledger import Ledger
 
+pytestmark = pytest.mark.process
+
 CHILD = textwrap.dedent("""
     import asyncio, sys
     from gateway.db.session import make_engine, make_session_factory

@@ -56,6 +56,8 @@ def test_unknown_model_is_an_error() -> None:
         cost_nanos_for(_settings(), "low", "nope", USAGE)
 
 
+# The tests that reach litellm are slow: importing it alone takes ~4 s.
+@pytest.mark.slow
 def test_litellm_model_without_price_uses_bundled_map() -> None:
     import litellm
 
@@ -68,6 +70,7 @@ def test_litellm_model_without_price_uses_bundled_map() -> None:
     assert isinstance(cost, int) and cost > 0
 
 
+@pytest.mark.slow
 def test_litellm_model_unknown_to_the_map_costs_zero_with_warning(caplog: pytest.LogCaptureFixture) -> None:
     assert litellm_price("nobody/knows-this-model") is None
     with caplog.at_level("WARNING", logger="tiergate.ledger"):
@@ -75,6 +78,7 @@ def test_litellm_model_unknown_to_the_map_costs_zero_with_warning(caplog: pytest
     assert "no price" in caplog.text
 
 
+@pytest.mark.slow
 def test_preload_prices_resolves_every_model() -> None:
     from gateway.ledger import preload_prices
 

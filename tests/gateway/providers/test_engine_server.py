@@ -16,6 +16,8 @@ import pytest
 
 from tests.gateway.tiny_local_model import write_tiny_model
 
+pytestmark = [pytest.mark.process, pytest.mark.slow, pytest.mark.integration]
+
 MESSAGES = [{"role": "user", "content": "What is two plus two?"}]
 
 

@@ -162,6 +162,7 @@ async def test_concurrent_requests_are_batched_and_independent(provider, model) 
 
 # -- through the whole gateway (auth, ledger, tiers) with the official openai SDK -----------------------------
 
+@pytest.mark.integration
 def test_openai_sdk_streams_local_model_through_the_gateway(model_dir: Path, tmp_path: Path) -> None:
     import openai
     import sqlalchemy as sa

@@ -20,6 +20,8 @@ from tests.gateway.scripted_upstream import (
     config_for,
 )
 
+pytestmark = pytest.mark.slow  # importing litellm alone takes ~4 s
+
 MSGS = [{"role": "user", "content": "hello"}]
 
 
