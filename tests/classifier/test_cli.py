@@ -48,6 +48,7 @@ def _outcomes(path: Path, n_per_kind: int = 30) -> None:
                 w.writerow([p, "false" if r.random() < rate else "true", "true" if r.random() < 0.95 else "false"])
 
 
+@pytest.mark.slow
 def test_eval_reports_router_against_baselines(tmp_path: Path, artifact: Path, config: Path) -> None:
     outcomes = tmp_path / "outcomes.csv"
     _outcomes(outcomes)
@@ -83,6 +84,7 @@ def test_explain_shows_tier_probabilities_and_features(artifact: Path, config: P
     assert len([ln for ln in res.output.splitlines() if ln.strip()]) >= 5 + 4
 
 
+@pytest.mark.slow
 def test_bench_prints_percentiles_and_ratio(artifact: Path, config: Path) -> None:
     if not (DATA / "MANIFEST.md").exists():
         pytest.skip("shared data folder absent")

@@ -84,6 +84,7 @@ def fresh(n: int = 200, seed: int = 99) -> tuple[list[list[dict[str, object]]], 
     return [user_prompt(prompt(r, h)) for h in hidden], hidden
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("adversarial", [False, True])
 def test_recovers_a_hidden_property_from_partial_feedback(base: EffortModel, adversarial: bool) -> None:
     convs, hidden = fresh()
@@ -99,6 +100,7 @@ def test_recovers_a_hidden_property_from_partial_feedback(base: EffortModel, adv
     assert model.parent_version == "base"
 
 
+@pytest.mark.slow
 def test_pseudo_outcomes_are_unbiased_only_with_the_logged_propensities(base: EffortModel) -> None:
     # A fresh learner's outcome model knows nothing (mu = 0.5 everywhere), so the doubly-robust
     # contrast rests on the importance weights: right propensities give the true gain (0.7 on
@@ -114,6 +116,7 @@ def test_pseudo_outcomes_are_unbiased_only_with_the_logged_propensities(base: Ef
         assert abs(wrong - true_gain) > 0.15  # (analytically 0.39 and 0.20 here)
 
 
+@pytest.mark.slow
 def test_tenant_corrections_learn_what_differs_between_tenants(base: EffortModel) -> None:
     learner = OffPolicyLearner(base, LearnerConfig(arms=ARMS, tenant_weight=0.1, tenant_min_records=50))
     learner.update_many([rec for rec, _ in log_decisions(base, 4000, epsilon=0.3, seed=3, tenant_flip=True)])

@@ -61,6 +61,7 @@ def _learned(base: EffortModel, seed: int) -> tuple[EffortModel, list]:
     return learner.to_model("base+u"), [rec for rec, _ in log_decisions(base, 1500, epsilon=0.3, seed=seed + 100)]
 
 
+@pytest.mark.slow
 def test_guard_refuses_a_worse_update_and_accepts_a_better_one(base: EffortModel) -> None:
     good, held_back = _learned(base, 5)
     worse = dataclasses.replace(good, score_coef=-good.score_coef, score_intercept=1 - good.score_intercept,

@@ -94,6 +94,7 @@ def config(tmp_path: Path) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_cli_bench_routing_and_learn(tmp_path: Path, base: EffortModel, config: Path) -> None:
     artifact = tmp_path / "effort.skops"
     save_artifact(base, artifact, data_hash="h")

@@ -281,6 +281,7 @@ def test_shipped_demo_models_load_and_generate() -> None:
     assert len(_greedy(draft, prompt, 4, None)) == 4
 
 
+@pytest.mark.slow
 def test_train_command_writes_a_model_directory(data_dir: Path, tmp_path: Path) -> None:
     from gateway.cli.engine_cmd import app
 

@@ -65,6 +65,7 @@ def test_openai_sdk_unmodified(served: tuple[str, Gateway]) -> None:
     assert len(gw.ledger_rows()) == 6  # one row per upstream call
 
 
+@pytest.mark.slow  # importing litellm alone takes ~4 s
 def test_litellm_as_a_client(served: tuple[str, Gateway]) -> None:
     import litellm
 

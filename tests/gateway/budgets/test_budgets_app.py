@@ -23,6 +23,7 @@ COST = Decimal(11 * 1 + 4 * 2) / Decimal(10**6)
 
 
 
+@pytest.mark.slow
 async def test_64_concurrent_http_requests_against_budget_for_10(tmp_path: Path, upstream: ScriptedUpstream) -> None:
     async with gateway(tmp_path, upstream) as gw:
         admin = {"Authorization": f"Bearer {ADMIN}"}

@@ -77,6 +77,7 @@ def split_harness(model_dir: Path, scripted: ScriptedProvider) -> tuple[Harness,
     return harness(split, settings), split  # type: ignore[arg-type]
 
 
+@pytest.mark.slow
 async def test_steps_run_on_the_local_moe_engine(tiny_model: Path) -> None:
     scripted = ScriptedProvider(plans=[plan_json(("s1", "add two and two", []), ("s2", "say the sum", ["s1"]))])
     h, split = split_harness(tiny_model, scripted)

@@ -94,6 +94,7 @@ async def test_feedback_errors(tmp_path: Path, upstream: ScriptedUpstream) -> No
         assert _rows(gw) == []
 
 
+@pytest.mark.slow
 async def test_auto_is_decided_by_the_classifier_and_recorded(tmp_path: Path, upstream: ScriptedUpstream,
                                                              artifact: Path) -> None:
     live = tmp_path / "classifier" / "artifacts" / "effort.skops"
