@@ -58,10 +58,12 @@ def _routers(app: FastAPI) -> None:
     from gateway.routes import admin as admin_routes
     from gateway.routes import admin_keys, batches, budgets, chat, feedback, files, health, models, openapi
 
+    # The chat route first: routers are matched in order, each one a scan of its routes, and this is
+    # the hot path (no other router has a route its path could match).
+    app.include_router(chat.router)
     app.include_router(health.router)
     app.include_router(budgets.router)
     app.include_router(models.router)
-    app.include_router(chat.router)
     app.include_router(feedback.router)
     app.include_router(admin_routes.router)
     app.include_router(admin_keys.router)
