@@ -269,13 +269,24 @@ class JournalWriter:
             self.journal_failures = 0
             self._written_seq = upto
             done = take_waiters(self._written_waiters, upto)
-            self._to_sync.notify()  # the sync thread, if it is waiting for something to sync
+            wake_now = loop is None or bool(self._synced_waiters)
+            if wake_now:
+                self._to_sync.notify()  # the sync thread, if it is waiting for something to sync
         for _, wloop, fut in done:  # 'written': resumed now, before this group's fdatasync
             if wloop is loop:
                 if not fut.done():
                     fut.set_result(None)
             else:
                 resolve_waiter(wloop, fut, None)
+        if not wake_now:
+            # No fsync waiter: the sync thread is woken after the resumed waiters have run (their
+            # answers sent), not before: woken now it would take the CPU and the GIL from them.
+            assert loop is not None
+            loop.call_soon(self._wake_sync)
+
+    def _wake_sync(self) -> None:
+        with self._lock:
+            self._to_sync.notify()
 
     def _write_failed(self, batch: list[Record], upto: int, exc: OSError, *, reseal: bool = False) -> None:
         """Keep the records (first in the buffer), fail the waiters they covered and schedule the
