@@ -163,8 +163,13 @@ class JournalWriter:
             return self._seq
 
     async def wait(self, level: Literal["process", "fsync"]) -> None:
-        """Until everything appended so far is written (``process``) or synced (``fsync``)."""
+        """Until everything appended so far is written (``process``) or synced (``fsync``).
+        Records this loop was going to write at the end of its iteration are written now: the
+        waiter need not suspend for that (a suspension is an extra loop iteration, in which the
+        loop lets go of the GIL, and the answer would wait behind whatever else is ready)."""
         loop = asyncio.get_running_loop()
+        if loop in self._flush_loops:
+            self._flush_on_loop(loop)
         with self._lock:
             target = self._seq
             reached = self._written_seq if level == "process" else self._synced_seq
