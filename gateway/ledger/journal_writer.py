@@ -289,8 +289,9 @@ class JournalWriter:
         with self._lock:
             self.journal_failures = 0
             self._written_seq = upto
-            done = take_waiters(self._written_waiters, upto)
+            done = take_waiters(self._written_waiters, upto) if self._written_waiters else []
             wake_now = loop is None or bool(self._synced_waiters)
+            wake_later = not wake_now and self._sync_idle
             if wake_now and self._sync_idle:
                 self._to_sync.notify()  # the sync thread waits for something to sync
         for _, wloop, fut in done:  # 'written': resumed now, before this group's fdatasync
@@ -299,7 +300,7 @@ class JournalWriter:
                     fut.set_result(None)
             else:
                 resolve_waiter(wloop, fut, None)
-        if not wake_now:
+        if wake_later:
             # No fsync waiter: the sync thread is woken after the resumed waiters have run (their
             # answers sent), not before: woken now it would take the CPU and the GIL from them.
             assert loop is not None
