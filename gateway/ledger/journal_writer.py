@@ -244,6 +244,7 @@ class JournalWriter:
                 delay = self._retry_at - time.monotonic()
             if delay > 0:  # a failed write: retried after its backoff
                 time.sleep(delay)
+            resume: list[Waiter] = []
             with self._write_lock:
                 with self._lock:
                     batch, upto = self._buffer, self._seq
@@ -251,9 +252,11 @@ class JournalWriter:
                     if batch:  # a loop whose scheduled write never ran (it stopped) schedules anew
                         self._flush_loops.clear()
                 if batch:
-                    self._write_group(batch, upto)
+                    resume = self._write_group(batch, upto)
                 elif self._reseal or self._journal_().should_rotate():
                     self._seal_current()
+            for _, loop, fut in resume:  # resumed once the write lock is free for their loops' writes
+                resolve_waiter(loop, fut, None)
             if stopping and not batch:
                 with self._lock:
                     if self._buffer:
@@ -267,9 +270,10 @@ class JournalWriter:
                 self._on_finished()
                 return
 
-    def _write_group(self, batch: list[Record], upto: int) -> None:
+    def _write_group(self, batch: list[Record], upto: int) -> list[Waiter]:
         """The journal thread's write (the write lock held): seals first when due; on failure
-        seals the segment the failure may have torn and retries later."""
+        seals the segment the failure may have torn and retries later. Returns the waiters to
+        resume (after the write lock is released)."""
         journal = self._journal_()
         try:
             if self._reseal or journal.should_rotate():
@@ -278,12 +282,14 @@ class JournalWriter:
         except OSError as exc:
             self._seal_current()
             self._write_failed(batch, upto, exc)
-            return
-        self._written(seg, batch, upto, None)
+            return []
+        return self._written(seg, batch, upto, None)
 
-    def _written(self, seg: int, batch: list[Record], upto: int, loop: asyncio.AbstractEventLoop | None) -> None:
-        """A group is in the journal: hand it on, wake the sync thread, resume its waiters (at
-        once for waiters of ``loop``, the loop this runs on)."""
+    def _written(self, seg: int, batch: list[Record], upto: int,
+                 loop: asyncio.AbstractEventLoop | None) -> list[Waiter]:
+        """A group is in the journal: hand it on, wake the sync thread. On ``loop`` (the loop
+        this runs on) its waiters are resumed here; from the journal thread (``loop`` None) the
+        waiters to resume are returned."""
         self._segments.wrote(seg, len(batch))
         self._on_written(seg, batch, upto)
         with self._lock:
@@ -294,6 +300,8 @@ class JournalWriter:
             wake_later = not wake_now and self._sync_idle
             if wake_now and self._sync_idle:
                 self._to_sync.notify()  # the sync thread waits for something to sync
+        if loop is None:
+            return done
         for _, wloop, fut in done:  # 'written': resumed now, before this group's fdatasync
             if wloop is loop:
                 if not fut.done():
@@ -303,8 +311,8 @@ class JournalWriter:
         if wake_later:
             # No fsync waiter: the sync thread is woken after the resumed waiters have run (their
             # answers sent), not before: woken now it would take the CPU and the GIL from them.
-            assert loop is not None
             loop.call_soon(self._wake_sync)
+        return []
 
     def _wake_sync(self) -> None:
         with self._lock:
@@ -354,14 +362,17 @@ class JournalWriter:
         while True:
             with self._lock:
                 while True:
+                    early = last_start + self._sync_interval_s - time.monotonic()
                     if self._synced_seq >= self._written_seq:
                         if self._exited:
                             return  # journal thread gone, everything synced (its last seal synced too)
+                        if early > 0:  # synced lately: look again when the interval is over, so that
+                            self._to_sync.wait(timeout=early)  # under load nobody has to wake this thread
+                            continue
                         self._sync_idle = True
                         self._to_sync.wait(timeout=1.0)
                         self._sync_idle = False
                         continue
-                    early = last_start + self._sync_interval_s - time.monotonic()
                     if early <= 0 or self._exited or self._synced_waiters or self._blocking_sync_waits:
                         break
                     self._to_sync.wait(timeout=early)

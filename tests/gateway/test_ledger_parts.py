@@ -91,6 +91,7 @@ async def test_the_event_loop_writes_its_own_groups_and_the_thread_writes_the_re
     try:
         await asyncio.wait_for(asyncio.to_thread(writer.append, entry(1)), 5)  # no loop in that thread
         await asyncio.wait_for(writer.wait("process"), 5)  # the first group also opens the segment
+        await asyncio.sleep(0.05)  # the journal thread is idle again (while it writes, the loop leaves groups to it)
         on_loop = [entry(i) for i in range(2, 6)]
         for r in on_loop:
             writer.append(r)
