@@ -58,16 +58,21 @@ def _routers(app: FastAPI) -> None:
     from gateway.routes import admin as admin_routes
     from gateway.routes import admin_keys, batches, budgets, chat, feedback, files, health, models, openapi
 
+    # The chat route first: routers are matched in order, each one a scan of its routes, and this is
+    # the hot path (no other router has a route its path could match).
+    app.include_router(chat.router)
     app.include_router(health.router)
     app.include_router(budgets.router)
     app.include_router(models.router)
-    app.include_router(chat.router)
     app.include_router(feedback.router)
     app.include_router(admin_routes.router)
     app.include_router(admin_keys.router)
     app.include_router(files.router)
     app.include_router(batches.router)
     app.include_router(openapi.router)
+
+
+GEN0_THRESHOLD = 10_000
 
 
 def _freeze_startup_heap(stack: AsyncExitStack) -> None:
@@ -82,10 +87,18 @@ def _freeze_startup_heap(stack: AsyncExitStack) -> None:
     The collection first keeps garbage out of the frozen heap (a frozen cycle is never freed),
     including what an earlier app in the same process handed back at its shutdown. Off by
     default: that collection costs ~100 ms per app start, which a process that starts many
-    (the tests) should not pay; a server starts one."""
+    (the tests) should not pay; a server starts one.
+
+    The youngest generation's threshold is raised too (700 -> ``GEN0_THRESHOLD`` net new
+    container objects): a request leaves almost nothing behind, yet at 700 the collector ran
+    every ~130 requests and cost 12-20 us per request (the chat route driven in process at 32
+    concurrent requests; 0.6-0.9 us at 10,000). Restored at shutdown."""
     gc.collect()
     gc.freeze()
     stack.callback(gc.unfreeze)
+    old = gc.get_threshold()
+    gc.set_threshold(GEN0_THRESHOLD, *old[1:])
+    stack.callback(gc.set_threshold, *old)
 
 
 def create_app(settings: Settings, parts: RuntimeParts = RuntimeParts(), *, freeze_heap: bool = False) -> FastAPI:

@@ -76,8 +76,8 @@ class LedgerSettings(_Strict):
     batch_size: int = Field(500, gt=0)
     # What a response's last bytes wait for (see gateway/ledger/service.py):
     # process: its ledger rows written to the journal with write(2) — a kill -9 of the gateway
-    #   loses nothing; a power loss can lose about one fdatasync interval (group commit runs
-    #   right after, in the background). The default.
+    #   loses nothing; a power loss can lose about one fdatasync interval (fdatasyncs run in the
+    #   background, at least 10 ms apart). The default.
     # fsync: its rows fdatasync'd in the journal (survives power loss; ~one fsync of latency).
     # none: no wait; rows are journaled within milliseconds, a kill -9 may lose that window.
     durability: Literal["process", "fsync", "none"] = "process"

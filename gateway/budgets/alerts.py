@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
@@ -29,6 +28,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from gateway.budgets.periods import utc_now
 from gateway.budgets.policies import BudgetPolicy
 from gateway.db.models import BudgetAlertRow
+from gateway.ids import fast_id
 from gateway.log_safety import describe
 from gateway.money import nanos_to_decimal, usd_number
 
@@ -100,7 +100,7 @@ class AlertNotifier:
             if t <= 0 or mark in self._seen or spent_nanos < base * Decimal(repr(t)):  # exact
                 continue
             self._seen.add(mark)
-            self._queue.put_nowait(Alert(uuid.uuid4().hex, policy.subject, policy.tenant_id, period_key, t,
+            self._queue.put_nowait(Alert(fast_id(), policy.subject, policy.tenant_id, period_key, t,
                                          spent_nanos, base, self._clock()))
 
     async def drain(self) -> None:

@@ -127,10 +127,17 @@ class Hold:
     status: BudgetStatus | None = None  # after a settlement that charged something
     end_order: int = 0  # increases with the time the hold ended (0: not ended)
     _ending: asyncio.Future[None] | None = field(default=None, init=False, repr=False)
+    _ended_in_place: bool = field(default=False, init=False, repr=False)
 
     @property
     def ended(self) -> bool:
-        return self._ending is not None
+        return self._ending is not None or self._ended_in_place
+
+    @property
+    def holds_nothing(self) -> bool:
+        """On no counter (no budget of the caller has a limit) and not topped up: ending it updates
+        nothing, so it ends in place (no task, no suspension)."""
+        return not self.counters and not self.top_ups
 
     @property
     def held_nanos(self) -> int:
@@ -156,20 +163,32 @@ class Hold:
         await self._end(0)
 
     async def _end(self, cost_nanos: int) -> BudgetStatus | None:
+        if self._ended_in_place:
+            return self.status
         if self._ending is None:
+            if self.holds_nothing:  # what Budgets.settle_hold / release_hold do for it, without a task
+                self._ended_in_place = True
+                self._record_end(cost_nanos, UNLIMITED if cost_nanos > 0 else None)
+                return self.status
             self._ending = asyncio.ensure_future(self._apply(cost_nanos))
         await asyncio.shield(self._ending)
         return self.status
 
+    def _record_end(self, cost_nanos: int, status: BudgetStatus | None) -> None:
+        if status is not None:
+            self.status = status
+        self.settled_nanos = cost_nanos
+        self.end_order = next(_END_ORDER)
+
     async def _apply(self, cost_nanos: int) -> None:
         owner = self._owner()
         try:
+            status = None
             if cost_nanos > 0:
-                self.status = await owner.settle_hold(self, cost_nanos)
+                status = await owner.settle_hold(self, cost_nanos)
             else:
                 await owner.release_hold(self)
-            self.settled_nanos = cost_nanos
-            self.end_order = next(_END_ORDER)
+            self._record_end(cost_nanos, status)
         finally:
             for top_up in self.top_ups:
                 await top_up.release()

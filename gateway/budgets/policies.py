@@ -132,6 +132,9 @@ def get_policy_rows(session: Session, tenant_id: str) -> list[BudgetPolicyRow]:
                                 .order_by(BudgetPolicyRow.id)))
 
 
+_MAX_DEFAULT_POLICIES = 10_000
+
+
 class PolicyStore:
     """Cached lookups of the policies that apply to a caller (tenant's, then key's)."""
 
@@ -144,6 +147,9 @@ class PolicyStore:
         self._cache: dict[str, tuple[float, BudgetPolicy | None]] = {}
         self._overrides: dict[str, BudgetPolicy] = {}
         self._loading: dict[str, asyncio.Future[BudgetPolicy | None]] = {}
+        # The defaults' policy of tenants without a row, built once per tenant (it depends only on
+        # the tenant id and ``defaults``): the chat path asks for a caller's policies ~4 times.
+        self._default_policies: dict[str, BudgetPolicy] = {}
 
     @property
     def defaults(self) -> BudgetDefaults:
@@ -162,13 +168,21 @@ class PolicyStore:
     async def for_principal(self, principal: PrincipalLike) -> list[BudgetPolicy]:
         tenant = await self._get(subject_of("tenant", principal.tenant_id))
         if tenant is None:
-            tenant = default_tenant_policy(principal.tenant_id, self._defaults)
+            tenant = self._default_policy(principal.tenant_id)
         policies = [tenant]
         if principal.key_id:
             key = await self._get(subject_of("key", principal.key_id))
             if key is not None:
                 policies.append(replace(key, tenant_id=principal.tenant_id))
         return policies
+
+    def _default_policy(self, tenant_id: str) -> BudgetPolicy:
+        policy = self._default_policies.get(tenant_id)
+        if policy is None:
+            if len(self._default_policies) >= _MAX_DEFAULT_POLICIES:
+                self._default_policies.clear()
+            policy = self._default_policies[tenant_id] = default_tenant_policy(tenant_id, self._defaults)
+        return policy
 
     async def _get(self, subject: str) -> BudgetPolicy | None:
         if subject in self._overrides:

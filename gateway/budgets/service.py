@@ -10,7 +10,6 @@ the app, the pipeline or providers.
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from typing import Protocol
@@ -28,6 +27,7 @@ from gateway.budgets.periods import utc_now, window_for
 from gateway.budgets.policies import BudgetPolicy, PolicyStore, PrincipalLike
 from gateway.budgets.spend import SpendSource
 from gateway.errors import BudgetExceeded
+from gateway.ids import fast_id
 from gateway.money import format_usd
 
 # The counter of a soft-only budget (a soft limit without a hard one) holds against this: it is
@@ -81,7 +81,7 @@ class Budgets:
         """Hold ``worst_case_nanos`` on every budget of the caller, or raise ``BudgetExceeded``."""
         now = self._clock()
         pairs = self._refs(await self.policies.for_principal(principal), now)
-        hold = Hold(id=uuid.uuid4().hex, tenant_id=principal.tenant_id, key_id=principal.key_id,
+        hold = Hold(id=fast_id(), tenant_id=principal.tenant_id, key_id=principal.key_id,
                     request_id=request_id, counters=tuple(r for _, r in pairs),
                     amount_nanos=max(worst_case_nanos, 0), created_at=now, expires_at=now + self._lease,
                     owner=self)

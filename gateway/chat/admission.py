@@ -144,7 +144,10 @@ class Admitted:
         if self.closed:
             return
         self.closed = True
-        status = await asyncio.shield(self._settle(spend.cost_nanos))
+        if not self.metered and self.admission.holds_nothing:  # ends in place: nothing to shield
+            status = await self.admission.settle(spend.cost_nanos)
+        else:
+            status = await asyncio.shield(self._settle(spend.cost_nanos))
         if status is not None:
             self.headers.update(status.headers())
 

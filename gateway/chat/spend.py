@@ -32,6 +32,8 @@ class Spend:
     model: str | None = None  # the model of the latest call
 
     def __add__(self, other: Spend) -> Spend:
+        if self is NOTHING and (other.model or other.model is None):
+            return other  # the sum would equal it field by field (both are immutable)
         return Spend(self.usage + other.usage, self.cost_nanos + other.cost_nanos,
                      self.baseline_nanos + other.baseline_nanos, self.calls + other.calls,
                      other.model or self.model)

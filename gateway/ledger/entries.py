@@ -6,16 +6,16 @@ journals written before the upgrade) are converted exactly as that format's writ
 (``gateway.money.legacy_usd_to_nanos``). Ledger-entry lines also carry the float fields, never
 read back when the integers are present: a rollback to the older version, which reads only
 those, still replays the billing rows of a journal this version left behind.
-Imports only providers.base (Usage) and gateway.money.
+Imports only providers.base (Usage), gateway.money and gateway.ids.
 """
 
 from __future__ import annotations
 
-import uuid
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal
 
+from gateway.ids import fast_id
 from gateway.money import legacy_usd_to_nanos, usd_number
 from gateway.providers.base import Usage
 
@@ -26,7 +26,7 @@ IN_PROGRESS = "in_progress"
 
 
 def new_entry_id() -> str:
-    return uuid.uuid4().hex
+    return fast_id()
 
 
 def _utcnow() -> datetime:

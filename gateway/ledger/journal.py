@@ -90,8 +90,9 @@ def _fsync_dir(directory: Path) -> None:
 
 
 class Journal:
-    """Appends batches to the current segment. One writer thread calls ``write``/``append``/``seal``/
-    ``should_rotate``; ``sync`` is the one method another thread may call concurrently."""
+    """Appends batches to the current segment. One writer at a time (the caller serialises them)
+    calls ``write``/``append``/``seal``/``should_rotate``; ``sync`` is the one method another thread
+    may call concurrently."""
 
     def __init__(self, directory: str | Path, *, max_segment_bytes: int = 16 * 1024 * 1024,
                  max_segment_age_s: float = 10.0, clock: Callable[[], float] = time.monotonic) -> None:

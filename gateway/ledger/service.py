@@ -2,8 +2,9 @@
 
 A façade over three parts, each in its own module:
 
-* ``JournalWriter`` (journal_writer.py): ``record()`` buffers, a journal thread writes groups to
-  the append-only journal (group commit), a sync thread fdatasyncs them; durability waits.
+* ``JournalWriter`` (journal_writer.py): ``record()`` buffers; the event loop that recorded
+  (or, where none runs, a journal thread) writes groups to the append-only journal (group
+  commit), a sync thread fdatasyncs them; durability waits.
 * ``JournalSyncer`` (syncer.py): journaled records → the database in batches, the segments of a
   previous run replayed first at ``start()``, failed batches retried with backoff.
 * the DB applier (applier.py): each batch written idempotently in one transaction, with the
@@ -20,7 +21,8 @@ Durability levels (``Durability``; ``await wait_durable(level)`` after ``record(
 * ``process`` (the chat path's default): resolves once the record's group was written with
   write(2). The bytes are then in the kernel's page cache, so a kill -9 (or any crash) of this
   process loses nothing; a power loss or kernel crash can lose what was written since the last
-  fdatasync, i.e. at most about one sync interval (one fdatasync, a few ms) of records.
+  fdatasync, i.e. at most about one sync interval of records (background fdatasyncs start at
+  least 10 ms apart, ``SYNC_INTERVAL_S``; plus the one in progress, a few ms).
 * ``fsync``: resolves only after the fdatasync that covers the record (survives power loss),
   at the cost of one fsync of latency (~4 ms on the development disk).
 

@@ -51,6 +51,7 @@ class JournalSyncer:
         self._retry_max_s = retry_max_s
         self._cond = threading.Condition()  # queue, applied seq, flags
         self._queue: deque[_Group] = deque()
+        self._queued = 0  # records in the queue
         self._applied_seq = 0
         self._journal_done = False
         self._stopping = False
@@ -65,6 +66,7 @@ class JournalSyncer:
         returns how many. Call before ``start`` (the replay is committed by the DB thread)."""
         with self._cond:
             self._queue.clear()
+            self._queued = 0
             self._applied_seq = 0
         seq = 0
         for path in segment_paths:
@@ -76,6 +78,7 @@ class JournalSyncer:
                 chunk = contents.records[i:i + self._batch_size]
                 seq += len(chunk)
                 self._queue.append(_Group(contents.seq, chunk, seq))
+                self._queued += len(chunk)
         if seq:
             log.info("ledger: replaying %d journaled record(s)", seq)
         return seq
@@ -113,10 +116,15 @@ class JournalSyncer:
 
     # ---------------------------------------------------------------- the journal writer's side
     def enqueue(self, segment: int, records: list[Record], upto_seq: int) -> None:
-        """A journaled group, for the database."""
+        """A journaled group, for the database. Wakes the DB thread only when it has to act: the
+        queue was empty (it waits for a first group) or a batch is full (otherwise it is already
+        waiting for the flush interval to pass, or writing)."""
         with self._cond:
+            was_empty = not self._queue
             self._queue.append(_Group(segment, records, upto_seq))
-            self._cond.notify_all()
+            self._queued += len(records)
+            if was_empty or self._queued >= self._batch_size:
+                self._cond.notify_all()
 
     # ---------------------------------------------------------------- observing
     def wait_applied(self, target_seq: int, timeout_s: float | None) -> bool:
@@ -127,7 +135,7 @@ class JournalSyncer:
     def counts(self) -> tuple[int, int]:
         """(records waiting for the database, last sequence number committed)."""
         with self._cond:
-            return sum(len(g.records) for g in self._queue), self._applied_seq
+            return self._queued, self._applied_seq
 
     # ---------------------------------------------------------------- DB thread
     def _take(self) -> list[_Group] | None:
@@ -135,7 +143,7 @@ class JournalSyncer:
         with self._cond:
             deadline = time.monotonic() + self._flush_s
             while True:
-                queued = sum(len(g.records) for g in self._queue)
+                queued = self._queued
                 if self._abandon or (self._journal_done and not queued):
                     return None
                 if queued and (queued >= self._batch_size or self._stopping or time.monotonic() >= deadline):
@@ -161,8 +169,9 @@ class JournalSyncer:
                 self._failed(len(groups), exc)
                 continue
             with self._cond:
-                for _ in groups:
+                for group in groups:
                     self._queue.popleft()
+                    self._queued -= len(group.records)
                 self.failures = 0
                 self._applied_seq = max(self._applied_seq, groups[-1].upto_seq)
                 self._cond.notify_all()

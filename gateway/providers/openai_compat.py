@@ -98,10 +98,25 @@ def _received_lines(content: aiohttp.StreamReader) -> list[bytes]:
     return [line + b"\n" for line in complete]
 
 
+_ALLOWED: dict[int, tuple[ModelSettings, frozenset[str]]] = {}  # id(model) -> (model, its allow-list)
+
+
+def _allowed_keys(model: ModelSettings) -> frozenset[str]:
+    """The fields ``model`` may receive, computed once per (immutable) model settings object."""
+    hit = _ALLOWED.get(id(model))
+    if hit is not None and hit[0] is model:
+        return hit[1]
+    allowed = SPECS["openai"].forward | (EXTENSION_PARAMS & set(model.extra_params))
+    if len(_ALLOWED) >= 1024:
+        _ALLOWED.clear()
+    _ALLOWED[id(model)] = (model, allowed)
+    return allowed
+
+
 def _allowed(model: ModelSettings, body: dict[str, Any]) -> dict[str, Any]:
     """The allow-listed fields only (``provider_payload`` applied the same list, with 400s for
     the rest; taken again here so nothing else is ever re-encoded into the upstream request)."""
-    allowed = SPECS["openai"].forward | (EXTENSION_PARAMS & set(model.extra_params))
+    allowed = _allowed_keys(model)
     return {k: v for k, v in body.items() if k in allowed}
 
 
@@ -113,6 +128,7 @@ class OpenAICompatProvider:
         self._factory = session_factory or default_session_factory
         self._session: aiohttp.ClientSession | None = None
         self._connect_timeout_s = connect_timeout_s
+        self._timeouts: dict[tuple[float, bool], aiohttp.ClientTimeout] = {}
 
     def _client(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
@@ -121,9 +137,15 @@ class OpenAICompatProvider:
 
     def _timeout(self, model: ModelSettings, options: CallOptions, *, streaming: bool) -> aiohttp.ClientTimeout:
         limit = options.timeout_s or model.timeout_s
-        # Streams may run long in total; each read must still arrive within the limit.
-        return aiohttp.ClientTimeout(total=None if streaming else limit, connect=self._connect_timeout_s,
-                                     sock_read=limit)
+        timeout = self._timeouts.get((limit, streaming))
+        if timeout is None:  # (immutable; one per limit, not one per call)
+            # Streams may run long in total; each read must still arrive within the limit.
+            timeout = aiohttp.ClientTimeout(total=None if streaming else limit, connect=self._connect_timeout_s,
+                                            sock_read=limit)
+            if len(self._timeouts) >= 64:
+                self._timeouts.clear()
+            self._timeouts[(limit, streaming)] = timeout
+        return timeout
 
     @staticmethod
     def _url(model: ModelSettings) -> str:

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gateway.app import create_app
+from gateway.app import GEN0_THRESHOLD, create_app
 from gateway.auth import KeyStore
 from gateway.cli.serve import app_from_env
 from gateway.ledger import Ledger
@@ -42,10 +42,12 @@ async def test_freeze_heap_freezes_the_startup_heap_until_shutdown(tmp_path: Pat
     ledger.start()
     app = create_app(settings, RuntimeParts(session_factory=sf, ledger=ledger, keys=KeyStore(sf)), freeze_heap=True)
     before_startup = [object()]
+    thresholds = gc.get_threshold()
     assert gc.get_freeze_count() == 0 and _tracked(before_startup)
     try:
         async with asgi_client(app) as client:
             assert gc.get_freeze_count() > 0
+            assert gc.get_threshold() == (GEN0_THRESHOLD, *thresholds[1:])  # young collections rarer
             assert not _tracked(before_startup)  # a full collection no longer walks it
             r = await client.post("/v1/chat/completions", headers={"Authorization": f"Bearer {raw}"},
                                   json={"model": "low", "messages": MSGS})
@@ -56,13 +58,15 @@ async def test_freeze_heap_freezes_the_startup_heap_until_shutdown(tmp_path: Pat
             gc.collect()
             assert gone() is None  # what requests leave behind is still collected
         assert gc.get_freeze_count() == 0 and _tracked(before_startup)
+        assert gc.get_threshold() == thresholds
     finally:
         ledger.stop()
 
 
 async def test_without_freeze_heap_the_collector_is_left_alone(tmp_path: Path, upstream: ScriptedUpstream) -> None:
+    thresholds = gc.get_threshold()
     async with gateway(tmp_path, upstream) as gw:
-        assert gc.get_freeze_count() == 0
+        assert gc.get_freeze_count() == 0 and gc.get_threshold() == thresholds
         r = await gw.client.post("/v1/chat/completions", headers=gw.auth, json={"model": "low", "messages": MSGS})
         assert r.status_code == 200, r.text
 

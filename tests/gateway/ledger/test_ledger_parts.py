@@ -57,26 +57,83 @@ def test_replayed_segments_wait_for_their_records_and_empty_ones_go_at_once() ->
 
 # ------------------------------------------------------------------------- JournalWriter
 class Groups:
-    """Stands in for the syncer: collects the written groups."""
+    """Stands in for the syncer: collects the written groups (and the thread that wrote each)."""
 
     def __init__(self) -> None:
         self.groups: list[tuple[int, list[Record], int]] = []
+        self.writers: list[str] = []
         self.finished = threading.Event()
 
     def written(self, seg: int, records: list[Record], upto: int) -> None:
         self.groups.append((seg, records, upto))
+        self.writers.append(threading.current_thread().name)
 
     def done(self) -> None:
         self.finished.set()
 
 
-def _writer(tmp_path: Path, deleted: Deleted | None = None) -> tuple[JournalWriter, Groups, Journal, SegmentTracker]:
+def _writer(tmp_path: Path, deleted: Deleted | None = None, **kwargs: float
+            ) -> tuple[JournalWriter, Groups, Journal, SegmentTracker]:
     groups = Groups()
     journal = Journal(tmp_path / "j")
     journal.existing_segments()
     tracker = SegmentTracker(deleted if deleted is not None else Deleted())
-    writer = JournalWriter(tracker, groups.written, groups.done, retry_max_s=0.05)
+    writer = JournalWriter(tracker, groups.written, groups.done, retry_max_s=0.05, **kwargs)
     return writer, groups, journal, tracker
+
+
+async def test_the_event_loop_writes_its_own_groups_and_the_thread_writes_the_rest(tmp_path: Path) -> None:
+    """Records appended on a running event loop are written by that loop (its waiter resumes
+    without a thread handoff); records appended where no loop runs by the journal thread. Either
+    way the journal holds them in order, each once."""
+    writer, groups, journal, _ = _writer(tmp_path)
+    writer.start(journal, 0)
+    try:
+        await asyncio.wait_for(asyncio.to_thread(writer.append, entry(1)), 5)  # no loop in that thread
+        await asyncio.wait_for(writer.wait("process"), 5)  # the first group also opens the segment
+        await asyncio.sleep(0.05)  # the journal thread is idle again (while it writes, the loop leaves groups to it)
+        on_loop = [entry(i) for i in range(2, 6)]
+        for r in on_loop:
+            writer.append(r)
+        await asyncio.wait_for(writer.wait("process"), 5)
+        off_loop = entry(6)
+        await asyncio.wait_for(asyncio.to_thread(writer.append, off_loop), 5)
+        await asyncio.wait_for(writer.wait("process"), 5)
+        assert groups.writers == ["ledger-journal", threading.current_thread().name, "ledger-journal"]
+        assert [r for _, g, _ in groups.groups for r in g][1:] == [*on_loop, off_loop]
+        on_disk = [r.id for p in sorted((tmp_path / "j").glob("*.jsonl")) for r in read_segment(p).records]
+        assert on_disk == [r.id for _, g, _ in groups.groups for r in g]
+    finally:
+        writer.request_stop()
+        assert writer.join(time.monotonic() + 5)
+
+
+async def test_background_syncs_are_spaced_but_an_fsync_waiter_is_not_kept_waiting(tmp_path: Path) -> None:
+    writer, _, journal, _ = _writer(tmp_path, sync_interval_s=0.5)
+    syncs: list[float] = []
+    real_sync = journal.sync
+
+    def counted() -> None:
+        syncs.append(time.monotonic())
+        real_sync()
+
+    journal.sync = counted  # type: ignore[method-assign]
+    writer.start(journal, 0)
+    try:
+        started = time.monotonic()
+        for i in range(20):  # 20 groups in ~0.2 s: at most one background sync starts meanwhile
+            writer.append(entry(i))
+            await writer.wait("process")
+            await asyncio.sleep(0.01)
+        assert len([t for t in syncs if t - started < 0.45]) <= 1
+        writer.append(entry(99))
+        t0 = time.monotonic()
+        await asyncio.wait_for(writer.wait("fsync"), 5)
+        assert time.monotonic() - t0 < 0.4, "an fsync waiter waited out the background sync interval"
+        assert writer.counts() == (0, 21, 21)
+    finally:
+        writer.request_stop()
+        assert writer.join(time.monotonic() + 5)
 
 
 async def test_writer_groups_records_and_resolves_both_levels(tmp_path: Path) -> None:
