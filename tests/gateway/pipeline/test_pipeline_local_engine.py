@@ -100,6 +100,7 @@ async def test_steps_run_on_the_local_moe_engine(tiny_model: Path) -> None:
     assert result.verdict == "accept"
 
 
+@pytest.mark.slow
 async def test_xhigh_paths_stream_real_logprobs_from_the_engine(tiny_model: Path) -> None:
     scripted = ScriptedProvider(plans=[plan_json(("s1", "add two and two", []))])
     h, split = split_harness(tiny_model, scripted)

@@ -80,6 +80,7 @@ def _db(tmp_path: Path) -> sessionmaker[Session]:
 ARITH = [user_prompt(p) for p in prompts_of(1, 12)]
 
 
+@pytest.mark.slow
 def test_decides_and_hot_reloads_the_preferred_artifact(tmp_path: Path, artifacts: dict[str, Path]) -> None:
     shipped, live = tmp_path / "shipped.skops", tmp_path / "var" / "effort.skops"
     _install(artifacts["v1"], shipped)
