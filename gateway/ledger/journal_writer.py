@@ -6,9 +6,10 @@ segment, see journal.py — marked *written* and handed on (``on_written``: the 
 for the database). Who writes a group:
 
 * records appended on a thread running an asyncio event loop (the gateway's requests) are
-  written *by that loop*, in one callback scheduled once per loop iteration with ``call_soon``:
-  every record appended during the iteration goes in one group, and that loop's ``process``
-  waiters are resumed right there. The loop only ever hands bytes to the kernel's page cache
+  written *by that loop*: by the first ``wait()`` on that loop (which then need not suspend),
+  else by one callback scheduled once per loop iteration with ``call_soon`` (every record
+  appended during the iteration in one group); that loop's ``process`` waiters are resumed
+  right there. The loop only ever hands bytes to the kernel's page cache
   with write(2) into a segment that is already open: it never fsyncs, never opens, seals or
   rotates a segment, never retries and never waits for the journal thread (if the journal
   thread is writing or sealing at that moment, or a segment must be opened or rotated, or a
@@ -18,11 +19,13 @@ for the database). Who writes a group:
 
 The *sync thread* fdatasyncs the segment and marks everything written before that call
 *synced*; fdatasyncs nobody waits for start at least ``SYNC_INTERVAL_S`` apart (an ``fsync``
-waiter or ``wait_synced`` has one started at once). Write and sync are separate so a ``process`` waiter resumes as soon as its bytes are
-written, never behind an fsync: while one fdatasync runs, new groups keep being written, and the
-next fdatasync covers all of them. Each thread waits on its own condition (one lock), and is
-woken only when it has work: an append wakes the journal thread only when no event loop will
-write the record; a written group wakes the sync thread only if it is idle.
+waiter or ``wait_synced`` has one started at once). Write and sync are separate so a
+``process`` waiter resumes as soon as its bytes are written, never behind an fsync: while one
+fdatasync runs, new groups keep being written, and the next fdatasync covers all of them. Each
+thread waits on its own condition (one lock), and is woken only when it has work: an append
+wakes the journal thread only when no event loop will write the record; a written group wakes
+the sync thread only if it is idle (after a sync it looks again when its interval is over, so
+under steady traffic nobody wakes it).
 
 (Why the loop writes: a group written by the journal thread cost the event loop a thread
 handoff per group — the journal thread woken, the GIL handed to it and back, the waiters
