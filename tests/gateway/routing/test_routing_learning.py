@@ -8,7 +8,9 @@ refused and nothing is published."""
 
 from __future__ import annotations
 
+import asyncio
 import random
+import time
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -143,12 +145,14 @@ async def test_the_router_learns_a_hidden_property_from_logged_outcomes(tmp_path
             assert report.candidate_value > report.current_value
             _set_exploration(gw, 0.0)
             version = None
-            for _ in range(50):  # the gateway hot-reloads the published update
+            deadline = time.monotonic() + 30  # the gateway hot-reloads the published update (loaded off the loop)
+            while time.monotonic() < deadline:
                 r2 = await gw.client.post("/v1/chat/completions", headers=gw.auth, json={
                     "model": "auto", "messages": [{"role": "user", "content": prompt(r, False)}]})
                 version = r2.headers["x-tiergate-classifier-version"]
                 if version == report.version:
                     break
+                await asyncio.sleep(0.02)
             assert version == report.version
             await _routes(gw, r, 300)  # the traffic window warms up on this version's own scores
             after = await _routes(gw, r, 400)
