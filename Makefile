@@ -45,7 +45,7 @@ test: venv lint typecheck imports unit
 FAST_LANE := not integration and not process and not browser and not slow
 FAST_PYTEST := TIERGATE_FAST_LANE=1 OMP_NUM_THREADS=1 $(VENV)/bin/pytest -q -m "$(FAST_LANE)" \
 	-p no:schemathesis -p no:hypothesispytest
-FAST_HTTP_AREAS := admin app bench cli db edge jobs
+FAST_HTTP_AREAS := admin app bench cli db edge jobs security
 
 test-fast: venv
 	@$(MAKE) --no-print-directory -j3 --output-sync=target test-fast-libraries test-fast-gateway-http \
