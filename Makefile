@@ -37,9 +37,9 @@ unit: venv
 
 test: venv lint typecheck imports unit
 
-# The unit lane, in under a minute: no service, no subprocess, no browser, nothing slow. The marks
-# are kept true by tests/lanes.py (a test that spawns a process or reaches a service unmarked fails,
-# in every run); `make test` still runs everything. Three pytest processes side by side, one
+# The unit lane (~80 s of CPU: about a minute on two free cores): no service, subprocess, browser or
+# slow test. The marks are kept true by tests/lanes.py (a test that spawns a process or reaches a
+# service unmarked fails, in every run); `make test` still runs everything. Three pytest processes side by side, one
 # torch/OpenMP thread each: the libraries' tests, the gateway's HTTP-surface areas and the rest of
 # the gateway (every test file is in exactly one); each prints its own summary when it is done.
 FAST_LANE := not integration and not process and not browser and not slow
