@@ -61,7 +61,8 @@ class AsyncLLMEngine:
     # -- caller side (any thread / event loop) ------------------------------------------------
     async def generate(self, prompt_token_ids: Sequence[int], params: SamplingParams,
                        experts_per_token: int | None = None,
-                       request_id: str | None = None) -> AsyncIterator[RequestOutput]:
+                       request_id: str | None = None, *, speculative: str | None = None,
+                       cache_salt: str | None = None) -> AsyncIterator[RequestOutput]:
         """Stream a request's outputs; raises the engine's validation errors before the first one."""
         rid = request_id or f"areq-{next(self._ids)}"
         stream = _Stream(asyncio.get_running_loop())
@@ -71,7 +72,8 @@ class AsyncLLMEngine:
             if not added.set_running_or_notify_cancel():  # the caller gave up before we got here
                 return
             try:
-                self.engine.add_request(prompt_token_ids, params, experts_per_token, rid)
+                self.engine.add_request(prompt_token_ids, params, experts_per_token, rid,
+                                        speculative=speculative, cache_salt=cache_salt)
             except BaseException as err:
                 added.set_exception(err)
                 return

@@ -13,6 +13,7 @@ Imports torch and the engine's own modules; never anything web/db.
 from __future__ import annotations
 
 import itertools
+import time
 from collections.abc import Callable
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
@@ -23,11 +24,21 @@ import torch
 
 from engine.blocks import BlockAllocator
 from engine.detokenizer import IncrementalDetokenizer
-from engine.runner import ModelRunner
+from engine.runner import ModelRunner, pick_backend
 from engine.sampling import make_generator, sample
 from engine.sampling_params import SamplingParams, TokenLogprob
-from engine.scheduler import Scheduler
+from engine.scheduler import ScheduledSequence, Scheduler
 from engine.sequence import Sequence
+from engine.speculative import (
+    MODES,
+    DraftRequest,
+    ModelDrafter,
+    SpecConfig,
+    SpecCosts,
+    SpecState,
+    prompt_lookup,
+    verify,
+)
 
 DEFAULT_KV_CACHE_BYTES = 256 * 1024 * 1024
 
@@ -42,6 +53,10 @@ class PromptTooLong(EngineError, ValueError):
 
 class InvalidExperts(EngineError, ValueError):
     """experts_per_token outside 1..num_experts (or set on a dense model)."""
+
+
+class InvalidSpeculative(EngineError, ValueError):
+    """A speculative mode this engine does not know or cannot run (no draft model, a dense model)."""
 
 
 @dataclass
@@ -76,7 +91,8 @@ class LLMEngine:
                  block_size: int = 16, num_blocks: int | None = None,
                  kv_cache_bytes: int = DEFAULT_KV_CACHE_BYTES, max_model_len: int | None = None,
                  max_num_seqs: int = 32, max_num_batched_tokens: int = 512,
-                 enable_prefix_caching: bool = True, release_weights: bool = False) -> None:
+                 enable_prefix_caching: bool = True, release_weights: bool = False,
+                 speculative: SpecConfig | None = None, draft_model: torch.nn.Module | None = None) -> None:
         """``model``/``config``: a `CausalLM` and its `ModelConfig`. The KV cache gets ``num_blocks``
         blocks of ``block_size`` tokens (default: as many as ``kv_cache_bytes`` holds, at least one
         full context, at most ``max_num_seqs`` full contexts). ``max_model_len`` caps prompt +
@@ -84,7 +100,10 @@ class LLMEngine:
         at most ``max_num_batched_tokens`` tokens for at most ``max_num_seqs`` sequences.
         ``release_weights``: the runner's fast backend keeps the only copy of the model's large
         matrices (held once, not twice); ``model`` can then no longer run on its own. `from_dir`
-        sets it, since nothing else holds the model it loads."""
+        sets it, since nothing else holds the model it loads.
+
+        ``speculative``: speculative-decoding settings (default: off unless a request asks);
+        ``draft_model``: a small `CausalLM` with the same vocabulary, for the ``draft`` proposer."""
         self.config = config
         self.tokenizer = tokenizer
         self.num_experts = int(getattr(config, "num_experts", 0) or 0)
@@ -108,27 +127,44 @@ class LLMEngine:
                                   release_weights=release_weights)
         self._decode: Callable[[list[int]], str] | None = (
             (lambda ids: tokenizer.decode(ids)) if tokenizer is not None else None)
+        self.spec_config = speculative or SpecConfig()
+        self.spec_costs = SpecCosts(ema=self.spec_config.ema)
+        self._draft_model = draft_model
+        if draft_model is not None:
+            draft_vocab = getattr(getattr(draft_model, "config", None), "vocab_size", None)
+            if draft_vocab != getattr(config, "vocab_size", None):
+                raise EngineError(f"the draft model's vocabulary ({draft_vocab}) differs from the model's")
+        self._kv_dtype = dtype
+        self._drafters: dict[str, ModelDrafter] = {}
         self._seqs: dict[str, Sequence] = {}
         self._ids = itertools.count()
         self._arrivals = itertools.count()
 
     @classmethod
     def from_dir(cls, model_dir: str | Path, *, dtype: torch.dtype = torch.float32,
-                 num_threads: int | None = None, **kwargs: Any) -> LLMEngine:
-        """Load a model directory (config.json, safetensors, tokenizer.json) into a ready engine."""
+                 num_threads: int | None = None, draft_model_dir: str | Path | None = None,
+                 **kwargs: Any) -> LLMEngine:
+        """Load a model directory (config.json, safetensors, tokenizer.json) into a ready engine;
+        ``draft_model_dir``: a draft model for speculative decoding (loaded the same way)."""
         from engine.model import load_model
         from engine.tokenizer import Tokenizer
 
         if num_threads:
             torch.set_num_threads(num_threads)
         model, config = load_model(model_dir, dtype=dtype)
+        if draft_model_dir is not None:
+            kwargs.setdefault("draft_model", load_model(draft_model_dir, dtype=dtype)[0])
         tokenizer = Tokenizer.from_dir(model_dir)
         kwargs.setdefault("release_weights", True)  # the engine is the model's only holder
         return cls(model, config, tokenizer=tokenizer, dtype=dtype, **kwargs)
 
     # -- requests -----------------------------------------------------------------------------
     def add_request(self, prompt_token_ids: Seq[int], params: SamplingParams | None = None,
-                    experts_per_token: int | None = None, request_id: str | None = None) -> str:
+                    experts_per_token: int | None = None, request_id: str | None = None, *,
+                    speculative: str | None = None, cache_salt: str | None = None) -> str:
+        """Queue a prompt. ``speculative``: ``off``, ``auto`` (prompt lookup), ``prompt_lookup``, ``draft`` or
+        ``self`` (None: the engine's default). ``cache_salt``: prefix-cache blocks are shared only between
+        requests with the same salt (the gateway passes the tenant)."""
         params = params or SamplingParams()
         prompt = list(prompt_token_ids)
         if not prompt:
@@ -140,7 +176,11 @@ class LLMEngine:
         rid = request_id or f"req-{next(self._ids)}"
         if rid in self._seqs:
             raise EngineError(f"duplicate request id {rid!r}")
-        seq = Sequence(rid, prompt, params, arrival=next(self._arrivals), experts_per_token=k)
+        proposer = self._resolve_speculative(speculative, k)
+        seq = Sequence(rid, prompt, params, arrival=next(self._arrivals), experts_per_token=k,
+                       cache_salt=cache_salt)
+        if proposer is not None:
+            seq.spec = SpecState(proposer, self.spec_config.initial_draft)
         seq.sampler_state = None if params.greedy else make_generator(params.seed)
         if self._decode is not None:
             seq.detokenizer = IncrementalDetokenizer(self._decode, prompt, params.stop)
@@ -159,13 +199,52 @@ class LLMEngine:
             raise InvalidExperts(f"experts_per_token must be between 1 and {self.num_experts}")
         return k
 
+    def _resolve_speculative(self, mode: str | None, k: int | None) -> str | None:
+        """The proposer a request uses, or None for plain decoding."""
+        mode = self.spec_config.default if mode is None else mode
+        if mode not in MODES:
+            raise InvalidSpeculative(f"speculative must be one of {', '.join(MODES)}")
+        if mode == "off":
+            return None
+        if mode == "auto":
+            return "prompt_lookup"
+        if mode == "self":
+            if self.num_experts == 0:
+                raise InvalidSpeculative("self-speculation needs a mixture-of-experts model")
+            if (k or 0) <= 1:
+                return None  # already at one expert per token: nothing cheaper to draft with
+        if mode == "draft" and self._draft_model is None:
+            raise InvalidSpeculative("this engine has no draft model")
+        return mode
+
+    def drafter(self, proposer: str) -> ModelDrafter:
+        """The model drafter for ``draft`` or ``self`` (built, with its own KV cache, on first use)."""
+        drafter = self._drafters.get(proposer)
+        if drafter is None:
+            nb, bs = self.limits.num_blocks, self.limits.block_size
+            if proposer == "self":
+                model: Any = self.runner.model
+                drafter = ModelDrafter(self.runner.backend, model.allocate_kv_cache(nb, bs, self._kv_dtype),
+                                       num_blocks=nb, block_size=bs, experts_per_token=1)
+            else:
+                draft: Any = self._draft_model
+                drafter = ModelDrafter(pick_backend(draft), draft.allocate_kv_cache(nb, bs, self._kv_dtype),
+                                       num_blocks=nb, block_size=bs)
+            self._drafters[proposer] = drafter
+        return drafter
+
     def abort(self, request_id: str) -> bool:
         """Cancel a request (waiting or running) and free its blocks; False if unknown/finished."""
         seq = self._seqs.pop(request_id, None)
         if seq is None:
             return False
         self.scheduler.finish(seq, "abort")
+        self._forget_drafts(seq)
         return True
+
+    def _forget_drafts(self, seq: Sequence) -> None:
+        if seq.spec is not None and seq.spec.proposer in self._drafters:
+            self._drafters[seq.spec.proposer].release(seq.request_id)
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished()
@@ -176,42 +255,146 @@ class LLMEngine:
 
     # -- one step -----------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
+        self._propose()
         out = self.scheduler.schedule()
         if out.is_empty:
             if not out.preempted and self.scheduler.has_unfinished():
                 raise EngineError("the KV cache is too small for the next waiting request")
             return []
+        start = time.perf_counter()
         logits = self.runner.execute(out.scheduled)
-        self.scheduler.advance(out)
-        seqs = [s.seq for s in out.scheduled if s.samples]
-        if not seqs:
+        sampling = [s for s in out.scheduled if s.samples]
+        if not sampling:
+            self.scheduler.advance(out)
             return []
-        suppress = [tuple(self.eos_token_ids | set(q.params.stop_token_ids))
-                    if q.num_output_tokens < q.params.min_tokens else () for q in seqs]
-        tokens, logprobs = sample(logits, [q.params for q in seqs], [q.sampler_state for q in seqs], suppress)
-        return [self._after_token(q, t, lp) for q, t, lp in zip(seqs, tokens, logprobs, strict=True)]
+        rows: list[int] = []
+        row = 0
+        for s in sampling:
+            rows.append(row)
+            row += 1 + s.num_spec
+        plain = [i for i, s in enumerate(sampling) if not s.num_spec]
+        emitted: list[tuple[list[int], list[TokenLogprob | None]]] = [([], [])] * len(sampling)
+        if plain:
+            seqs = [sampling[i].seq for i in plain]
+            plain_logits = logits if len(plain) == len(sampling) and row == len(sampling) else \
+                logits[[rows[i] for i in plain]]
+            tokens, logprobs = sample(plain_logits, [q.params for q in seqs], [q.sampler_state for q in seqs],
+                                      [self._suppressed(q, 0) for q in seqs])
+            for i, t, lp in zip(plain, tokens, logprobs, strict=True):
+                emitted[i] = ([t], [lp])
+        accepted: dict[Sequence, int] = {}
+        for i, s in enumerate(sampling):
+            if s.num_spec:
+                emitted[i] = self._verify(s, logits[rows[i]:rows[i] + 1 + s.num_spec])
+                accepted[s.seq] = len(emitted[i][0]) - 1
+        self.scheduler.advance(out, accepted)
+        self._record_costs(out.scheduled, accepted, time.perf_counter() - start)
+        return [self._after_tokens(s.seq, toks, lps) for s, (toks, lps) in zip(sampling, emitted, strict=True)]
 
-    def _after_token(self, seq: Sequence, token: int, logprob: TokenLogprob | None) -> RequestOutput:
-        seq.append_token(token, logprob)
+    def _suppressed(self, seq: Sequence, offset: int) -> tuple[int, ...]:
+        """Ids the ``offset``-th next token of ``seq`` may not be (end of sequence before ``min_tokens``)."""
+        if seq.num_output_tokens + offset < seq.params.min_tokens:
+            return tuple(self.eos_token_ids | set(seq.params.stop_token_ids))
+        return ()
+
+    def _verify(self, s: ScheduledSequence, logits: torch.Tensor
+                ) -> tuple[list[int], list[TokenLogprob | None]]:
+        """Check ``s``'s draft against the target's ``1 + num_spec`` rows of logits (see `verify`)."""
+        seq, p = s.seq, s.seq.params
+        draft = seq.spec_token_ids[:s.num_spec]
+        logits = logits.float()
+        masks = [self._suppressed(seq, j) for j in range(len(draft) + 1)]
+        if any(masks):
+            logits = logits.clone()
+            for j, ids in enumerate(masks):
+                if ids:
+                    logits[j, list(ids)] = float("-inf")
+        tokens = verify(logits, draft, p, seq.sampler_state, seq.spec_probs)
+        lps: list[TokenLogprob | None] = [None] * len(tokens)
+        if p.wants_logprobs:
+            lp = torch.log_softmax(logits[:len(tokens)], dim=-1)
+            for j, t in enumerate(tokens):
+                top: tuple[tuple[int, float], ...] = ()
+                if p.top_logprobs:
+                    best = torch.topk(lp[j], p.top_logprobs)
+                    top = tuple(zip(best.indices.tolist(), best.values.tolist(), strict=True))
+                lps[j] = TokenLogprob(t, float(lp[j, t]), top)
+        return tokens, lps
+
+    def _propose(self) -> None:
+        """Give each decoding sequence that speculates a draft for the coming step (``seq.spec_token_ids``)."""
+        cfg = self.spec_config
+        groups: dict[str, list[tuple[Sequence, int]]] = {}
+        for seq in self.scheduler.running:
+            st: SpecState | None = seq.spec
+            if st is None or seq.num_uncomputed_tokens != 1 or not st.active(seq.num_output_tokens):
+                continue
+            k = min(st.k, self.limits.max_model_len - seq.num_tokens - 1)
+            if seq.params.max_tokens is not None:
+                k = min(k, seq.params.max_tokens - seq.num_output_tokens - 1)
+            if k >= 1:
+                groups.setdefault(st.proposer, []).append((seq, k))
+        for proposer, items in groups.items():
+            start = time.perf_counter()
+            if proposer == "prompt_lookup":
+                for seq, k in items:
+                    seq.spec_token_ids = prompt_lookup(seq.token_ids, k, cfg.ngram_max, cfg.ngram_min)
+                    seq.spec_probs = None
+            else:
+                drafts = self.drafter(proposer).propose([
+                    DraftRequest(seq.request_id, seq.token_ids, k, seq.params, seq.sampler_state)
+                    for seq, k in items])
+                for (seq, _), (tokens, probs) in zip(items, drafts, strict=True):
+                    seq.spec_token_ids, seq.spec_probs = tokens, probs
+            self.spec_costs.record_draft(proposer, (time.perf_counter() - start) / len(items))
+
+    def _record_costs(self, scheduled: list[ScheduledSequence], accepted: dict[Sequence, int],
+                      seconds: float) -> None:
+        """Feed the step's cost and each verifying sequence's acceptance to the speculation controller.
+
+        Only all-decode steps are timed (a prefill chunk would swamp the comparison)."""
+        if all(s.num_new_tokens - s.num_spec == 1 and s.samples for s in scheduled):
+            per_seq = seconds / len(scheduled)
+            (self.spec_costs.record_verify if accepted else self.spec_costs.record_plain)(per_seq)
+        for s in scheduled:
+            if s.num_spec:
+                st: SpecState = s.seq.spec
+                st.record(s.num_spec, accepted[s.seq], self.spec_config, self.spec_costs.ratio(st.proposer),
+                          s.seq.num_output_tokens + accepted[s.seq] + 1)
+
+    def _after_tokens(self, seq: Sequence, tokens: list[int], logprobs: list[TokenLogprob | None]
+                      ) -> RequestOutput:
+        """Append the step's tokens (one, or several after a verified draft) and apply the stop rules to each;
+        tokens after a stop are dropped."""
         p = seq.params
         det: IncrementalDetokenizer | None = seq.detokenizer
         reason: str | None = None
-        stop_token = token in p.stop_token_ids or (token in self.eos_token_ids and not p.ignore_eos)
-        if stop_token or (det is not None and det.add_token(token)):
-            reason = "stop"
-        elif (p.max_tokens is not None and seq.num_output_tokens >= p.max_tokens) or \
-                seq.num_tokens >= self.limits.max_model_len:
-            reason = "length"
+        new: list[int] = []
+        new_lps: list[TokenLogprob] = []
+        for token, logprob in zip(tokens, logprobs, strict=True):
+            seq.append_token(token, logprob)
+            new.append(token)
+            if logprob is not None:
+                new_lps.append(logprob)
+            stop_token = token in p.stop_token_ids or (token in self.eos_token_ids and not p.ignore_eos)
+            if stop_token or (det is not None and det.add_token(token)):
+                reason = "stop"
+            elif (p.max_tokens is not None and seq.num_output_tokens >= p.max_tokens) or \
+                    seq.num_tokens >= self.limits.max_model_len:
+                reason = "length"
+            if reason is not None:
+                break
         if reason is not None:
             self.scheduler.finish(seq, reason)
             del self._seqs[seq.request_id]
+            self._forget_drafts(seq)
             if det is not None:
                 det.flush()
         finished = reason is not None
         return RequestOutput(
-            request_id=seq.request_id, new_token_ids=[token],
+            request_id=seq.request_id, new_token_ids=new,
             new_text=det.take_delta(finished) if det is not None else "",
-            new_logprobs=[logprob] if logprob is not None else [],
+            new_logprobs=new_lps,
             finished=finished, finish_reason=reason,
             num_prompt_tokens=seq.num_prompt_tokens, num_cached_tokens=seq.num_cached_tokens,
             num_output_tokens=seq.num_output_tokens,
@@ -221,12 +404,14 @@ class LLMEngine:
 
     # -- offline ------------------------------------------------------------------------------
     def generate(self, prompts: Seq[Seq[int]], params: SamplingParams | Seq[SamplingParams] | None = None,
-                 experts_per_token: int | None = None) -> list[RequestOutput]:
+                 experts_per_token: int | None = None, *, speculative: str | None = None,
+                 cache_salt: str | None = None) -> list[RequestOutput]:
         """Run every prompt to completion (continuous batching); final outputs in prompt order."""
         plist: list[SamplingParams] = (
             [params or SamplingParams()] * len(prompts) if params is None or isinstance(params, SamplingParams)
             else list(params))
-        ids = [self.add_request(p, sp, experts_per_token) for p, sp in zip(prompts, plist, strict=True)]
+        ids = [self.add_request(p, sp, experts_per_token, speculative=speculative, cache_salt=cache_salt)
+               for p, sp in zip(prompts, plist, strict=True)]
         final: dict[str, RequestOutput] = {}
         while len(final) < len(ids):
             for o in self.step():

@@ -145,54 +145,78 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute(self, scheduled: Seq[ScheduledSequence]) -> torch.Tensor:
-        """Run one step; returns logits ``[S, vocab]`` for the sequences with ``samples`` set, in order."""
-        bs = self.block_size
-        input_ids: list[int] = []
-        positions: list[int] = []
-        slots: list[int] = []
-        starts = [0]
-        context_lens: list[int] = []
-        experts: list[int | None] = []
-        tables: list[list[int]] = []
-        last_rows: list[int] = []
+        """Run one step; returns logits for the sequences with ``samples`` set, in order: one row each, or
+        ``1 + num_spec`` rows for a sequence verifying ``num_spec`` speculative tokens (the rows of its last
+        known token and of each draft token)."""
+        spans = []
         for s in scheduled:
-            seq, begin, n = s.seq, s.start, s.num_new_tokens
-            end = begin + n
-            table = seq.block_table
-            input_ids.extend(seq.token_ids[begin:end])
-            if n == 1:
-                positions.append(begin)
-                slots.append(table[begin // bs] * bs + begin % bs)
-            else:
-                positions.extend(range(begin, end))
-                slots.extend(table[p // bs] * bs + p % bs for p in range(begin, end))
-            starts.append(starts[-1] + n)
-            context_lens.append(end)
-            experts.append(seq.experts_per_token)
-            tables.append(table)
-            if s.samples:
-                last_rows.append(starts[-1] - 1)
-        width = max(len(t) for t in tables)
-        ctx = AttentionContext(
-            is_prefill=any(s.num_new_tokens > 1 for s in scheduled),
-            query_start_loc=torch.tensor(starts, dtype=torch.long),
-            context_lens=torch.tensor(context_lens, dtype=torch.long),
-            slot_mapping=torch.tensor(slots, dtype=torch.long),
-            block_tables=torch.tensor([t + [-1] * (width - len(t)) for t in tables], dtype=torch.long),
-        )
-        return self.backend.forward(torch.tensor(input_ids, dtype=torch.long),
-                                    torch.tensor(positions, dtype=torch.long), ctx, self.kv_caches,
-                                    self._experts_arg(scheduled, experts),
-                                    torch.tensor(last_rows, dtype=torch.long))
+            seq = s.seq
+            real = s.num_new_tokens - s.num_spec
+            tokens = seq.token_ids[s.start:s.start + real]
+            if s.num_spec:
+                tokens = tokens + seq.spec_token_ids[:s.num_spec]
+            rows = (1 + s.num_spec) if s.samples else 0
+            spans.append(Span(tokens, s.start, seq.block_table, seq.experts_per_token, rows))
+        return run_spans(self.backend, self.kv_caches, self.block_size, spans)
 
-    @staticmethod
-    def _experts_arg(scheduled: Seq[ScheduledSequence],
-                     experts: list[int | None]) -> torch.Tensor | int | None:
-        """One int (or None = trained value) when the batch agrees, else a per-token tensor."""
-        first = experts[0]
-        if all(k == first for k in experts):
-            return first
-        if any(k is None for k in experts):
-            raise ValueError("mixed batches need an explicit experts_per_token on every sequence")
-        counts = torch.tensor([s.num_new_tokens for s in scheduled], dtype=torch.long)
-        return torch.repeat_interleave(torch.tensor(experts, dtype=torch.long), counts)
+
+class Span:
+    """``tokens`` at positions ``start ..`` of one sequence whose cache blocks are ``block_table``; the logits
+    of its last ``rows`` tokens come back."""
+
+    __slots__ = ("block_table", "experts", "rows", "start", "tokens")
+
+    def __init__(self, tokens: list[int], start: int, block_table: list[int], experts: int | None,
+                 rows: int) -> None:
+        self.tokens, self.start, self.block_table, self.experts, self.rows = tokens, start, block_table, experts, rows
+
+
+def run_spans(backend: DecodeBackend, kv_caches: list[KVCache], bs: int, spans: Seq[Span]) -> torch.Tensor:
+    """One flattened forward over ``spans`` (see `Span`) against a paged cache; logits of the asked rows."""
+    input_ids: list[int] = []
+    positions: list[int] = []
+    slots: list[int] = []
+    starts = [0]
+    context_lens: list[int] = []
+    experts: list[int | None] = []
+    tables: list[list[int]] = []
+    last_rows: list[int] = []
+    counts: list[int] = []
+    for sp in spans:
+        begin, n, table = sp.start, len(sp.tokens), sp.block_table
+        end = begin + n
+        input_ids.extend(sp.tokens)
+        if n == 1:
+            positions.append(begin)
+            slots.append(table[begin // bs] * bs + begin % bs)
+        else:
+            positions.extend(range(begin, end))
+            slots.extend(table[p // bs] * bs + p % bs for p in range(begin, end))
+        starts.append(starts[-1] + n)
+        context_lens.append(end)
+        experts.append(sp.experts)
+        tables.append(table)
+        counts.append(n)
+        if sp.rows:
+            last_rows.extend(range(starts[-1] - sp.rows, starts[-1]))
+    width = max(len(t) for t in tables)
+    ctx = AttentionContext(
+        is_prefill=any(c > 1 for c in counts),
+        query_start_loc=torch.tensor(starts, dtype=torch.long),
+        context_lens=torch.tensor(context_lens, dtype=torch.long),
+        slot_mapping=torch.tensor(slots, dtype=torch.long),
+        block_tables=torch.tensor([t + [-1] * (width - len(t)) for t in tables], dtype=torch.long),
+    )
+    return backend.forward(torch.tensor(input_ids, dtype=torch.long),
+                           torch.tensor(positions, dtype=torch.long), ctx, kv_caches,
+                           _experts_arg(counts, experts), torch.tensor(last_rows, dtype=torch.long))
+
+
+def _experts_arg(counts: list[int], experts: list[int | None]) -> torch.Tensor | int | None:
+    """One int (or None = trained value) when the batch agrees, else a per-token tensor."""
+    first = experts[0]
+    if all(k == first for k in experts):
+        return first
+    if any(k is None for k in experts):
+        raise ValueError("mixed batches need an explicit experts_per_token on every sequence")
+    return torch.repeat_interleave(torch.tensor(experts, dtype=torch.long), torch.tensor(counts, dtype=torch.long))

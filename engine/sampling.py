@@ -15,7 +15,7 @@ import torch
 
 from engine.sampling_params import SamplingParams, TokenLogprob
 
-__all__ = ["SamplingParams", "TokenLogprob", "make_generator", "sample"]
+__all__ = ["SamplingParams", "TokenLogprob", "filter_top_k_top_p", "make_generator", "sample"]
 
 
 def make_generator(seed: int | None) -> torch.Generator:
@@ -28,7 +28,7 @@ def make_generator(seed: int | None) -> torch.Generator:
     return gen
 
 
-def _filter_top_k_top_p(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
+def filter_top_k_top_p(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
     """logits [V] -> logits [V] with everything outside top-k / nucleus set to -inf."""
     if top_k > 0 and top_k < logits.shape[-1]:
         kth = torch.topk(logits, top_k).values[-1]
@@ -62,7 +62,7 @@ def sample(logits: torch.Tensor, params: list[SamplingParams], generators: list[
     for row, p in enumerate(params):
         if p.greedy:
             continue
-        row_logits = _filter_top_k_top_p(logits[row] / p.temperature, p.top_k, p.top_p)
+        row_logits = filter_top_k_top_p(logits[row] / p.temperature, p.top_k, p.top_p)
         probs = torch.softmax(row_logits, dim=-1)
         tokens[row] = int(torch.multinomial(probs, 1, generator=generators[row]).item())
     logprobs: list[TokenLogprob | None] = [None] * len(params)

@@ -15,6 +15,7 @@ anything web/db.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from engine.blocks import BlockAllocator, block_hash, prefix_root
@@ -27,18 +28,21 @@ class ScheduledSequence:
 
     ``samples`` is True when they reach the sequence's last known token, so the step
     yields its next token (False for a chunk of a longer prefill). Fixed at scheduling
-    time: it stays valid after ``Scheduler.advance``.
+    time: it stays valid after ``Scheduler.advance``. ``num_spec`` of the new tokens are
+    the sequence's speculative draft (``seq.spec_token_ids``), run after its last known
+    token to be verified.
     """
 
     seq: Sequence
     start: int
     num_new_tokens: int
     samples: bool
+    num_spec: int = 0
 
     @classmethod
-    def of(cls, seq: Sequence, num_new_tokens: int) -> ScheduledSequence:
+    def of(cls, seq: Sequence, num_new_tokens: int, num_spec: int = 0) -> ScheduledSequence:
         start = seq.num_computed_tokens
-        return cls(seq, start, num_new_tokens, start + num_new_tokens == seq.num_tokens)
+        return cls(seq, start, num_new_tokens, start + num_new_tokens - num_spec == seq.num_tokens, num_spec)
 
 
 @dataclass
@@ -98,10 +102,16 @@ class Scheduler:
             if n == 0:  # nothing to compute (cannot happen for an unfinished sequence)
                 i += 1
                 continue
-            if not self._grow(seq, n, out):
+            spec = len(seq.spec_token_ids)
+            if spec and (seq.num_uncomputed_tokens != 1 or 1 + spec > budget or self.allocator.blocks_needed(
+                    seq.num_tokens + spec) - len(seq.block_table) > self.allocator.num_free):
+                # drafts only ride on a plain decode, when the budget holds them all, and never preempt anyone
+                spec = 0
+                seq.spec_token_ids, seq.spec_probs = [], None
+            if not self._grow(seq, n + spec, out):
                 break  # seq itself was preempted; everything after it already was
-            out.scheduled.append(ScheduledSequence.of(seq, n))
-            budget -= n
+            out.scheduled.append(ScheduledSequence.of(seq, n + spec, spec))
+            budget -= n + spec
             i += 1
         if not out.preempted:
             self._admit(out, budget)
@@ -122,7 +132,8 @@ class Scheduler:
     def _admit(self, out: SchedulerOutput, budget: int) -> None:
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
-            hits = self.allocator.lookup_prefix(seq.token_ids, prefix_root(seq.experts_per_token))
+            seq.spec_token_ids, seq.spec_probs = [], None  # a fresh admission runs its prompt first
+            hits = self.allocator.lookup_prefix(seq.token_ids, prefix_root(seq.prefix_salt))
             computed = len(hits) * self.allocator.block_size
             n = min(seq.num_tokens - computed, budget)
             need = self.allocator.blocks_needed(computed + n) - len(hits)
@@ -145,7 +156,7 @@ class Scheduler:
         hashes: list[int] = []
         bs = self.allocator.block_size
         for i in range(num_blocks):
-            parent = hashes[-1] if hashes else prefix_root(seq.experts_per_token)
+            parent = hashes[-1] if hashes else prefix_root(seq.prefix_salt)
             hashes.append(block_hash(parent, seq.token_ids[i * bs:(i + 1) * bs]))
         return hashes
 
@@ -159,24 +170,42 @@ class Scheduler:
         out.preempted.append(seq)
 
     def _release(self, seq: Sequence) -> None:
+        seq.spec_token_ids, seq.spec_probs = [], None
         self.allocator.free(seq.block_table)
         seq.block_table = []
         seq.block_hashes = []
         seq.num_computed_tokens = 0
 
     # -- after the model ran ------------------------------------------------------------------
-    def advance(self, out: SchedulerOutput) -> None:
+    def advance(self, out: SchedulerOutput, accepted: Mapping[Sequence, int] | None = None) -> None:
         """Account for the tokens the step computed and publish newly full blocks to the cache.
 
-        Call after the model ran and before appending sampled tokens.
+        Call after the model ran and before appending sampled tokens. ``accepted``: for each
+        sequence that verified a draft, how many leading draft tokens were accepted. Only
+        those keep their K/V: the computed count rolls back past the rejected ones (their
+        slots are overwritten later), blocks beyond the next token are given back, and only
+        blocks made entirely of accepted tokens are published to the prefix cache.
         """
         bs = self.allocator.block_size
         for s in out.scheduled:
             seq = s.seq
-            seq.num_computed_tokens += s.num_new_tokens
+            tokens = seq.token_ids
+            if s.num_spec:
+                kept = (accepted or {}).get(seq, 0)
+                if not 0 <= kept <= s.num_spec:
+                    raise ValueError(f"accepted {kept} of {s.num_spec} draft tokens")
+                seq.num_computed_tokens += s.num_new_tokens - s.num_spec + kept
+                tokens = tokens + seq.spec_token_ids[:kept]
+                spare = seq.block_table[self.allocator.blocks_needed(seq.num_computed_tokens + 1):]
+                if spare:  # blocks that only held rejected drafts
+                    del seq.block_table[len(seq.block_table) - len(spare):]
+                    self.allocator.free(spare)
+                seq.spec_token_ids, seq.spec_probs = [], None
+            else:
+                seq.num_computed_tokens += s.num_new_tokens
             full = seq.num_computed_tokens // bs
             while len(seq.block_hashes) < full:
                 i = len(seq.block_hashes)
-                parent = seq.block_hashes[-1] if seq.block_hashes else prefix_root(seq.experts_per_token)
+                parent = seq.block_hashes[-1] if seq.block_hashes else prefix_root(seq.prefix_salt)
                 seq.block_hashes.append(
-                    self.allocator.register(seq.block_table[i], parent, seq.token_ids[i * bs:(i + 1) * bs]))
+                    self.allocator.register(seq.block_table[i], parent, tokens[i * bs:(i + 1) * bs]))

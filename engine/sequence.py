@@ -49,6 +49,10 @@ class Sequence:
     output_logprobs: list[TokenLogprob] = field(default_factory=list)
     sampler_state: Any = None
     detokenizer: Any = None
+    cache_salt: str | None = None       # e.g. the tenant: prefix-cache blocks are shared only within one salt
+    spec_token_ids: list[int] = field(default_factory=list)  # draft tokens to verify in the next step
+    spec_probs: Any = None              # the draft's distributions over them (None: a deterministic draft)
+    spec: Any = None                    # the engine's speculative-decoding state for this sequence
 
     def __post_init__(self) -> None:
         if not self.prompt_token_ids:
@@ -75,6 +79,11 @@ class Sequence:
     @property
     def num_uncomputed_tokens(self) -> int:
         return len(self.token_ids) - self.num_computed_tokens
+
+    @property
+    def prefix_salt(self) -> object:
+        """What besides the tokens decides this sequence's K/V or who may share them (see `prefix_root`)."""
+        return self.experts_per_token if self.cache_salt is None else (self.experts_per_token, self.cache_salt)
 
     @property
     def is_finished(self) -> bool:

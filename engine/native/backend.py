@@ -159,7 +159,8 @@ class NativeBackend:
         self.layers = [NativeLayer(layer, weights) for layer in model.model.layers]
         self.lm_head = _projection(weights, model.lm_head)
         self.one_call_gaps = [one_call.one_call_gap(layer.layer, weights) for layer in self.layers]
-        self._one_call: tuple[tuple[int, ...], ops.DecodeLayers | None] | None = None
+        # per set of cache tensors (the engine's, and a self-speculation drafter's own)
+        self._one_call: dict[tuple[int, ...], ops.DecodeLayers | None] = {}
 
     @property
     def weight_format(self) -> str:
@@ -211,9 +212,11 @@ class NativeBackend:
     def _decode_layers(self, caches: list[KVCache]) -> ops.DecodeLayers | None:
         """The one-call spec array over these cache tensors (built once per set of them), or None."""
         key = tuple(k.data_ptr() for k, _ in caches)
-        if self._one_call is None or self._one_call[0] != key:
-            self._one_call = (key, one_call.decode_layers(self.model, self.weights, caches))
-        return self._one_call[1]
+        if key not in self._one_call:
+            if len(self._one_call) >= 4:  # caches come and go with engines: keep the newest few
+                del self._one_call[next(iter(self._one_call))]
+            self._one_call[key] = one_call.decode_layers(self.model, self.weights, caches)
+        return self._one_call[key]
 
     def memory_bandwidth(self, gib: float = 1.0, repeats: int = 5) -> float:
         """Best-of-``repeats`` read rate (bytes/s) of a ``gib`` GiB fp32 buffer backed by huge pages as the packed

@@ -1,0 +1,273 @@
+"""Exact speculative decoding: the verify rule (greedy and rejection sampling, tested statistically), prompt
+lookup, the controller, and greedy identity with plain decoding for every proposer on every model family,
+through batched, chunked, block-crossing runs whose KV cache rollback must leave nothing behind."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from scipy.stats import chisquare
+
+from engine.engine import InvalidSpeculative, LLMEngine
+from engine.model import CausalLM, load_model
+from engine.sampling import SamplingParams
+from engine.speculative import SpecConfig, SpecState, prompt_lookup, target_probs, verify
+from tests.engine.hf_tiny import FAMILIES, build_hf_model, save_hf_model
+
+GREEDY = SamplingParams(temperature=0, max_tokens=24)
+# copy-friendly prompts (repeated phrases) so prompt lookup has something to propose, and a plain one
+PROMPTS = [
+    [5, 6, 7, 8, 9, 10, 5, 6, 7, 8, 9, 10, 5, 6, 7],
+    [20 + (i % 6) for i in range(22)],
+    [(7 * j) % 150 + 3 for j in range(9)],
+]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread() -> Iterator[None]:
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+# -- the verify rule ------------------------------------------------------------------------------
+def test_greedy_verify_accepts_the_matching_prefix_then_the_target_token() -> None:
+    logits = torch.full((4, 6), -1.0)
+    for row, best in enumerate([2, 4, 1, 5]):
+        logits[row, best] = 3.0
+    greedy = SamplingParams(temperature=0)
+    assert verify(logits, [2, 4, 1], greedy) == [2, 4, 1, 5]  # all accepted + bonus
+    assert verify(logits, [2, 3, 1], greedy) == [2, 4]  # first mismatch: the target's own token
+    assert verify(logits, [0, 4, 1], greedy) == [2]
+    assert verify(logits[:1], [], greedy) == [2]
+    with pytest.raises(ValueError):
+        verify(logits, [2], greedy)
+
+
+def _first_tokens(trials: int, p_logits: torch.Tensor, q: torch.Tensor | None, draft_of: Any,
+                  params: SamplingParams, position: int = 0, rule: Any = verify) -> list[int]:
+    """Token emitted at ``position`` over many seeded verify calls (drafts drawn from q, or given)."""
+    gen = torch.Generator().manual_seed(1234)
+    seen = []
+    for _ in range(trials):
+        draft = draft_of(gen)
+        out = rule(p_logits, draft, params, gen, q)
+        if len(out) > position:
+            seen.append(out[position])
+    return seen
+
+
+V = 5
+P_LOGITS = torch.tensor([[1.0, 0.2, -0.5, 0.7, 0.0], [0.1, 1.2, 0.3, -1.0, 0.4], [0.0, 0.0, 0.9, 0.2, -0.3]])
+SAMPLED = SamplingParams(temperature=0.9, top_p=1.0)
+
+
+def _chi2(samples: list[int], probs: torch.Tensor) -> float:
+    counts = torch.bincount(torch.tensor(samples), minlength=V).double()
+    expected = probs.double() / probs.double().sum() * counts.sum()
+    return float(chisquare(counts.numpy(), expected.numpy()).pvalue)
+
+
+def _always_accept(logits: torch.Tensor, draft: list[int], params: SamplingParams, gen: Any, q: Any) -> list[int]:
+    return [*draft, int(torch.multinomial(target_probs(logits, params)[-1], 1, generator=gen))]
+
+
+def test_rejection_sampling_preserves_the_target_distribution_with_a_model_draft() -> None:
+    p = target_probs(P_LOGITS, SAMPLED)
+    q = torch.softmax(torch.tensor([[0.0, 1.5, 0.0, -1.0, 1.0], [1.0, 0.0, 0.0, 0.5, -0.5]]), dim=-1)
+
+    def draw(gen: torch.Generator) -> list[int]:
+        return [int(torch.multinomial(q[i], 1, generator=gen)) for i in range(2)]
+
+    first = _first_tokens(6000, P_LOGITS, q, draw, SAMPLED)
+    assert len(first) == 6000
+    assert _chi2(first, p[0]) > 1e-3
+    # the rule is sharp enough to notice a wrong one: accepting every draft yields q, not p
+    assert _chi2(_first_tokens(6000, P_LOGITS, q, draw, SAMPLED, rule=_always_accept), p[0]) < 1e-6
+
+
+def test_rejection_sampling_is_exact_for_a_deterministic_draft_and_later_positions() -> None:
+    """Prompt lookup's drafts are fixed tokens (one-hot q). The token at position 1 given that position 0
+    accepted the draft must follow the target's row 1."""
+    p = target_probs(P_LOGITS, SAMPLED)
+    draft = [0, 1]  # row 0 likes token 0, row 1 likes token 1: both often accepted, not always
+    first = _first_tokens(6000, P_LOGITS, None, lambda g: draft, SAMPLED)
+    assert _chi2(first, p[0]) > 1e-3
+    gen = torch.Generator().manual_seed(99)
+    second = [out[1] for out in (verify(P_LOGITS, draft, SAMPLED, gen) for _ in range(8000)) if len(out) > 1]
+    assert len(second) > 2000
+    assert _chi2(second, p[1]) > 1e-3
+
+
+def test_verify_respects_top_k_filters() -> None:
+    params = SamplingParams(temperature=1.0, top_k=2)
+    gen = torch.Generator().manual_seed(5)
+    for _ in range(300):
+        out = verify(P_LOGITS, [2, 4], params, gen)  # neither draft is in its row's top 2
+        assert len(out) == 1 and out[0] in (0, 3)
+
+
+# -- prompt lookup and the controller ---------------------------------------------------------------
+def test_prompt_lookup_prefers_the_longest_then_latest_match() -> None:
+    assert prompt_lookup([1, 2, 3, 9, 2, 3, 7, 1, 2, 3], 2) == [9, 2]  # 3-gram [1,2,3] beats 2-gram at 4..5
+    assert prompt_lookup([4, 5, 6, 4, 5, 8, 4, 5], 3) == [8, 4, 5]  # equal length: the latest
+    assert prompt_lookup([1, 2, 3], 4) == []
+    assert prompt_lookup([1, 2, 1], 4, ngram_min=2) == []
+    assert prompt_lookup([7, 1, 2, 7], 5) == [1, 2, 7]
+
+
+def test_controller_adapts_the_draft_length_and_pauses_when_it_does_not_pay() -> None:
+    cfg = SpecConfig(initial_draft=4, max_draft=8, probe_verifies=3, cooldown_tokens=10)
+    st = SpecState("prompt_lookup", cfg.initial_draft)
+    st.record(4, 4, cfg, 1.1, 5)
+    assert st.k == 6
+    st.record(6, 1, cfg, 1.1, 7)
+    assert st.k == 2 and st.active(7)
+    st.record(2, 0, cfg, 1.5, 8)  # three verifies, still paying on average: keep going
+    assert st.active(8) and st.k == 1
+    bad = SpecState("draft", 4)
+    for n in range(3):
+        bad.record(4, 0, cfg, 1.5, 8 + n)  # one token per verify step, which costs 1.5 steps: pause
+    assert not bad.active(10) and not bad.active(19) and bad.active(20) and bad.pauses == 1
+    good = SpecState("draft", 4)
+    for n in range(6):
+        good.record(4, 4, cfg, 1.6, n * 5)
+    assert good.active(30) and good.pauses == 0 and good.acceptance_rate == 1.0
+
+
+# -- greedy identity through the engine, every proposer and family -------------------------------------
+class _Models(dict[str, tuple[CausalLM, Any]]):
+    """Tiny random models per family, built on first use (each test pays only for its own)."""
+
+    def __init__(self, factory: pytest.TempPathFactory) -> None:
+        super().__init__()
+        self.factory = factory
+
+    def __missing__(self, family: str) -> tuple[CausalLM, Any]:
+        path = save_hf_model(build_hf_model(family, seed=3), self.factory.mktemp(family))
+        self[family] = load_model(Path(path))
+        return self[family]
+
+
+@pytest.fixture(scope="module")
+def family_models(tmp_path_factory: pytest.TempPathFactory) -> _Models:
+    return _Models(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def other_draft(tmp_path_factory: pytest.TempPathFactory) -> CausalLM:
+    """A different small model with the same vocabulary: mostly wrong drafts (the rejection path)."""
+    path = save_hf_model(build_hf_model("llama", seed=17, num_hidden_layers=1), tmp_path_factory.mktemp("draft"))
+    return load_model(Path(path))[0]
+
+
+def _engine(model: CausalLM, config: Any, **kw: Any) -> LLMEngine:
+    opts: dict[str, Any] = dict(block_size=4, num_blocks=96, max_num_seqs=4, max_num_batched_tokens=16,
+                                eos_token_ids=())
+    opts.update(kw)
+    return LLMEngine(model, config, **opts)
+
+
+def _run(engine: LLMEngine, mode: str | None, params: SamplingParams = GREEDY) -> list[list[int]]:
+    outs = engine.generate(PROMPTS, params, speculative=mode)
+    assert engine.allocator.num_free == engine.allocator.num_blocks  # rollback leaves no block behind
+    for d in engine._drafters.values():
+        assert d.allocator.num_free == d.allocator.num_blocks
+    return [o.output_token_ids for o in outs]
+
+
+def _proposers(family: str) -> list[str]:
+    return ["prompt_lookup", "draft", "draft-other"] + (["self"] if family not in ("llama", "qwen2") else [])
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_greedy_speculation_equals_plain_decoding_for_every_proposer(family: str, family_models: Any,
+                                                                   other_draft: CausalLM) -> None:
+    model, config = family_models[family]
+    plain = _run(_engine(model, config), None)
+    for proposer in _proposers(family):
+        # "draft": the target itself as the draft model (always right: long accepted runs across blocks);
+        # "draft-other": an unrelated model (mostly rejected)
+        draft = other_draft if proposer == "draft-other" else model
+        engine = _engine(model, config, draft_model=draft,
+                         speculative=SpecConfig(probe_verifies=10_000))  # never pause: verify every step
+        drafted: list[SpecState] = []
+        original = engine.add_request
+
+        def spy(*a: Any, _orig: Any = original, _e: LLMEngine = engine, **kw: Any) -> str:
+            rid: str = _orig(*a, **kw)
+            drafted.append(_e._seqs[rid].spec)
+            return rid
+
+        engine.add_request = spy  # type: ignore[method-assign]
+        got = _run(engine, proposer.removesuffix("-other"))
+        assert got == plain, f"{family}/{proposer}"
+        assert sum(st.drafted for st in drafted) > 0, f"{family}/{proposer} never speculated"
+        if proposer in ("draft", "prompt_lookup"):
+            assert sum(st.accepted for st in drafted) > 0, f"{family}/{proposer} never accepted a draft"
+
+
+def test_prefix_cache_after_speculation_holds_only_accepted_tokens(family_models: Any) -> None:
+    """Blocks published while verifying drafts are reused by a later request, which must decode the same."""
+    model, config = family_models["mixtral"]
+    engine = _engine(model, config, draft_model=model)
+    first = engine.generate([PROMPTS[0]], GREEDY, speculative="draft")[0]
+    follow = [*PROMPTS[0], *first.output_token_ids[:17]]
+    again = engine.generate([follow], SamplingParams(temperature=0, max_tokens=8), speculative="draft")[0]
+    assert again.num_cached_tokens >= 28
+    plain = _engine(model, config).generate([follow], SamplingParams(temperature=0, max_tokens=8))[0]
+    assert again.output_token_ids == plain.output_token_ids
+
+
+def test_sampled_speculation_runs_and_respects_stop_rules(family_models: Any) -> None:
+    model, config = family_models["qwen3_moe"]
+    engine = _engine(model, config, draft_model=model)
+    params = SamplingParams(temperature=0.8, seed=7, max_tokens=20, logprobs=True, top_logprobs=2)
+    for mode in ("prompt_lookup", "draft", "self"):
+        outs = engine.generate(PROMPTS, params, speculative=mode)
+        for o in outs:
+            assert o.num_output_tokens == 20 and o.finish_reason == "length"
+            assert len(o.output_token_ids) == 20
+        assert engine.allocator.num_free == engine.allocator.num_blocks
+
+
+def test_min_tokens_and_stop_tokens_hold_under_speculation(family_models: Any) -> None:
+    model, config = family_models["llama"]
+    plain = _engine(model, config).generate(PROMPTS, GREEDY)
+    stop = plain[0].output_token_ids[5]
+    params = SamplingParams(temperature=0, max_tokens=24, stop_token_ids=(stop,))
+    spec = _engine(model, config, draft_model=model).generate(PROMPTS, params, speculative="draft")
+    ref = _engine(model, config).generate(PROMPTS, params)
+    assert [o.output_token_ids for o in spec] == [o.output_token_ids for o in ref]
+    assert spec[0].finish_reason == "stop" and spec[0].output_token_ids[-1] == stop
+
+
+def test_speculative_modes_are_validated(family_models: Any) -> None:
+    model, config = family_models["llama"]
+    engine = _engine(model, config)
+    with pytest.raises(InvalidSpeculative):
+        engine.add_request(PROMPTS[0], GREEDY, speculative="self")  # dense model
+    with pytest.raises(InvalidSpeculative):
+        engine.add_request(PROMPTS[0], GREEDY, speculative="draft")  # no draft model
+    with pytest.raises(InvalidSpeculative):
+        engine.add_request(PROMPTS[0], GREEDY, speculative="medusa")
+    with pytest.raises(ValueError):
+        SpecConfig(default="sometimes")
+
+
+def test_prefix_cache_is_isolated_per_salt(family_models: Any) -> None:
+    """Tenant B never hits tenant A's blocks; A hits its own."""
+    model, config = family_models["mixtral"]
+    engine = _engine(model, config, max_num_batched_tokens=64)
+    prompt = PROMPTS[1]
+    a1 = engine.generate([prompt], GREEDY, cache_salt="tenant-a")[0]
+    b1 = engine.generate([prompt], GREEDY, cache_salt="tenant-b")[0]
+    a2 = engine.generate([prompt], GREEDY, cache_salt="tenant-a")[0]
+    assert a1.num_cached_tokens == 0 and b1.num_cached_tokens == 0
+    assert a2.num_cached_tokens == 20
+    assert a1.output_token_ids == b1.output_token_ids == a2.output_token_ids
