@@ -239,6 +239,14 @@ class TiergateOptions(_Wire):
 
     pipeline: Literal["auto", "on", "off"] | bool = "auto"
     max_cost_usd: float | None = Field(None, gt=0, le=1e6)
+    # speculative decoding on the bundled engine (output-exact for greedy, distribution-preserving when
+    # sampling): true = auto, false = off; other providers ignore it
+    speculative: Literal["off", "auto", "prompt_lookup", "draft", "self"] | bool | None = None
+
+    @property
+    def speculative_mode(self) -> str | None:
+        s = self.speculative
+        return ("auto" if s else "off") if isinstance(s, bool) else s
 
 
 # -- the request ------------------------------------------------------------------------------

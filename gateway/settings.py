@@ -121,9 +121,15 @@ class Price(_Strict):
         return self.nanos(usage.prompt_tokens, usage.cached_tokens, usage.completion_tokens)
 
 
+SpeculativeMode = Literal["off", "auto", "prompt_lookup", "draft", "self"]
+
+
 class EngineKnobs(_Strict):
     experts_per_token: int | None = Field(None, ge=1)
     thinking_budget_tokens: int | None = Field(None, ge=0)
+    # speculative decoding for this tier on the bundled engine (None: the engine's default, off);
+    # a request's ``tiergate.speculative`` overrides it. draft needs the model's ``draft_model``.
+    speculative: SpeculativeMode | None = None
 
 
 class ModelSettings(_Strict):
@@ -148,6 +154,8 @@ class ModelSettings(_Strict):
     # Let clients send http(s) image URLs, which the upstream (or litellm, on this host) fetches.
     # Off: images must be inline data: URLs (a URL could point into the operator's network).
     remote_media: bool = False
+    # provider local: a draft model directory (same tokenizer) for speculative decoding with ``draft``
+    draft_model: str | None = Field(None, min_length=1)
 
     @model_validator(mode="after")
     def _needs_base(self) -> ModelSettings:

@@ -136,8 +136,11 @@ class ChatFlow:
                           prefs=principal.routing)
         check_context_window(self.settings, decision.models[0], body["messages"])
         tier = self.settings.tiers.get(decision.tier)  # type: ignore[call-overload]
+        asked = wire.tiergate.speculative_mode if wire.tiergate is not None else None
         options = CallOptions(experts_per_token=tier.engine.experts_per_token if tier else None,
-                              timeout_s=self.settings.server.request_timeout_s)
+                              timeout_s=self.settings.server.request_timeout_s,
+                              speculative=asked or (tier.engine.speculative if tier else None),
+                              cache_salt=principal.tenant_id)
         req = ChatRequest(request_id=request_id or new_request_id(), tenant_id=principal.tenant_id,
                           key_id=principal.key_id, decision=decision, options=options,
                           include_usage=wire.include_usage, allow_prompt_storage=principal.allow_prompt_storage)

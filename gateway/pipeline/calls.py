@@ -123,7 +123,8 @@ class StageCaller:
 
     def options(self, tier: str) -> CallOptions:
         knobs = self.settings.tiers[tier].engine  # type: ignore[index]
-        return CallOptions(experts_per_token=knobs.experts_per_token)
+        return CallOptions(experts_per_token=knobs.experts_per_token, speculative=knobs.speculative,
+                           cache_salt=self.accountant.ctx.tenant_id)
 
     def _billing(self, stage: Stage, tier: str, *, step_id: str | None, path: int | None,
                  round: int) -> tuple[OnAttempt, list[StageCall]]:

@@ -58,10 +58,14 @@ class Usage:
 
 @dataclass(frozen=True)
 class CallOptions:
-    """Per-call knobs the gateway sets (never the client): engine experts, timeouts."""
+    """Per-call knobs the gateway sets: engine experts, timeouts; for the local engine the speculative
+    mode (the tier's, or the client's validated ``tiergate.speculative``) and the prefix-cache salt (the
+    tenant: one tenant's cached prompt blocks are never served to another)."""
 
     experts_per_token: int | None = None
     timeout_s: float | None = None
+    speculative: str | None = None
+    cache_salt: str | None = None
 
 
 class ChunkStream(Protocol):

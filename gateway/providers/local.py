@@ -4,7 +4,9 @@ OpenAI chat body → chat template → token ids → the bundled engine (one `As
 per model directory, loaded on first use off the event loop, its step loop on a
 background thread) → OpenAI ``chat.completion`` dicts or ``chat.completion.chunk``
 streams with usage (prefix-cache hits reported as cached tokens), logprobs/top_logprobs
-and finish reasons. The expert count comes from `CallOptions`, never from the client.
+and finish reasons. The expert count comes from `CallOptions`, never from the client; so do
+the speculative mode (tier config, or the client's allow-listed ``tiergate.speculative``) and
+the prefix-cache salt (the tenant, so cached blocks never cross tenants).
 
 Imports the engine's public API, provider base, settings and errors only; nothing of
 FastAPI or the database.
@@ -37,7 +39,9 @@ EngineFactory = Callable[[Path, ModelSettings], AsyncLLMEngine]
 
 
 def default_engine_factory(path: Path, model: ModelSettings) -> AsyncLLMEngine:
-    return AsyncLLMEngine(LLMEngine.from_dir(path, max_model_len=model.context_window))
+    """``model.draft_model`` arrives resolved (absolute) from `LocalEngineProvider`."""
+    return AsyncLLMEngine(LLMEngine.from_dir(path, max_model_len=model.context_window,
+                                             draft_model_dir=model.draft_model))
 
 
 class LocalEngineProvider:
@@ -45,7 +49,7 @@ class LocalEngineProvider:
                  engine_factory: EngineFactory = default_engine_factory) -> None:
         self._base_dir = Path(base_dir if base_dir is not None else (settings.base_dir if settings else "."))
         self._factory = engine_factory
-        self._engines: dict[Path, AsyncLLMEngine] = {}
+        self._engines: dict[tuple[Path, Path | None], AsyncLLMEngine] = {}  # (model, draft model)
         self._lock = threading.Lock()
 
     # -- engines ------------------------------------------------------------------------------
@@ -55,14 +59,22 @@ class LocalEngineProvider:
 
     def _engine_sync(self, model: ModelSettings) -> AsyncLLMEngine:
         path = self.model_path(model)
+        draft = (self.model_path(model.model_copy(update={"model": model.draft_model}))
+                 if model.draft_model is not None else None)
+        key = (path, draft)
         with self._lock:
-            engine = self._engines.get(path)
+            engine = self._engines.get(key)
             if engine is None or not engine.is_running:
                 if not (path / "config.json").is_file():
                     raise UpstreamError(f"local model directory {model.model!r} has no config.json",
                                         retryable=False)
+                if draft is not None:
+                    if not (draft / "config.json").is_file():
+                        raise UpstreamError(f"draft model directory {model.draft_model!r} has no config.json",
+                                            retryable=False)
+                    model = model.model_copy(update={"draft_model": str(draft)})
                 engine = self._factory(path, model)
-                self._engines[path] = engine
+                self._engines[key] = engine
             return engine
 
     async def engine_for(self, model: ModelSettings) -> AsyncLLMEngine:
@@ -142,7 +154,8 @@ class LocalEngineProvider:
 async def _generate(engine: AsyncLLMEngine, prompt: list[int], params: SamplingParams,
                     options: CallOptions) -> AsyncGenerator[RequestOutput, None]:
     try:
-        async for out in engine.generate(prompt, params, options.experts_per_token):
+        async for out in engine.generate(prompt, params, options.experts_per_token,
+                                         speculative=options.speculative, cache_salt=options.cache_salt):
             yield out
     except PromptTooLong as err:
         raise InvalidRequest(str(err), param="messages", code="context_length_exceeded") from None

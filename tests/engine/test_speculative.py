@@ -199,9 +199,10 @@ def test_greedy_speculation_equals_plain_decoding_for_every_proposer(family: str
         drafted: list[SpecState] = []
         original = engine.add_request
 
-        def spy(*a: Any, _orig: Any = original, _e: LLMEngine = engine, **kw: Any) -> str:
+        def spy(*a: Any, _orig: Any = original, _e: LLMEngine = engine, _into: list[SpecState] = drafted,
+                **kw: Any) -> str:
             rid: str = _orig(*a, **kw)
-            drafted.append(_e._seqs[rid].spec)
+            _into.append(_e._seqs[rid].spec)
             return rid
 
         engine.add_request = spy  # type: ignore[method-assign]

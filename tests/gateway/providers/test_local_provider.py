@@ -232,3 +232,91 @@ async def test_timeouts_abort_the_request(provider, model) -> None:
     await blocker
     assert await engine.run_on_engine_thread(lambda e: (e.num_unfinished_requests, e.allocator.num_free)) == (
         0, engine.engine.allocator.num_blocks)
+
+
+LONG = [{"role": "system", "content": "Repeat the text back, fixing nothing."},
+        {"role": "user", "content": "the cat sat on the mat and the cat sat on the hat " * 2}]
+
+
+async def test_speculative_modes_give_the_plain_greedy_answer(provider, model, model_dir) -> None:
+    body = {**BODY, "messages": LONG, "max_tokens": 16}
+    plain = (await provider.complete(model, body))["choices"][0]["message"]["content"]
+    for mode in ("auto", "prompt_lookup", "self"):
+        resp = await provider.complete(model, body, CallOptions(speculative=mode))
+        assert resp["choices"][0]["message"]["content"] == plain, mode
+    with pytest.raises(InvalidRequest):  # no draft model configured for this model
+        await provider.complete(model, body, CallOptions(speculative="draft"))
+    drafted = ModelSettings(provider="local", model=model_dir.name, context_window=128, draft_model=model_dir.name)
+    resp = await provider.complete(drafted, body, CallOptions(speculative="draft"))
+    assert resp["choices"][0]["message"]["content"] == plain
+
+
+async def test_prefix_cache_hits_are_reported_per_tenant(provider, model) -> None:
+    body = {**BODY, "messages": LONG, "max_tokens": 2}
+    first = await provider.complete(model, body, CallOptions(cache_salt="tenant-a"))
+    again = await provider.complete(model, body, CallOptions(cache_salt="tenant-a"))
+    other = await provider.complete(model, body, CallOptions(cache_salt="tenant-b"))
+    assert first["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+    assert again["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
+    assert other["usage"]["prompt_tokens_details"]["cached_tokens"] == 0  # B never reads A's blocks
+
+
+@pytest.mark.integration
+def test_cached_tokens_reach_the_client_and_the_bill_per_tenant(model_dir: Path, tmp_path: Path) -> None:
+    """Through the gateway: tenant A's repeat shows cached_tokens and is billed at cached_input; tenant B
+    sending the same prompt gets no hit; ``tiergate.speculative`` is accepted and keeps the answer."""
+    from decimal import Decimal
+
+    import openai
+    import sqlalchemy as sa
+
+    from gateway.app import create_app
+    from gateway.auth import KeyStore, generate_key, hash_key
+    from gateway.db.models import LedgerEntryRow
+    from gateway.db.queries import add_api_key, create_tenant
+    from gateway.ledger import Ledger
+    from gateway.runtime import RuntimeParts
+    from gateway.settings import settings_from_dict
+    from tests.gateway.gateway_harness import make_database, served
+
+    url, sf, tenant_a, raw_a = make_database(tmp_path)
+    raw_b = generate_key()
+    with sf() as s, s.begin():
+        tenant_b = create_tenant(s, "globex").id
+        add_api_key(s, tenant_b, raw_b, hash_key(raw_b), name="b")
+    price = {"input": 1.0, "cached_input": 0.1, "output": 2.0}
+    local = {"provider": "local", "model": str(model_dir), "context_window": 256, "price": price}
+    tiers = {t: {"model": "local/tiny-moe"} for t in ("none", "minimal", "low", "medium", "high", "xhigh")}
+    settings = settings_from_dict({
+        "database": {"url_env": "TIERGATE_TEST_UNSET_DB_URL", "default_url": url},
+        "ledger": {"journal_dir": "journal", "flush_interval_ms": 5},
+        "models": {"local/tiny-moe": local}, "tiers": tiers}, base_dir=tmp_path)
+    ledger = Ledger(sf, tmp_path / "journal", flush_interval_ms=5)
+    ledger.start()
+    provider = LocalEngineProvider(settings)
+    app = create_app(settings, RuntimeParts(session_factory=sf, ledger=ledger, keys=KeyStore(sf), local_provider=provider))
+    try:
+        with served(app) as base:
+            a = openai.OpenAI(base_url=base, api_key=raw_a, max_retries=0)
+            b = openai.OpenAI(base_url=base, api_key=raw_b, max_retries=0)
+            kw: dict = dict(model="local/tiny-moe", messages=LONG, temperature=0, max_tokens=4)
+            a1 = a.chat.completions.create(**kw)
+            a2 = a.chat.completions.create(**kw, extra_body={"tiergate": {"speculative": "prompt_lookup"}})
+            b1 = b.chat.completions.create(**kw, extra_body={"tiergate": {"speculative": True}})
+            with pytest.raises(openai.BadRequestError):
+                a.chat.completions.create(**kw, extra_body={"tiergate": {"speculative": "medusa"}})
+        assert a1.choices[0].message.content == a2.choices[0].message.content == b1.choices[0].message.content
+        cached = [r.usage.prompt_tokens_details.cached_tokens for r in (a1, a2, b1)]  # type: ignore[union-attr]
+        assert cached[0] == 0 and cached[1] > 0 and cached[2] == 0
+        assert ledger.flush(10)
+        with sf() as s:
+            rows = sorted(s.scalars(sa.select(LedgerEntryRow)), key=lambda r: r.created_at)
+        assert [(r.tenant_id, r.cached_tokens) for r in rows] == [(tenant_a, 0), (tenant_a, cached[1]),
+                                                                   (tenant_b, 0)]
+        p, n = a2.usage.prompt_tokens, a2.usage.completion_tokens  # type: ignore[union-attr]
+        expected = (Decimal(p - cached[1]) * Decimal("1.0") + Decimal(cached[1]) * Decimal("0.1")
+                    + Decimal(n) * Decimal("2.0")) / Decimal(1_000_000)
+        assert rows[1].cost_usd == expected
+        assert rows[1].cost_usd < rows[0].cost_usd
+    finally:
+        ledger.stop()
