@@ -36,6 +36,7 @@ from engine.speculative import (
     SpecConfig,
     SpecCosts,
     SpecState,
+    SpecTotals,
     prompt_lookup,
     verify,
 )
@@ -129,6 +130,7 @@ class LLMEngine:
             (lambda ids: tokenizer.decode(ids)) if tokenizer is not None else None)
         self.spec_config = speculative or SpecConfig()
         self.spec_costs = SpecCosts(ema=self.spec_config.ema)
+        self.spec_totals: dict[str, SpecTotals] = {}
         self._draft_model = draft_model
         if draft_model is not None:
             draft_vocab = getattr(getattr(draft_model, "config", None), "vocab_size", None)
@@ -255,13 +257,13 @@ class LLMEngine:
 
     # -- one step -----------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
-        self._propose()
+        start = time.perf_counter()
+        drafting = self._propose()
         out = self.scheduler.schedule()
         if out.is_empty:
             if not out.preempted and self.scheduler.has_unfinished():
                 raise EngineError("the KV cache is too small for the next waiting request")
             return []
-        start = time.perf_counter()
         logits = self.runner.execute(out.scheduled)
         sampling = [s for s in out.scheduled if s.samples]
         if not sampling:
@@ -288,7 +290,7 @@ class LLMEngine:
                 emitted[i] = self._verify(s, logits[rows[i]:rows[i] + 1 + s.num_spec])
                 accepted[s.seq] = len(emitted[i][0]) - 1
         self.scheduler.advance(out, accepted)
-        self._record_costs(out.scheduled, accepted, time.perf_counter() - start)
+        self._record_costs(out.scheduled, accepted, time.perf_counter() - start - drafting)
         return [self._after_tokens(s.seq, toks, lps) for s, (toks, lps) in zip(sampling, emitted, strict=True)]
 
     def _suppressed(self, seq: Sequence, offset: int) -> tuple[int, ...]:
@@ -321,9 +323,11 @@ class LLMEngine:
                 lps[j] = TokenLogprob(t, float(lp[j, t]), top)
         return tokens, lps
 
-    def _propose(self) -> None:
-        """Give each decoding sequence that speculates a draft for the coming step (``seq.spec_token_ids``)."""
+    def _propose(self) -> float:
+        """Give each decoding sequence that speculates a draft for the coming step (``seq.spec_token_ids``);
+        returns the seconds spent drafting."""
         cfg = self.spec_config
+        spent = 0.0
         groups: dict[str, list[tuple[Sequence, int]]] = {}
         for seq in self.scheduler.running:
             st: SpecState | None = seq.spec
@@ -346,20 +350,33 @@ class LLMEngine:
                     for seq, k in items])
                 for (seq, _), (tokens, probs) in zip(items, drafts, strict=True):
                     seq.spec_token_ids, seq.spec_probs = tokens, probs
-            self.spec_costs.record_draft(proposer, (time.perf_counter() - start) / len(items))
+            seconds = time.perf_counter() - start
+            spent += seconds
+            self.spec_costs.record_draft(proposer, seconds / len(items),
+                                         sum(len(seq.spec_token_ids) for seq, _ in items) / len(items))
+        return spent
 
     def _record_costs(self, scheduled: list[ScheduledSequence], accepted: dict[Sequence, int],
                       seconds: float) -> None:
-        """Feed the step's cost and each verifying sequence's acceptance to the speculation controller.
+        """Feed the step's cost (all of it but drafting: scheduling, the model, sampling or verifying) and each
+        verifying sequence's acceptance to the speculation controller.
 
         Only all-decode steps are timed (a prefill chunk would swamp the comparison)."""
         if all(s.num_new_tokens - s.num_spec == 1 and s.samples for s in scheduled):
             per_seq = seconds / len(scheduled)
-            (self.spec_costs.record_verify if accepted else self.spec_costs.record_plain)(per_seq)
+            if accepted:
+                self.spec_costs.record_verify(per_seq, sum(s.num_spec for s in scheduled) / len(accepted))
+            else:
+                self.spec_costs.record_plain(per_seq)
         for s in scheduled:
             if s.num_spec:
                 st: SpecState = s.seq.spec
-                st.record(s.num_spec, accepted[s.seq], self.spec_config, self.spec_costs.ratio(st.proposer),
+                totals = self.spec_totals.setdefault(st.proposer, SpecTotals())
+                totals.verifies += 1
+                totals.drafted += s.num_spec
+                totals.accepted += accepted[s.seq]
+                totals.emitted += accepted[s.seq] + 1
+                st.record(s.num_spec, accepted[s.seq], self.spec_config, self.spec_costs,
                           s.seq.num_output_tokens + accepted[s.seq] + 1)
 
     def _after_tokens(self, seq: Sequence, tokens: list[int], logprobs: list[TokenLogprob | None]

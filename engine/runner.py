@@ -156,19 +156,26 @@ class ModelRunner:
             if s.num_spec:
                 tokens = tokens + seq.spec_token_ids[:s.num_spec]
             rows = (1 + s.num_spec) if s.samples else 0
-            spans.append(Span(tokens, s.start, seq.block_table, seq.experts_per_token, rows))
+            spans.append(Span(tokens, s.start, seq.block_table, seq.experts_per_token, rows,
+                              as_decode_rows=s.num_spec > 0))
         return run_spans(self.backend, self.kv_caches, self.block_size, spans)
 
 
 class Span:
     """``tokens`` at positions ``start ..`` of one sequence whose cache blocks are ``block_table``; the logits
-    of its last ``rows`` tokens come back."""
+    of its last ``rows`` tokens come back.
 
-    __slots__ = ("block_table", "experts", "rows", "start", "tokens")
+    ``as_decode_rows``: run the tokens as that many one-token rows sharing the block table, row ``i`` seeing
+    the cache up to its own position (every row's K/V is written before any row attends, in every backend),
+    so a few tokens (a speculative draft being verified) take the decode path, batched like decodes of
+    different sequences, rather than the prefill path built for long chunks."""
+
+    __slots__ = ("as_decode_rows", "block_table", "experts", "rows", "start", "tokens")
 
     def __init__(self, tokens: list[int], start: int, block_table: list[int], experts: int | None,
-                 rows: int) -> None:
+                 rows: int, as_decode_rows: bool = False) -> None:
         self.tokens, self.start, self.block_table, self.experts, self.rows = tokens, start, block_table, experts, rows
+        self.as_decode_rows = as_decode_rows
 
 
 def run_spans(backend: DecodeBackend, kv_caches: list[KVCache], bs: int, spans: Seq[Span]) -> torch.Tensor:
@@ -186,6 +193,18 @@ def run_spans(backend: DecodeBackend, kv_caches: list[KVCache], bs: int, spans: 
         begin, n, table = sp.start, len(sp.tokens), sp.block_table
         end = begin + n
         input_ids.extend(sp.tokens)
+        if sp.as_decode_rows and n > 1:
+            for p in range(begin, end):
+                positions.append(p)
+                slots.append(table[p // bs] * bs + p % bs)
+                starts.append(starts[-1] + 1)
+                context_lens.append(p + 1)
+                experts.append(sp.experts)
+                tables.append(table)
+                counts.append(1)
+            if sp.rows:
+                last_rows.extend(range(starts[-1] - sp.rows, starts[-1]))
+            continue
         if n == 1:
             positions.append(begin)
             slots.append(table[begin // bs] * bs + begin % bs)

@@ -16,10 +16,10 @@ keeps what the target would have produced itself:
 ``p`` is the same distribution plain sampling draws from: temperature, top-k and top-p applied by
 `engine.sampling`, with end-of-sequence ids suppressed where ``min_tokens`` asks.
 
-The per-sequence controller (`SpecState`) adapts the draft length (grow after a fully accepted draft, shrink
-to just past the first rejection) and switches speculation off for a while when the tokens a verify step
-yields do not pay for what the step costs more than a plain decode step (`SpecCosts`, measured by the
-engine), so a sequence the proposer cannot predict decodes at plain speed.
+The per-sequence controller (`SpecState`) picks the draft length that the measured costs (`SpecCosts`: plain
+step, verify step, drafting, timed by the engine) and the sequence's acceptance rate predict to be fastest,
+and switches speculation off for a while when even that is slower than plain decoding, so a sequence the
+proposer cannot predict decodes at plain speed.
 
 `ModelDrafter` runs a draft model (or the target at fewer experts) through the runner's `run_spans` over its
 own paged cache.
@@ -42,6 +42,7 @@ from engine.sampling import filter_top_k_top_p
 from engine.sampling_params import SamplingParams
 
 PROPOSERS = ("prompt_lookup", "draft", "self")
+DECODE_ROWS_MAX = 16  # a drafter's catch-up of at most this many tokens runs as decode rows (see `Span`)
 MODES = ("off", "auto", *PROPOSERS)
 
 
@@ -157,72 +158,134 @@ def prompt_lookup(tokens: Seq[int], k: int, ngram_max: int = 3, ngram_min: int =
 class SpecCosts:
     """Measured step costs (seconds, exponential moving averages) shared by the engine's sequences.
 
-    ``plain``: a step without drafts, per sequence in it. ``verify``: a step with drafts, per sequence in it.
-    ``draft[proposer]``: proposing, per sequence. The ratio ``(verify + draft) / plain`` is what a verify step
-    must beat in tokens to pay; until both are measured a prior is used.
+    ``plain``: a step without drafts, per sequence in it. ``verify``: a step with drafts, per sequence in it,
+    at a mean draft length ``verify_k``. ``draft_token[proposer]``: proposing, per draft token. From these,
+    `gain` predicts the speed of drafting ``k`` tokens at per-token acceptance ``alpha`` relative to plain
+    decoding (a verify step's cost grows linearly in ``k`` between the plain step and the measured one).
     """
 
     ema: float = 0.3
     plain: float | None = None
     verify: float | None = None
-    draft: dict[str, float] = field(default_factory=dict)
+    verify_k: float | None = None
+    draft_token: dict[str, float] = field(default_factory=dict)
+    sums: dict[str, list[float]] = field(default_factory=dict)  # key -> [count, total seconds], for reports
 
-    def _mix(self, old: float | None, new: float) -> float:
+    def _mix(self, old: float | None, new: float, key: str | None = None) -> float:
+        if key is not None:
+            acc = self.sums.setdefault(key, [0.0, 0.0])
+            acc[0] += 1
+            acc[1] += new
         return new if old is None else (1 - self.ema) * old + self.ema * new
 
+    def mean(self, key: str) -> float:
+        """Mean over everything recorded under ``key`` (``plain``, ``verify`` or ``draft:<proposer>``)."""
+        n, total = self.sums.get(key, (0.0, 0.0))
+        return total / n if n else math.nan
+
     def record_plain(self, seconds_per_seq: float) -> None:
-        self.plain = self._mix(self.plain, seconds_per_seq)
+        self.plain = self._mix(self.plain, seconds_per_seq, "plain")
 
-    def record_verify(self, seconds_per_seq: float) -> None:
-        self.verify = self._mix(self.verify, seconds_per_seq)
+    def record_verify(self, seconds_per_seq: float, draft_len: float) -> None:
+        self.verify = self._mix(self.verify, seconds_per_seq, "verify")
+        self.verify_k = self._mix(self.verify_k, draft_len)
 
-    def record_draft(self, proposer: str, seconds_per_seq: float) -> None:
-        self.draft[proposer] = self._mix(self.draft.get(proposer), seconds_per_seq)
+    def record_draft(self, proposer: str, seconds_per_seq: float, tokens_per_seq: float) -> None:
+        self._mix(None, seconds_per_seq, f"draft:{proposer}")
+        if tokens_per_seq > 0:
+            self.draft_token[proposer] = self._mix(self.draft_token.get(proposer), seconds_per_seq / tokens_per_seq)
 
-    def ratio(self, proposer: str) -> float:
-        """Cost of one verify step (plus drafting) in plain steps."""
-        prior = 1.1 if proposer == "prompt_lookup" else 1.6
-        if self.plain is None or self.verify is None or self.plain <= 0:
-            return prior
-        return (self.verify + self.draft.get(proposer, 0.0)) / self.plain
+    def gain(self, proposer: str, alpha: float, k: int) -> float | None:
+        """Predicted tokens/s of drafting ``k`` at acceptance ``alpha``, as a multiple of plain decoding; None
+        until a plain and a verify step have been measured."""
+        if self.plain is None or self.verify is None or self.verify_k is None or self.plain <= 0:
+            return None
+        per_row = max(self.verify - self.plain, 0.0) / max(self.verify_k, 1.0)
+        cost = self.plain + per_row * k + self.draft_token.get(proposer, 0.0) * k
+        tokens = k + 1.0 if alpha >= 1.0 else (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
+        return tokens * self.plain / cost
+
+    def best_k(self, proposer: str, alpha: float, k_min: int, k_max: int) -> tuple[int, float] | None:
+        """The draft length with the best predicted `gain`, and that gain (None while unmeasured)."""
+        best: tuple[int, float] | None = None
+        for k in range(k_min, k_max + 1):
+            g = self.gain(proposer, alpha, k)
+            if g is None:
+                return None
+            if best is None or g > best[1]:
+                best = (k, g)
+        return best
+
+
+@dataclass
+class SpecTotals:
+    """Engine-wide counts per proposer (for reports and benchmarks)."""
+
+    verifies: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    emitted: int = 0  # tokens out of verify steps (accepted drafts + one each)
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.drafted if self.drafted else math.nan
+
+    @property
+    def tokens_per_verify(self) -> float:
+        return self.emitted / self.verifies if self.verifies else math.nan
 
 
 @dataclass
 class SpecState:
-    """One sequence's speculation: its proposer, current draft length and acceptance record."""
+    """One sequence's speculation: its proposer, current draft length and acceptance record.
+
+    Acceptance is tracked as a per-token rate ``alpha`` (accepted drafts over accepted drafts plus
+    rejections, exponentially weighted), the geometric model behind the expected tokens of a draft. Once
+    costs are measured, the draft length is the one with the best predicted gain; when even that gain is
+    below 1 (after ``probe_verifies`` verify steps) speculation pauses, for longer each time. Before costs are
+    measured, the length grows by 2 after a fully accepted draft and shrinks to just past a rejection.
+    """
 
     proposer: str
     k: int
     verifies: int = 0
     drafted: int = 0
     accepted: int = 0
-    tokens_per_verify: float | None = None  # EMA of tokens emitted per verify step
+    successes: float = 0.0  # EMA counts behind alpha
+    failures: float = 0.0
     paused_until: int = 0  # output-token count before which speculation is off
     pauses: int = 0
+    last_gain: float | None = None
 
     def active(self, num_output_tokens: int) -> bool:
         return num_output_tokens >= self.paused_until
 
-    def record(self, drafted: int, accepted: int, config: SpecConfig, cost_ratio: float,
+    @property
+    def alpha(self) -> float:
+        total = self.successes + self.failures
+        return self.successes / total if total > 0 else 0.5
+
+    def record(self, drafted: int, accepted: int, config: SpecConfig, costs: SpecCosts,
                num_output_tokens: int) -> None:
         """After a verify step: adapt the draft length; pause when acceptance does not pay."""
         self.verifies += 1
         self.drafted += drafted
         self.accepted += accepted
-        gained = accepted + 1
-        self.tokens_per_verify = gained if self.tokens_per_verify is None else (
-            (1 - config.ema) * self.tokens_per_verify + config.ema * gained)
-        if accepted == drafted:
-            self.k = min(config.max_draft, self.k + 2)
-        else:
-            self.k = max(config.min_draft, accepted + 1)
-        if self.verifies >= config.probe_verifies and self.tokens_per_verify < cost_ratio:
+        keep = 1 - config.ema
+        self.successes = keep * self.successes + accepted
+        self.failures = keep * self.failures + (1 if accepted < drafted else 0)
+        best = costs.best_k(self.proposer, self.alpha, config.min_draft, config.max_draft)
+        if best is None:
+            self.k = min(config.max_draft, self.k + 2) if accepted == drafted else max(config.min_draft, accepted + 1)
+            return
+        self.k, self.last_gain = best
+        if self.verifies >= config.probe_verifies and self.last_gain < 1.0:
             self.pauses += 1
             # back off longer each time it does not pay
             self.paused_until = num_output_tokens + config.cooldown_tokens * (1 << min(self.pauses - 1, 4))
             self.k = config.min_draft
             self.verifies = 0
-            self.tokens_per_verify = None
+            self.successes = self.failures = 0.0
 
     @property
     def acceptance_rate(self) -> float:
@@ -291,7 +354,9 @@ class ModelDrafter:
             if need > 0:
                 st.block_table.extend(self.allocator.allocate(need))
             live.append(i)
-            spans.append(Span(r.tokens[valid:], valid, st.block_table, self.experts_per_token, 1))
+            catch_up = r.tokens[valid:]
+            spans.append(Span(catch_up, valid, st.block_table, self.experts_per_token, 1,
+                              as_decode_rows=len(catch_up) <= DECODE_ROWS_MAX))
         if not live:
             return out
         drafts: dict[int, list[int]] = {i: [] for i in live}

@@ -1,25 +1,71 @@
 """`tiergate bench engine`: the local engine vs HF transformers, memory-bandwidth use, batching
-scale-up and k=1 vs the trained k. The measurements live in engine.bench; this picks the sizes."""
+scale-up, k=1 vs the trained k, speculative decoding (f) and the prefix cache (g). The measurements
+live in engine.bench; this picks the sizes and prices (g)'s tokens with the ledger's own rule."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import replace
 from pathlib import Path
 
+PARTS = ("a", "b", "c", "d", "f", "g")
+
 
 def run(*, quick: bool, threads: int | None, decode_tokens: int | None, repeats: int, demo: Path,
-        data_dir: Path, ppl_windows: int, skip_random: bool, echo: Callable[[str], None]) -> None:
+        data_dir: Path, ppl_windows: int, skip_random: bool, echo: Callable[[str], None],
+        draft: Path | None = None, only: Collection[str] = PARTS, config: Path | None = None) -> None:
     import torch
 
-    from engine.bench import QUICK, BenchSizes, run_expert_count_bench, run_random_moe_bench
+    from engine.bench import (
+        QUICK,
+        BenchSizes,
+        run_expert_count_bench,
+        run_prefix_cache_bench,
+        run_random_moe_bench,
+        run_speculative_bench,
+    )
 
+    unknown = set(only) - set(PARTS)
+    if unknown:
+        raise ValueError(f"unknown bench parts {sorted(unknown)}; choose from {', '.join(PARTS)}")
     if threads:
         torch.set_num_threads(threads)
     sizes = QUICK if quick else BenchSizes()
     if decode_tokens:
         sizes = replace(sizes, decode_tokens=decode_tokens)
-    if not skip_random:
+    if not skip_random and set(only) & {"a", "b", "c", "d"}:
         run_random_moe_bench(sizes, echo, repeats=repeats)
-    run_expert_count_bench(demo, data_dir, echo, decode_tokens=sizes.decode_tokens * 2,
-                           ppl_windows=ppl_windows, repeats=repeats)
+    if set(only) & {"a", "d"}:
+        run_expert_count_bench(demo, data_dir, echo, decode_tokens=sizes.decode_tokens * 2,
+                               ppl_windows=ppl_windows, repeats=repeats)
+    if "f" in only:
+        echo("(f) speculative decoding, batch 1, greedy (machine shared: figures are noisy)")
+        run_speculative_bench(demo, draft, echo, decode_tokens=sizes.decode_tokens * (3 if quick else 4),
+                              repeats=repeats)
+    if "g" in only:
+        row = run_prefix_cache_bench(demo, echo, repeats=repeats)
+        if row is not None:
+            _price_prefix_hit(row.prompt_tokens, row.cached_tokens, demo, config, echo)
+
+
+def _price_prefix_hit(prompt_tokens: int, cached_tokens: int, demo: Path, config: Path | None,
+                      echo: Callable[[str], None]) -> None:
+    """(g)'s cost as the ledger books it: the model's configured price, cached tokens at ``cached_input``."""
+    from gateway.money import format_usd
+    from gateway.settings import ConfigError, load_settings
+
+    try:
+        settings = load_settings(config)
+    except ConfigError as err:
+        echo(f"(g) ledger cost skipped: {err}")
+        return
+    for name, model in settings.models.items():
+        if model.provider == "local" and (Path(settings.base_dir) / model.model).resolve() == demo.resolve():
+            price = model.price
+            hit = price.nanos(prompt_tokens, cached_tokens, 1)
+            cold = price.nanos(prompt_tokens, 0, 1)
+            echo(f"(g) ledger cost of that request on {name} (input {price.input}, cached_input "
+                 f"{price.cached_input}, output {price.output} USD/1M): {format_usd(hit)} with {cached_tokens} cached "
+                 f"tokens vs {format_usd(cold)} cold -> {hit / cold:.0%}")
+            return
+    echo(f"(g) ledger cost skipped: no local model in the config points at {demo}")
