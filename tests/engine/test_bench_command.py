@@ -31,3 +31,25 @@ def test_bench_engine_quick_prints_every_figure() -> None:
                    r"\(a\) demo model batch-1 decode, fp32 compute .* ratio [\d.]+x",
                    r"\(d\) demo model k=1 .* ceiling [\d.]+x.* held-out perplexity k=1 [\d.]+ vs k=2 [\d.]+"):
         assert re.search(figure, out), f"missing {figure!r} in:\n{out}"
+
+
+def test_bench_engine_speculative_and_prefix_cache_parts() -> None:
+    """(f) and (g) alone: every proposer on both workloads against plain decoding in the same run, with
+    acceptance and the cost bound; the prefix-cache TTFT ratio and its ledger price."""
+    done = subprocess.run(
+        [sys.executable, "-c", "from gateway.cli import main; main()", "bench", "engine", "--quick", "--threads", "1",
+         "--repeats", "1", "--decode-tokens", "8", "--only", "f,g"],
+        cwd=ROOT, capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = done.stdout
+    for workload in ("copy-heavy", "free generation"):
+        assert re.search(rf"\(f\) {workload}: plain decoding [\d.]+ tok/s", out), out
+        for mode in ("prompt_lookup", "draft", "self"):
+            assert re.search(rf"\(f\) {workload}, {mode}: [\d.]+ tok/s -> ratio [\d.]+x vs plain .* acceptance "
+                             r"\d+%, [\d.]+ tokens/verify; .* bound [\d.]+x", out), f"{workload}/{mode}:\n{out}"
+    assert re.search(r"\(g\) prefix cache: .* 1000-token prompt sharing 90% .* \((\d+) tokens cached\) vs cold "
+                     r"[\d.]+ ms -> \d+% of cold", out), out
+    assert re.search(r"\(g\) ledger cost of that request on demo-moe .* with \d+ cached tokens vs [\d.]+ cold", out), out
+    bad = subprocess.run([sys.executable, "-c", "from gateway.cli import main; main()", "bench", "engine",
+                          "--only", "z"], cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
+    assert bad.returncode != 0 and "unknown bench parts" in bad.stderr
