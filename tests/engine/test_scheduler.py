@@ -156,3 +156,47 @@ def test_scheduler_blocks_and_sequence_run_without_torch() -> None:
                           cwd=Path(__file__).resolve().parents[2])
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == "0"
+
+
+def test_rejected_draft_tokens_roll_back_computed_count_blocks_and_cache() -> None:
+    """A decode carrying 6 draft tokens over block boundaries; 2 accepted: the computed count covers only
+    the accepted ones, blocks that held only rejected tokens go back, and only blocks made entirely of
+    accepted tokens are published to the prefix cache."""
+    alloc = BlockAllocator(num_blocks=16, block_size=4)
+    sched = Scheduler(alloc, max_num_seqs=2, max_num_batched_tokens=32)
+    seq = Sequence("r", list(range(1, 7)), SamplingParams(), arrival=0)  # 6 prompt tokens
+    sched.add(seq)
+    out = sched.schedule()
+    sched.advance(out)
+    seq.append_token(50)  # 7 tokens, 6 computed
+    seq.spec_token_ids = [51, 52, 53, 54, 55, 56]
+    out = sched.schedule()
+    (s,) = out.scheduled
+    assert (s.start, s.num_new_tokens, s.num_spec, s.samples) == (6, 7, 6, True)
+    assert len(seq.block_table) == 4  # positions 0..12
+    free_before = alloc.num_free
+    sched.advance(out, {seq: 2})  # 51, 52 accepted; 53.. rejected
+    assert seq.num_computed_tokens == 9 and seq.spec_token_ids == []
+    assert len(seq.block_table) == 3 and alloc.num_free == free_before + 1  # room for token 9 (the bonus) only
+    assert len(seq.block_hashes) == 2  # blocks [1..4] and [5, 6, 50, 51]; block 2 holds 52 + rejected slots
+    assert alloc.lookup_prefix([1, 2, 3, 4, 5, 6, 50, 51, 52]) == seq.block_table[:2]
+    assert alloc.lookup_prefix([1, 2, 3, 4, 5, 6, 50, 53, 0]) == seq.block_table[:1]
+    for token in (51, 52, 60):  # the engine appends the accepted drafts and the verify step's own token
+        seq.append_token(token)
+    seq.spec_token_ids = [1, 2]
+    bad = sched.schedule()
+    assert bad.scheduled[0].num_spec == 2
+    with pytest.raises(ValueError):
+        sched.advance(bad, {seq: 3})
+
+
+def test_drafts_are_dropped_rather_than_preempting_or_overrunning_the_budget() -> None:
+    alloc = BlockAllocator(num_blocks=3, block_size=4)
+    sched = Scheduler(alloc, max_num_seqs=2, max_num_batched_tokens=4)
+    seq = Sequence("r", [1, 2, 3], SamplingParams(), arrival=0)
+    sched.add(seq)
+    sched.advance(sched.schedule())
+    seq.append_token(9)
+    seq.spec_token_ids = [4, 5, 6, 7]  # 1 + 4 > the 4-token budget
+    (s,) = sched.schedule().scheduled
+    assert s.num_spec == 0 and s.num_new_tokens == 1 and seq.spec_token_ids == []
