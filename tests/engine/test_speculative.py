@@ -62,13 +62,13 @@ def _first_tokens(trials: int, p_logits: torch.Tensor, q: torch.Tensor | None, d
     return seen
 
 
-V = 5
+V = 5  # the verify tests' vocabulary
 P_LOGITS = torch.tensor([[1.0, 0.2, -0.5, 0.7, 0.0], [0.1, 1.2, 0.3, -1.0, 0.4], [0.0, 0.0, 0.9, 0.2, -0.3]])
 SAMPLED = SamplingParams(temperature=0.9, top_p=1.0)
 
 
 def _chi2(samples: list[int], probs: torch.Tensor) -> float:
-    counts = torch.bincount(torch.tensor(samples), minlength=V).double()
+    counts = torch.bincount(torch.tensor(samples), minlength=len(probs)).double()
     expected = probs.double() / probs.double().sum() * counts.sum()
     return float(chisquare(counts.numpy(), expected.numpy()).pvalue)
 
@@ -276,3 +276,39 @@ def test_prefix_cache_is_isolated_per_salt(family_models: Any) -> None:
     assert a1.num_cached_tokens == 0 and b1.num_cached_tokens == 0
     assert a2.num_cached_tokens == 20
     assert a1.output_token_ids == b1.output_token_ids == a2.output_token_ids
+
+
+@pytest.mark.slow
+def test_sampled_engine_output_follows_the_exact_model_distribution(tmp_path: Path) -> None:
+    """Through the whole engine (batched, paged, drafts verified by rejection sampling): the third sampled
+    and third sampled tokens' distributions over 2,000 seeded requests equal the model's exact marginals,
+    summed over every path before them, for every proposer. An 8-token vocabulary makes the sums exact."""
+    model, config = load_model(save_hf_model(build_hf_model("mixtral", seed=5, vocab_size=8), tmp_path / "t"))
+    draft = load_model(save_hf_model(build_hf_model("llama", seed=6, vocab_size=8, num_hidden_layers=1),
+                                     tmp_path / "d"))[0]
+    prompt = [1, 2, 3, 1, 2]
+    temperature = 1.3
+    with torch.inference_mode():
+        def probs(ids: list[int]) -> torch.Tensor:
+            logits = model(torch.tensor(ids), torch.arange(len(ids)), None, None, None)[-1]
+            return torch.softmax(logits.double() / temperature, dim=-1)
+
+        first = probs(prompt)
+        second = torch.zeros(8, dtype=torch.float64)
+        third = torch.zeros(8, dtype=torch.float64)
+        for a in range(8):
+            after_a = probs([*prompt, a])
+            second += first[a] * after_a
+            for b in range(8):
+                third += first[a] * after_a[b] * probs([*prompt, a, b])
+    n = 2000
+    params = [SamplingParams(temperature=temperature, seed=i, max_tokens=3, ignore_eos=True) for i in range(n)]
+    for mode in ("prompt_lookup", "draft", "self"):
+        engine = _engine(model, config, draft_model=draft, num_blocks=512, max_num_seqs=64,
+                         max_num_batched_tokens=512, speculative=SpecConfig(probe_verifies=10_000))
+        outs = engine.generate([prompt] * n, params, speculative=mode)
+        for position, exact in ((1, second), (2, third)):
+            pvalue = _chi2([o.output_token_ids[position] for o in outs], exact.float())
+            assert pvalue > 1e-3, (mode, position, pvalue)
+        totals = engine.spec_totals[mode]
+        assert 0 < totals.accepted < totals.drafted  # both the accept and the residual path ran
