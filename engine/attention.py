@@ -75,10 +75,37 @@ def plan_paged(ctx: AttentionContext, block_size: int) -> PagedPlan:
     return plan
 
 
+# -- int8 KV cache: each [D] row of a head is D int8 values and its fp32 scale (4 bytes) ------------------
+SCALE_BYTES = 4
+
+
+def kv_row_width(head_dim: int, dtype: torch.dtype) -> int:
+    """The cache's last dimension for ``head_dim``: room for the scale in an int8 cache."""
+    return head_dim + SCALE_BYTES if dtype == torch.int8 else head_dim
+
+
+def quantize_kv(x: torch.Tensor) -> torch.Tensor:
+    """[..., D] float -> [..., D + 4] int8: symmetric per-row int8 (absmax / 127) with the fp32 scale packed
+    into the last four bytes."""
+    scale = (x.abs().amax(dim=-1, keepdim=True).float() / 127.0).clamp_min(1e-12)
+    q = torch.round(x.float() / scale).clamp_(-127, 127).to(torch.int8)
+    return torch.cat([q, scale.contiguous().view(torch.int8)], dim=-1)
+
+
+def dequantize_kv(x: torch.Tensor) -> torch.Tensor:
+    """The inverse of `quantize_kv` (float32); float caches pass through unchanged."""
+    if x.dtype != torch.int8:
+        return x
+    scale = x[..., -SCALE_BYTES:].contiguous().view(torch.float32)
+    return x[..., :-SCALE_BYTES].float() * scale
+
+
 def write_kv(
     k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor
 ) -> None:
-    """Scatter new K/V [T, Hkv, D] into the paged cache at `slot_mapping` [T]."""
+    """Scatter new K/V [T, Hkv, D] into the paged cache at `slot_mapping` [T] (quantized for an int8 cache)."""
+    if k_cache.dtype == torch.int8:
+        k, v = quantize_kv(k), quantize_kv(v)
     num_blocks, block_size, n_kv, head_dim = k_cache.shape
     k_cache.view(num_blocks * block_size, n_kv, head_dim).index_copy_(0, slot_mapping, k.to(k_cache.dtype))
     v_cache.view(num_blocks * block_size, n_kv, head_dim).index_copy_(0, slot_mapping, v.to(v_cache.dtype))
@@ -119,10 +146,10 @@ def _gather_sequence(
     k_cache: torch.Tensor, v_cache: torch.Tensor, block_row: torch.Tensor, n_ctx: int, block_size: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
     blocks = block_row[: -(-n_ctx // block_size)]
-    n_kv, head_dim = k_cache.shape[2], k_cache.shape[3]
-    keys = k_cache.index_select(0, blocks).reshape(-1, n_kv, head_dim)[:n_ctx]
-    values = v_cache.index_select(0, blocks).reshape(-1, n_kv, head_dim)[:n_ctx]
-    return keys, values
+    n_kv, width = k_cache.shape[2], k_cache.shape[3]
+    keys = k_cache.index_select(0, blocks).reshape(-1, n_kv, width)[:n_ctx]
+    values = v_cache.index_select(0, blocks).reshape(-1, n_kv, width)[:n_ctx]
+    return dequantize_kv(keys), dequantize_kv(values)
 
 
 def _attend_one(
@@ -154,13 +181,13 @@ def _decode(
 ) -> torch.Tensor:
     assert plan.gather_blocks is not None
     batch, n_q, head_dim = q.shape
-    n_kv = k_cache.shape[2]
+    n_kv, width = k_cache.shape[2], k_cache.shape[3]
     group = n_q // n_kv
     flat_blocks = plan.gather_blocks.reshape(-1)  # index_select: no parallel region for small gathers
-    keys = (
-        k_cache.index_select(0, flat_blocks).view(batch, -1, n_kv, head_dim).transpose(1, 2)
-    )  # [B, Hkv, L, D]
-    values = v_cache.index_select(0, flat_blocks).view(batch, -1, n_kv, head_dim).transpose(1, 2)
+    keys = dequantize_kv(
+        k_cache.index_select(0, flat_blocks).view(batch, -1, n_kv, width)
+    ).transpose(1, 2)  # [B, Hkv, L, D]
+    values = dequantize_kv(v_cache.index_select(0, flat_blocks).view(batch, -1, n_kv, width)).transpose(1, 2)
     qg = q.view(batch, n_kv, group, head_dim)  # the G query heads of a KV head act as G queries
     o = F.scaled_dot_product_attention(
         qg, keys.to(q.dtype), values.to(q.dtype), attn_mask=plan.decode_mask(window), scale=scale

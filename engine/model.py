@@ -27,7 +27,14 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from engine.attention import AttentionContext, PagedPlan, causal_attention, paged_attention, plan_paged
+from engine.attention import (
+    AttentionContext,
+    PagedPlan,
+    causal_attention,
+    kv_row_width,
+    paged_attention,
+    plan_paged,
+)
 from engine.config import ModelConfig
 from engine.kernels import linear
 from engine.moe import DenseMLP, ExpertCount, SparseMoeBlock, build_sparse_moe, resolve_experts_per_token
@@ -182,12 +189,13 @@ class CausalLM(nn.Module):
         dtype: torch.dtype | None = None,
         device: torch.device | None = None,
     ) -> list[KVCache]:
-        """One (k_cache, v_cache) pair per layer, each [num_blocks, block_size, num_kv_heads, head_dim]."""
+        """One (k_cache, v_cache) pair per layer, each [num_blocks, block_size, num_kv_heads, head_dim]; for an
+        int8 cache each row is head_dim int8 values followed by its fp32 scale (see `engine.attention`)."""
         cfg = self.config
         reference = self.model.norm.weight  # never handed over to a backend (see `engine.native`)
         dtype = dtype or reference.dtype
         device = device or reference.device
-        shape = (num_blocks, block_size, cfg.num_key_value_heads, cfg.head_dim)
+        shape = (num_blocks, block_size, cfg.num_key_value_heads, kv_row_width(cfg.head_dim, dtype))
         return [
             (torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
             for _ in range(cfg.num_hidden_layers)

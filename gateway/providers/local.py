@@ -40,8 +40,11 @@ EngineFactory = Callable[[Path, ModelSettings], AsyncLLMEngine]
 
 def default_engine_factory(path: Path, model: ModelSettings) -> AsyncLLMEngine:
     """``model.draft_model`` arrives resolved (absolute) from `LocalEngineProvider`."""
+    import torch
+
     return AsyncLLMEngine(LLMEngine.from_dir(path, max_model_len=model.context_window,
-                                             draft_model_dir=model.draft_model))
+                                             draft_model_dir=model.draft_model,
+                                             kv_dtype=torch.int8 if model.kv_dtype == "int8" else None))
 
 
 class LocalEngineProvider:
@@ -49,7 +52,8 @@ class LocalEngineProvider:
                  engine_factory: EngineFactory = default_engine_factory) -> None:
         self._base_dir = Path(base_dir if base_dir is not None else (settings.base_dir if settings else "."))
         self._factory = engine_factory
-        self._engines: dict[tuple[Path, Path | None], AsyncLLMEngine] = {}  # (model, draft model)
+        # (model, draft model, KV dtype): one engine each
+        self._engines: dict[tuple[Path, Path | None, str], AsyncLLMEngine] = {}
         self._lock = threading.Lock()
 
     # -- engines ------------------------------------------------------------------------------
@@ -61,7 +65,7 @@ class LocalEngineProvider:
         path = self.model_path(model)
         draft = (self.model_path(model.model_copy(update={"model": model.draft_model}))
                  if model.draft_model is not None else None)
-        key = (path, draft)
+        key = (path, draft, model.kv_dtype)
         with self._lock:
             engine = self._engines.get(key)
             if engine is None or not engine.is_running:

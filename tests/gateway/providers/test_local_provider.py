@@ -320,3 +320,13 @@ def test_cached_tokens_reach_the_client_and_the_bill_per_tenant(model_dir: Path,
         assert rows[1].cost_usd < rows[0].cost_usd
     finally:
         ledger.stop()
+
+
+async def test_kv_dtype_int8_from_model_settings(provider, model, model_dir) -> None:
+    import torch
+
+    int8 = ModelSettings(provider="local", model=model_dir.name, context_window=128, kv_dtype="int8")
+    resp = await provider.complete(int8, {**BODY, "max_tokens": 4})
+    assert resp["usage"]["completion_tokens"] == 4
+    assert (await provider.engine_for(int8)).engine.runner.kv_caches[0][0].dtype == torch.int8
+    assert (await provider.engine_for(model)).engine.runner.kv_caches[0][0].dtype == torch.float32  # its own engine
