@@ -191,6 +191,8 @@ class LLMEngine:
                        cache_salt=cache_salt)
         if proposer is not None:
             seq.spec = SpecState(proposer, self.spec_config.initial_draft)
+            if self._start_off(proposer):
+                seq.spec.paused_until = self.limits.max_model_len  # plain decoding for this request
         seq.sampler_state = None if params.greedy else make_generator(params.seed)
         if self._decode is not None:
             seq.detokenizer = IncrementalDetokenizer(self._decode, prompt, params.stop)
@@ -226,6 +228,19 @@ class LLMEngine:
         if mode == "draft" and self._draft_model is None:
             raise InvalidSpeculative("this engine has no draft model")
         return mode
+
+    def _start_off(self, proposer: str) -> bool:
+        """Whether a new request should decode plainly because ``proposer`` does not pay on this engine (its
+        acceptance across requests and the measured costs predict a gain below 1 at the best draft length)."""
+        cfg = self.spec_config
+        totals = self.spec_totals.get(proposer)
+        if totals is None or totals.verifies < cfg.engine_probe_verifies:
+            return False
+        best = self.spec_costs.best_k(proposer, totals.alpha, cfg.min_draft, cfg.max_draft)
+        if best is None or best[1] >= 1.0:
+            return False
+        totals.skipped += 1
+        return totals.skipped % cfg.engine_probe_every != 0
 
     def drafter(self, proposer: str) -> ModelDrafter:
         """The model drafter for ``draft`` or ``self`` (built, with its own KV cache, on first use)."""
@@ -383,6 +398,7 @@ class LLMEngine:
                 totals.verifies += 1
                 totals.drafted += s.num_spec
                 totals.accepted += accepted[s.seq]
+                totals.rejections += accepted[s.seq] < s.num_spec
                 totals.emitted += accepted[s.seq] + 1
                 st.record(s.num_spec, accepted[s.seq], self.spec_config, self.spec_costs,
                           s.seq.num_output_tokens + accepted[s.seq] + 1)

@@ -52,12 +52,16 @@ class SpecConfig:
 
     ``default``: the mode of requests that do not choose (``off``, ``auto`` = prompt lookup, or a proposer).
     Draft length starts at ``initial_draft`` and adapts within ``min_draft .. max_draft``. A sequence is judged
-    after ``probe_verifies`` verify steps; when its tokens per verify step fall below the measured cost ratio
-    of a verify step to a plain step, speculation pauses for ``cooldown_tokens`` tokens, then probes again.
+    after ``probe_verifies`` verify steps; when its predicted gain falls below 1, speculation pauses for
+    ``cooldown_tokens`` tokens (doubling each time), then probes again. Once a proposer has
+    ``engine_probe_verifies`` verify steps across the engine and its predicted gain there is below 1, new
+    requests start with it off, except one in ``engine_probe_every`` (which keeps the evidence fresh).
     """
 
     default: str = "off"
     initial_draft: int = 4
+    engine_probe_verifies: int = 32  # engine-wide evidence before new requests may start with speculation off
+    engine_probe_every: int = 8  # while it does not pay engine-wide, one request in this many still probes
     min_draft: int = 1
     max_draft: int = 8
     ngram_max: int = 3
@@ -224,7 +228,14 @@ class SpecTotals:
     verifies: int = 0
     drafted: int = 0
     accepted: int = 0
+    rejections: int = 0  # verify steps that rejected a draft token
     emitted: int = 0  # tokens out of verify steps (accepted drafts + one each)
+    skipped: int = 0  # requests started with speculation off because it did not pay engine-wide
+
+    @property
+    def alpha(self) -> float:
+        """Per-token acceptance (accepted over accepted plus rejections), the geometric model's rate."""
+        return self.accepted / (self.accepted + self.rejections) if self.accepted + self.rejections else math.nan
 
     @property
     def acceptance_rate(self) -> float:

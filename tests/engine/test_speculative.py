@@ -312,3 +312,26 @@ def test_sampled_engine_output_follows_the_exact_model_distribution(tmp_path: Pa
             assert pvalue > 1e-3, (mode, position, pvalue)
         totals = engine.spec_totals[mode]
         assert 0 < totals.accepted < totals.drafted  # both the accept and the residual path ran
+
+
+def test_new_requests_start_plain_while_a_proposer_does_not_pay_engine_wide(family_models: Any) -> None:
+    from engine.speculative import SpecTotals
+
+    model, config = family_models["mixtral"]
+    engine = _engine(model, config, draft_model=model)
+    engine.spec_costs.record_plain(1.0)
+    engine.spec_costs.record_verify(1.5, 4)
+    engine.spec_costs.record_draft("draft", 4.0, 4)
+    ids = [engine.add_request(PROMPTS[0], GREEDY, speculative="draft") for _ in range(3)]
+    assert all(engine._seqs[i].spec.active(0) for i in ids)  # no engine-wide evidence yet
+    engine.spec_totals["draft"] = SpecTotals(verifies=40, drafted=160, accepted=40, rejections=40)
+    ids = [engine.add_request(PROMPTS[0], GREEDY, speculative="draft") for _ in range(16)]
+    active = [engine._seqs[i].spec.active(0) for i in ids]
+    assert active.count(True) == 2 and active[7] and active[15]  # one in eight still probes
+    engine.spec_costs = SpecCosts()  # a cheaper draft, mostly accepted: it pays again
+    engine.spec_costs.record_plain(1.0)
+    engine.spec_costs.record_verify(1.5, 4)
+    engine.spec_costs.record_draft("draft", 1.6, 4)
+    engine.spec_totals["draft"] = SpecTotals(verifies=40, drafted=160, accepted=156, rejections=4)
+    assert all(engine._seqs[engine.add_request(PROMPTS[0], GREEDY, speculative="draft")].spec.active(0)
+               for _ in range(8))
