@@ -287,6 +287,9 @@ class Settings(_Strict):
             for model in (tier.model, *tier.fallbacks):
                 if model not in self.models:
                     raise ValueError(f"tiers.{name}: unknown model {model!r} (not under models:)")
+            target = self.models[tier.model]
+            if tier.engine.speculative == "draft" and target.provider == "local" and target.draft_model is None:
+                raise ValueError(f"tiers.{name}: engine.speculative 'draft' needs models.{tier.model}.draft_model")
         return self
 
     def tier_price(self, tier: str) -> Price:

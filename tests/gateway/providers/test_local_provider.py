@@ -330,3 +330,18 @@ async def test_kv_dtype_int8_from_model_settings(provider, model, model_dir) -> 
     assert resp["usage"]["completion_tokens"] == 4
     assert (await provider.engine_for(int8)).engine.runner.kv_caches[0][0].dtype == torch.int8
     assert (await provider.engine_for(model)).engine.runner.kv_caches[0][0].dtype == torch.float32  # its own engine
+
+
+def test_a_tier_drafting_without_a_draft_model_is_a_config_error(tmp_path: Path) -> None:
+    from gateway.settings import ConfigError, settings_from_dict
+
+    local = {"provider": "local", "model": "m"}
+    tiers = {t: {"model": "m"} for t in ("none", "minimal", "low", "medium", "high", "xhigh")}
+    settings_from_dict({"models": {"m": local}, "tiers": {**tiers, "low": {"model": "m", "engine": {
+        "speculative": "auto"}}}}, base_dir=tmp_path)
+    with pytest.raises(ConfigError, match="draft_model"):
+        settings_from_dict({"models": {"m": local}, "tiers": {**tiers, "low": {"model": "m", "engine": {
+            "speculative": "draft"}}}}, base_dir=tmp_path)
+    with pytest.raises(ConfigError):
+        settings_from_dict({"models": {"m": local}, "tiers": {**tiers, "low": {"model": "m", "engine": {
+            "speculative": "medusa"}}}}, base_dir=tmp_path)
