@@ -114,14 +114,15 @@ class LLMEngine:
 
     @classmethod
     def from_dir(cls, model_dir: str | Path, *, dtype: torch.dtype = torch.float32,
-                 num_threads: int | None = None, **kwargs: Any) -> LLMEngine:
-        """Load a model directory (config.json, safetensors, tokenizer.json) into a ready engine."""
+                 num_threads: int | None = None, quantization: str = "none", **kwargs: Any) -> LLMEngine:
+        """Load a model directory (config.json, safetensors, tokenizer.json) or a GGUF file into a ready
+        engine; ``quantization`` (none | q8_0 | q4_0) quantizes its matrices at load (`engine.quant`)."""
         from engine.model import load_model
         from engine.tokenizer import Tokenizer
 
         if num_threads:
             torch.set_num_threads(num_threads)
-        model, config = load_model(model_dir, dtype=dtype)
+        model, config = load_model(model_dir, dtype=dtype, quantization=quantization)
         tokenizer = Tokenizer.from_dir(model_dir)
         kwargs.setdefault("release_weights", True)  # the engine is the model's only holder
         return cls(model, config, tokenizer=tokenizer, dtype=dtype, **kwargs)
