@@ -32,7 +32,7 @@ from engine.config import ModelConfig
 from engine.kernels import linear
 from engine.moe import DenseMLP, ExpertCount, SparseMoeBlock, build_sparse_moe, resolve_experts_per_token
 from engine.norm import RMSNorm
-from engine.quant import QuantizedWeights, quantize_model
+from engine.quant import QuantizedWeights, check_scheme, quantize_model
 from engine.rope import RotaryEmbedding, apply_rotary, compute_inv_freq
 
 KVCache = tuple[torch.Tensor, torch.Tensor]
@@ -298,6 +298,7 @@ def load_model(
     (`engine.runner`). ``decode_layout`` is accepted for compatibility and has no effect."""
     from engine.weights import load_hf_weights  # weights imports model types; keep the cycle one-way
 
+    check_scheme(quantization)
     if str(model_dir).endswith(".gguf"):
         from engine.gguf import load_gguf_model
 

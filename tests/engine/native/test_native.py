@@ -149,7 +149,7 @@ def test_bf16_moe_equals_the_fp32_kernel_on_bf16_exact_weights() -> None:
     fp32 = ops.moe(x, router, ops.pack(gate_up), ops.pack(down), 2, None, True)
     bf16 = ops.moe(x, router, ops.pack(gate_up, bf16=True), ops.pack(down, bf16=True), 2, None, True)
     torch.testing.assert_close(bf16, fp32, rtol=1e-6, atol=1e-6)
-    with pytest.raises(ValueError, match="same element type"):
+    with pytest.raises(ValueError, match="same format"):
         ops.moe(x, router, ops.pack(gate_up, bf16=True), ops.pack(down), 2, None, True)
 
 
