@@ -120,12 +120,16 @@ def quantize_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return d, q.reshape(x.shape)
 
 
+def activations_as_seen(x: torch.Tensor) -> torch.Tensor:
+    """x [M, K] as the kernels use it: quantized per block and scaled back, in float64."""
+    d, q = quantize_activations(x)
+    return (q.double().reshape(*d.shape, BLOCK) * d.double()[..., None]).reshape(x.shape)
+
+
 def reference_linear(x: torch.Tensor, blocks: torch.Tensor, fmt: str, bias: torch.Tensor | None = None) -> torch.Tensor:
     """The oracle of the quantized kernels: x [M, K] quantized as the kernels do, times the dequantized weight,
     in float64 -> fp32 [M, N]."""
-    d, q = quantize_activations(x)
-    xs = (q.double().reshape(*d.shape, BLOCK) * d.double()[..., None]).reshape(x.shape)
-    y = xs @ dequantize(blocks, fmt).double().T
+    y = activations_as_seen(x) @ dequantize(blocks, fmt).double().T
     if bias is not None:
         y = y + bias.double()
     return y.float()

@@ -126,6 +126,15 @@ class EngineKnobs(_Strict):
     thinking_budget_tokens: int | None = Field(None, ge=0)
 
 
+class ModelEngineSettings(_Strict):
+    """How the bundled engine loads a ``provider: local`` model. ``quantization``: the weight format of its
+    matrices, applied at load from a bf16/fp32 checkpoint (``q8_0``: int8, ``q4_0``: 4-bit, in 32-element
+    blocks with a scale each, run on the engine's int8 kernels; ``none``: as stored). A GGUF file's Q8_0/Q4_0
+    tensors are used as they are whatever this says."""
+
+    quantization: Literal["none", "q8_0", "q4_0"] = "none"
+
+
 class ModelSettings(_Strict):
     """One upstream model. ``provider``: openai (any OpenAI-compatible server),
     litellm (any litellm provider string), local (the bundled engine)."""
@@ -148,6 +157,8 @@ class ModelSettings(_Strict):
     # Let clients send http(s) image URLs, which the upstream (or litellm, on this host) fetches.
     # Off: images must be inline data: URLs (a URL could point into the operator's network).
     remote_media: bool = False
+    # provider: local only: how the engine loads the weights (ModelEngineSettings)
+    engine: ModelEngineSettings = ModelEngineSettings()
 
     @model_validator(mode="after")
     def _needs_base(self) -> ModelSettings:

@@ -80,8 +80,10 @@ def serve_cmd(
     experts_per_token: int | None = typer.Option(None, "--experts-per-token",
                                                  help="experts each token uses (default: the trained value)"),
     threads: int | None = typer.Option(None, "--threads", help="torch intra-op threads (default: all cores)"),
+    quantization: str = typer.Option("none", "--quantization", help="none, q8_0 or q4_0: weights quantized at load"),
 ) -> None:
-    """Serve one local model: POST /v1/chat/completions (incl. streaming), GET /v1/models, /healthz."""
+    """Serve one local model (a directory or a .gguf file): POST /v1/chat/completions (incl. streaming),
+    GET /v1/models, /healthz."""
     import torch
     import uvicorn
 
@@ -89,6 +91,8 @@ def serve_cmd(
 
     if threads:
         torch.set_num_threads(threads)
+    if quantization not in ("none", "q8_0", "q4_0"):
+        raise typer.BadParameter("--quantization must be none, q8_0 or q4_0")
     app = create_engine_app(model, model_name=name, context_window=context_window,
-                            experts_per_token=experts_per_token)
+                            experts_per_token=experts_per_token, quantization=quantization)
     uvicorn.run(app, host=host, port=port, log_level="info")

@@ -37,7 +37,8 @@ EngineFactory = Callable[[Path, ModelSettings], AsyncLLMEngine]
 
 
 def default_engine_factory(path: Path, model: ModelSettings) -> AsyncLLMEngine:
-    return AsyncLLMEngine(LLMEngine.from_dir(path, max_model_len=model.context_window))
+    return AsyncLLMEngine(LLMEngine.from_dir(path, max_model_len=model.context_window,
+                                             quantization=model.engine.quantization))
 
 
 class LocalEngineProvider:
@@ -45,7 +46,7 @@ class LocalEngineProvider:
                  engine_factory: EngineFactory = default_engine_factory) -> None:
         self._base_dir = Path(base_dir if base_dir is not None else (settings.base_dir if settings else "."))
         self._factory = engine_factory
-        self._engines: dict[Path, AsyncLLMEngine] = {}
+        self._engines: dict[tuple[Path, str], AsyncLLMEngine] = {}  # (weights, quantization)
         self._lock = threading.Lock()
 
     # -- engines ------------------------------------------------------------------------------
@@ -55,14 +56,15 @@ class LocalEngineProvider:
 
     def _engine_sync(self, model: ModelSettings) -> AsyncLLMEngine:
         path = self.model_path(model)
+        key = (path, model.engine.quantization)
         with self._lock:
-            engine = self._engines.get(path)
+            engine = self._engines.get(key)
             if engine is None or not engine.is_running:
-                if not (path / "config.json").is_file():
-                    raise UpstreamError(f"local model directory {model.model!r} has no config.json",
-                                        retryable=False)
+                if not ((path / "config.json").is_file() or (path.suffix == ".gguf" and path.is_file())):
+                    raise UpstreamError(f"local model {model.model!r} is neither a directory with a config.json "
+                                        "nor a .gguf file", retryable=False)
                 engine = self._factory(path, model)
-                self._engines[path] = engine
+                self._engines[key] = engine
             return engine
 
     async def engine_for(self, model: ModelSettings) -> AsyncLLMEngine:
