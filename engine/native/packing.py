@@ -118,6 +118,8 @@ class PackedWeights:
                         p.data = torch.zeros(1, dtype=p.dtype, device=p.device).expand(p.shape)
                         owners.add(name)
         model.requires_grad_(False)  # an inference model now: nothing in it can be trained
+        if isinstance(getattr(model, "quantized", None), QuantizedWeights):
+            model.quantized = None  # its blocks were copied into the packed buffers: hold them once
         guarded = {".".join(parts[:i]) for name in owners for parts in [name.split(".")]
                    for i in range(len(parts) + 1)}  # each owner and every module around it
         for name, module in model.named_modules():

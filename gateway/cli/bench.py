@@ -72,15 +72,20 @@ def engine_bench(
     demo: str = typer.Option("engine/models/demo-moe", "--demo", help="demo model for part (d)"),
     data_dir: str = typer.Option("../shared/data", "--data-dir", help="held-out text for part (d)"),
     ppl_windows: int = typer.Option(8, "--ppl-windows", help="held-out windows for the perplexity in (d)"),
-    skip_random: bool = typer.Option(False, "--skip-random", help="run part (d) only"),
+    skip_random: bool = typer.Option(False, "--skip-random", help="run the demo-model parts only"),
+    quantization: bool = typer.Option(True, "--quantization/--no-quantization",
+                                      help="part (e): q8_0 / q4_0 decode and prefill vs the engine's bf16"),
+    prefill_tokens: int = typer.Option(256, "--prefill-tokens", help="prompt length of the prefill rows in (e)"),
 ) -> None:
-    """Engine speed vs HF transformers, memory-bandwidth use, batching scale-up, k=1 vs trained k."""
+    """Engine speed vs HF transformers, memory-bandwidth use, batching scale-up, k=1 vs trained k, and
+    quantized weights (q8_0, q4_0) vs bf16."""
     from pathlib import Path
 
     from gateway.bench.engine import run
 
     run(quick=quick, threads=threads, decode_tokens=decode_tokens, repeats=repeats, demo=Path(demo),
-        data_dir=Path(data_dir), ppl_windows=ppl_windows, skip_random=skip_random, echo=typer.echo)
+        data_dir=Path(data_dir), ppl_windows=ppl_windows, skip_random=skip_random, echo=typer.echo,
+        quantization=quantization, prefill_tokens=prefill_tokens)
 
 
 @app.command("ledger")
