@@ -335,6 +335,49 @@ static inline __attribute__((always_inline)) void qdot_tile(const uint8_t *w, in
     for (int m = 0; m < MQ; m++)
         if (m < mt) out[m] = hsum8(acc[m]);
 }
+
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+#define TG_VNNI 1
+/* QR weight rows by up to MQ tokens with VNNI: the activations are offset to unsigned (x + 128, one xor per
+ * token and block, shared by the rows) and multiplied by the signed weights directly; the offset's
+ * contribution, -128 * sum(w) per lane, is the accumulator each dot product starts from, computed once per
+ * row and block for all the tokens. The integer lane sums are those of dot_i8, so the results are too. */
+#ifndef QR
+#define QR 4 /* weight rows per VNNI tile */
+#endif
+static inline __attribute__((always_inline)) void qdot_rows(const uint8_t *w, int64_t row_bytes, int fmt, int64_t nb,
+                                                            const float *xd, const int8_t *xq, int64_t K,
+                                                            const int mt, float out[QR][MQ]) {
+    __m256 acc[QR][MQ];
+    for (int r = 0; r < QR; r++)
+        for (int m = 0; m < MQ; m++) acc[r][m] = _mm256_setzero_ps();
+    const int64_t bs = block_bytes(fmt);
+    const __m256i flip = _mm256_set1_epi8((char)0x80), zero = _mm256_setzero_si256();
+    for (int64_t b = 0; b < nb; b++) {
+        __m256 d[QR];
+        __m256i v[QR], c[QR];
+        for (int r = 0; r < QR; r++) {
+            const uint8_t *blk = w + r * row_bytes + b * bs;
+            uint16_t h;
+            memcpy(&h, blk, 2);
+            d[r] = _mm256_set1_ps(from_fp16(h));
+            v[r] = fmt == TG_Q8_0 ? _mm256_loadu_si256((const __m256i *)(blk + 2)) : q4_bytes(blk + 2);
+            c[r] = _mm256_sub_epi32(zero, _mm256_dpbusd_epi32(zero, flip, v[r]));
+        }
+        for (int m = 0; m < MQ; m++)
+            if (m < mt) {
+                const __m256i xv = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(xq + m * K + b * QK)), flip);
+                const __m256 dx = _mm256_set1_ps(xd[m * nb + b]);
+                for (int r = 0; r < QR; r++)
+                    acc[r][m] = _mm256_fmadd_ps(_mm256_mul_ps(d[r], dx),
+                                                _mm256_cvtepi32_ps(_mm256_dpbusd_epi32(c[r], xv, v[r])), acc[r][m]);
+            }
+    }
+    for (int r = 0; r < QR; r++)
+        for (int m = 0; m < MQ; m++)
+            if (m < mt) out[r][m] = hsum8(acc[r][m]);
+}
+#endif
 #else
 static inline void qdot_tile(const uint8_t *w, int fmt, int64_t nb, const float *xd, const int8_t *xq, int64_t K,
                              const int mt, float *out) {
@@ -374,7 +417,24 @@ static void qgemm_panels(const float *xd, const int8_t *xq, int64_t M, int64_t K
             const int mt = (int)(M - m0 < MQ ? M - m0 : MQ);
             const float *xdm = xd + m0 * nb;
             const int8_t *xqm = xq + m0 * K;
-            for (int64_t n = p * PANEL; n < n_end; n++) {
+            int64_t n = p * PANEL;
+#if defined(TG_VNNI)
+            for (; n + QR <= n_end; n += QR) {
+                float out[QR][MQ];
+                const uint8_t *w = W + n * row_bytes;
+                switch (mt) {
+                case 1: qdot_rows(w, row_bytes, fmt, nb, xdm, xqm, K, 1, out); break;
+                case 2: qdot_rows(w, row_bytes, fmt, nb, xdm, xqm, K, 2, out); break;
+                case 3: qdot_rows(w, row_bytes, fmt, nb, xdm, xqm, K, 3, out); break;
+                default: qdot_rows(w, row_bytes, fmt, nb, xdm, xqm, K, MQ, out); break;
+                }
+                for (int r = 0; r < QR; r++) {
+                    float b = bias ? bias[n + r] : 0.0f;
+                    for (int m = 0; m < mt; m++) y[(m0 + m) * ldy + n + r] = out[r][m] + b;
+                }
+            }
+#endif
+            for (; n < n_end; n++) {
                 float out[MQ];
                 const uint8_t *w = W + n * row_bytes;
                 switch (mt) { /* constant tile heights keep the accumulators in registers */
