@@ -56,7 +56,9 @@ def _gguf_name(hf: str) -> str:
     return f"blk.{m.group(1)}.{_LAYER[m.group(2)]}.{m.group(3)}"
 
 
-def hf_to_gguf(model_dir: Path, out: Path, qtype: str = "F32", output_qtype: str | None = None) -> Path:
+def hf_to_gguf(model_dir: Path, out: Path, qtype: str = "F32", output_qtype: str | None = None,
+               raw: dict[str, tuple[np.ndarray, str]] | None = None) -> Path:
+    """Write ``model_dir`` as GGUF at ``out``; ``raw`` replaces named tensors by given block bytes of a type."""
     import gguf
 
     cfg: dict[str, Any] = json.loads((model_dir / "config.json").read_text())
@@ -111,6 +113,10 @@ def hf_to_gguf(model_dir: Path, out: Path, qtype: str = "F32", output_qtype: str
         named.append((f"blk.{layer}.ffn_{part}_exps.weight", torch.stack([by_expert[e] for e in sorted(by_expert)])))
     tied = "output.weight" not in {n for n, _ in named}
     for name, t in named:
+        if raw and name in raw:
+            blocks, kind_name = raw[name]
+            writer.add_tensor(name, blocks, raw_dtype=getattr(gguf.GGMLQuantizationType, kind_name))
+            continue
         data = t.float().numpy()
         if data.ndim == 1 or "ffn_gate_inp" in name or (name == "token_embd.weight" and not tied):
             writer.add_tensor(name, data.astype(np.float32))

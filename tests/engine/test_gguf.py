@@ -13,6 +13,7 @@ import torch
 from engine.engine import LLMEngine
 from engine.gguf import GGUFError, load_gguf_model
 from engine.model import load_model
+from engine import quant
 from engine.quant import QuantizedWeights
 from engine.runner import pick_backend
 from engine.sampling_params import SamplingParams
@@ -110,6 +111,35 @@ def test_half_precision_gguf(tmp_path: Path, qtype: str) -> None:
     tol = 2e-3 if qtype == "F16" else 2e-2
     scale = _logits(ref).abs().max().item()
     torch.testing.assert_close(_logits(model), _logits(ref), rtol=0, atol=tol * scale)
+
+
+def test_k_quant_tensors_are_dequantized_and_run_as_q8_0(tmp_path: Path) -> None:
+    """A Q4_K tensor (no direct kernel): its values are the gguf package's dequantization, held as Q8_0 blocks."""
+    import gguf
+    import numpy as np
+
+    hf_dir = tmp_path / "hf"
+    build_hf_model("llama", seed=2, vocab_size=4096, hidden_size=256, intermediate_size=256,
+                   **_DEFAULT_ROPE).save_pretrained(hf_dir)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(DEMO / name, hf_dir / name)
+    rng = np.random.default_rng(0)
+    blocks = rng.integers(0, 256, size=(256, 144), dtype=np.uint8)  # 256 rows x one 256-element Q4_K block
+    blocks[:, 0:2] = np.frombuffer(np.float16(0.002).tobytes(), dtype=np.uint8)  # d
+    blocks[:, 2:4] = np.frombuffer(np.float16(0.001).tobytes(), dtype=np.uint8)  # dmin
+    path = hf_to_gguf(hf_dir, tmp_path / "model.gguf", "F32", raw={"blk.0.attn_output.weight": (blocks, "Q4_K")})
+    model, _ = load_gguf_model(path)
+    want = torch.from_numpy(gguf.quants.dequantize(blocks, gguf.GGMLQuantizationType.Q4_K).copy())
+    o_proj = model.model.layers[0].self_attn.o_proj.weight
+    assert model.quantized is not None
+    held = model.quantized.get(o_proj)
+    assert held is not None and held.fmt == "q8_0"
+    assert torch.equal(held.data, quant.quantize_q8_0(want))
+    torch.testing.assert_close(o_proj, held.dequantize(), rtol=0, atol=0)
+    assert float((o_proj.detach() - want).abs().max()) <= float(want.abs().max()) / 127  # Q8_0 of the Q4_K values
+    plain = _logits(model)
+    native = _native_logits(model)
+    assert float((native - plain).norm() / plain.norm()) < 0.05
 
 
 def test_gguf_tokenizer_and_engine_from_the_file(tmp_path: Path) -> None:
