@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from engine import quant
 from engine.engine import LLMEngine
 from engine.gguf import GGUFError, load_gguf_model
 from engine.model import load_model
-from engine import quant
 from engine.quant import QuantizedWeights
 from engine.runner import pick_backend
 from engine.sampling_params import SamplingParams
