@@ -238,6 +238,9 @@ static int clamp_threads(int nthreads, int64_t work) {
  * for 4 tokens at a time, so its weights stay in cache while every token passes over them.
  */
 #define MQ 4 /* tokens per quantized register tile */
+#ifndef QR
+#define QR 4 /* weight rows per VNNI / float-route tile */
+#endif
 
 static inline int64_t block_bytes(int fmt) { return fmt == TG_Q8_0 ? 2 + QK : 2 + QK / 2; }
 
@@ -342,9 +345,6 @@ static inline __attribute__((always_inline)) void qdot_tile(const uint8_t *w, in
  * token and block, shared by the rows) and multiplied by the signed weights directly; the offset's
  * contribution, -128 * sum(w) per lane, is the accumulator each dot product starts from, computed once per
  * row and block for all the tokens. The integer lane sums are those of dot_i8, so the results are too. */
-#ifndef QR
-#define QR 4 /* weight rows per VNNI tile */
-#endif
 static inline __attribute__((always_inline)) void qdot_rows(const uint8_t *w, int64_t row_bytes, int fmt, int64_t nb,
                                                             const float *xd, const int8_t *xq, int64_t K,
                                                             const int mt, float out[QR][MQ]) {
@@ -406,11 +406,102 @@ static inline void qdot_tile(const uint8_t *w, int fmt, int64_t nb, const float 
 }
 #endif
 
+#if TG_AVX512
+/* Prefill-sized products (at least QF_MIN tokens) take a float route to the same function: QR weight rows at
+ * a time are dequantized into fp32 rows (vectorised, once per call) and every token's activations as the int8
+ * route sees them (d * q, also once) are dotted with them 16 lanes at a time, QR rows by QF_M tokens per tile:
+ * 16 multiply-adds per 8 loads instead of the int8 route's per-block scaling. The two routes agree to fp32
+ * rounding (the int8 route's integer sums are exact; here the float sums are reordered). */
+#define QF_MIN 8
+#define QF_M 4
+
+static inline __m512 i8x16_to_ps(__m128i v) { return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(v)); }
+
+static void dequant_rows(const uint8_t *W, int fmt, int64_t row_bytes, int64_t K, int64_t n0, int rows, float *out) {
+    const int64_t nb = K / QK, bs = block_bytes(fmt);
+    for (int r = 0; r < rows; r++) {
+        const uint8_t *w = W + (n0 + r) * row_bytes;
+        float *dst = out + r * K;
+        for (int64_t b = 0; b < nb; b++, w += bs, dst += QK) {
+            uint16_t h;
+            memcpy(&h, w, 2);
+            const __m512 d = _mm512_set1_ps(from_fp16(h));
+            const __m256i q = fmt == TG_Q8_0 ? _mm256_loadu_si256((const __m256i *)(w + 2)) : q4_bytes(w + 2);
+            _mm512_storeu_ps(dst, _mm512_mul_ps(d, i8x16_to_ps(_mm256_castsi256_si128(q))));
+            _mm512_storeu_ps(dst + 16, _mm512_mul_ps(d, i8x16_to_ps(_mm256_extracti128_si256(q, 1))));
+        }
+    }
+}
+
+static inline __attribute__((always_inline)) void fdot_tile(const float *wr, const float *xr, int64_t K, const int mt,
+                                                            float out[QR][QF_M]) {
+    __m512 acc[QR][QF_M];
+    for (int r = 0; r < QR; r++)
+        for (int m = 0; m < QF_M; m++) acc[r][m] = _mm512_setzero_ps();
+    for (int64_t k = 0; k < K; k += 16) {
+        __m512 wv[QR];
+        for (int r = 0; r < QR; r++) wv[r] = _mm512_loadu_ps(wr + r * K + k);
+        for (int m = 0; m < QF_M; m++)
+            if (m < mt) {
+                const __m512 xv = _mm512_loadu_ps(xr + m * K + k);
+                for (int r = 0; r < QR; r++) acc[r][m] = _mm512_fmadd_ps(wv[r], xv, acc[r][m]);
+            }
+    }
+    for (int r = 0; r < QR; r++)
+        for (int m = 0; m < QF_M; m++)
+            if (m < mt) out[r][m] = _mm512_reduce_add_ps(acc[r][m]);
+}
+
+/* Row groups [p_begin, p_end) by the float route; -1 if its buffers could not be allocated. */
+static int qgemm_float(const float *xd, const int8_t *xq, int64_t M, int64_t K, const uint8_t *W, int fmt, int64_t N,
+                       const float *bias, float *y, int64_t ldy, int64_t p_begin, int64_t p_end) {
+    const int64_t nb = K / QK, row_bytes = nb * block_bytes(fmt);
+    float *xf = malloc(sizeof(float) * M * K), *wf = malloc(sizeof(float) * QR * K);
+    if (!xf || !wf) {
+        free(xf);
+        free(wf);
+        return -1;
+    }
+    for (int64_t i = 0; i < M * nb; i++) {
+        const __m512 d = _mm512_set1_ps(xd[i]);
+        const __m256i q = _mm256_loadu_si256((const __m256i *)(xq + i * QK));
+        _mm512_storeu_ps(xf + i * QK, _mm512_mul_ps(d, i8x16_to_ps(_mm256_castsi256_si128(q))));
+        _mm512_storeu_ps(xf + i * QK + 16, _mm512_mul_ps(d, i8x16_to_ps(_mm256_extracti128_si256(q, 1))));
+    }
+    const int64_t n_begin = p_begin * PANEL, n_end = p_end * PANEL < N ? p_end * PANEL : N;
+    for (int64_t n = n_begin; n < n_end; n += QR) {
+        const int rows = (int)(n_end - n < QR ? n_end - n : QR);
+        dequant_rows(W, fmt, row_bytes, K, n, rows, wf);
+        for (int r = rows; r < QR; r++) memset(wf + r * K, 0, sizeof(float) * K);
+        for (int64_t m0 = 0; m0 < M; m0 += QF_M) {
+            const int mt = (int)(M - m0 < QF_M ? M - m0 : QF_M);
+            float out[QR][QF_M];
+            switch (mt) {
+            case 1: fdot_tile(wf, xf + m0 * K, K, 1, out); break;
+            case 2: fdot_tile(wf, xf + m0 * K, K, 2, out); break;
+            case 3: fdot_tile(wf, xf + m0 * K, K, 3, out); break;
+            default: fdot_tile(wf, xf + m0 * K, K, QF_M, out); break;
+            }
+            for (int r = 0; r < rows; r++) {
+                const float b = bias ? bias[n + r] : 0.0f;
+                for (int m = 0; m < mt; m++) y[(m0 + m) * ldy + n + r] = out[r][m] + b;
+            }
+        }
+    }
+    free(xf);
+    free(wf);
+    return 0;
+}
+#endif
+
 /* Row groups [p_begin, p_end) (64 rows each) of y = x . W^T (+ bias) for all M tokens, x given quantized
  * (xd, xq from tg_quantize_rows_q8), W in `fmt` (Q8_0 or Q4_0) row-major blocks. */
 static void qgemm_panels(const float *xd, const int8_t *xq, int64_t M, int64_t K, const uint8_t *W, int fmt,
                          int64_t N, const float *bias, float *y, int64_t ldy, int64_t p_begin, int64_t p_end) {
     const int64_t nb = K / QK, row_bytes = nb * block_bytes(fmt);
+#if TG_AVX512
+    if (M >= QF_MIN && qgemm_float(xd, xq, M, K, W, fmt, N, bias, y, ldy, p_begin, p_end) == 0) return;
+#endif
     for (int64_t p = p_begin; p < p_end; p++) {
         int64_t n_end = (p + 1) * PANEL < N ? (p + 1) * PANEL : N;
         for (int64_t m0 = 0; m0 < M; m0 += MQ) {
