@@ -30,7 +30,7 @@ from torch import nn
 from engine.model import CausalLM, DecoderLayer
 from engine.moe import DenseMLP, SparseMoeBlock
 from engine.native import ops
-from engine.quant import QuantizedWeights
+from engine.quant import BLOCK, QuantizedMatrix, QuantizedWeights
 
 MIN_ROWS = 16  # fewer output rows than this: not worth a 64-row panel
 
@@ -80,6 +80,7 @@ class PackedWeights:
         quantized = getattr(model, "quantized", None)
         blocks = {id(w): q for w in matrices if isinstance(quantized, QuantizedWeights)
                   and (q := quantized.get(w)) is not None}
+        _one_format_per_expert_pair(model, blocks)
         plain = [w for w in matrices if id(w) not in blocks]
         with torch.no_grad():
             # bf16 panels when that loses nothing (a bf16 checkpoint loaded as fp32): half the bytes per step
@@ -126,6 +127,29 @@ class PackedWeights:
             if name in guarded:
                 module.register_forward_pre_hook(_refuse)
         self.released = True
+
+
+def _one_format_per_expert_pair(model: CausalLM, blocks: dict[int, QuantizedMatrix]) -> None:
+    """The fused MoE kernel takes both expert stacks in one format: where a checkpoint mixes them (a GGUF with
+    Q4_0 gate/up and Q8_0 or F16 down experts), both are held as Q8_0 blocks of their values, or, where a
+    stack's rows do not split into blocks, both stay panels."""
+    for layer in model.model.layers:
+        assert isinstance(layer, DecoderLayer)
+        mlp = layer.mlp
+        if not isinstance(mlp, SparseMoeBlock):
+            continue
+        pair = (mlp.experts.gate_up_proj, mlp.experts.down_proj)
+        found = [blocks.get(id(w)) for w in pair]
+        formats = {q.fmt if q is not None else None for q in found}
+        if len(formats) == 1:
+            continue
+        if all(w.shape[-1] % BLOCK == 0 for w in pair):
+            with torch.no_grad():
+                for w in pair:
+                    blocks[id(w)] = QuantizedMatrix.of(w.detach(), "q8_0")
+        else:
+            for w in pair:
+                blocks.pop(id(w), None)
 
 
 def _refuse(module: nn.Module, args: Any) -> None:

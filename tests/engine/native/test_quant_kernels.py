@@ -208,3 +208,25 @@ def test_quantized_demo_engine_native_and_fallback(scheme: str, monkeypatch: pyt
 def test_unknown_scheme_is_refused() -> None:
     with pytest.raises(quant.QuantizationError, match="q8_0"):
         load_model(DEMO, quantization="q3_k")
+
+
+def test_expert_stacks_in_two_formats_run_as_q8_0() -> None:
+    """A checkpoint whose expert stacks come in different formats (a GGUF with Q4_0 gate/up and Q8_0 down)
+    still runs the fused MoE kernel: both stacks are held as Q8_0 blocks of their values."""
+    model = _model(KINDS["mixtral_moe"][0], seed=5)
+    weights = quant.quantize_model(model, "q4_0")
+    assert weights is not None
+    experts = model.model.layers[0].mlp.experts
+    weights.add(experts.down_proj, quant.QuantizedMatrix.of(experts.down_proj, "q8_0"))
+    packed = PackedWeights(model, release=False)
+    gate_up, down = packed.get(experts.gate_up_proj), packed.get(experts.down_proj)
+    assert gate_up is not None and down is not None
+    assert gate_up.format_name == down.format_name == "q8_0"
+    from tests.engine.hf_tiny import PagedSequences
+
+    tokens = torch.tensor([3, 9, 27, 50, 1])
+    ctx, pos = PagedSequences(4, 4).step({0: len(tokens)})
+    with torch.inference_mode():
+        got = pick_backend(model).forward(tokens, pos, ctx, model.allocate_kv_cache(4, 4))
+        want = model(tokens, torch.arange(len(tokens)))
+    assert float((got - want).norm() / want.norm()) < 0.05
