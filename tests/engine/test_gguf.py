@@ -130,7 +130,7 @@ def test_k_quant_tensors_are_dequantized_and_run_as_q8_0(tmp_path: Path) -> None
     path = hf_to_gguf(hf_dir, tmp_path / "model.gguf", "F32", raw={"blk.0.attn_output.weight": (blocks, "Q4_K")})
     model, _ = load_gguf_model(path)
     want = torch.from_numpy(gguf.quants.dequantize(blocks, gguf.GGMLQuantizationType.Q4_K).copy())
-    o_proj = model.model.layers[0].self_attn.o_proj.weight
+    o_proj: torch.Tensor = model.get_parameter("model.layers.0.self_attn.o_proj.weight")
     assert model.quantized is not None
     held = model.quantized.get(o_proj)
     assert held is not None and held.fmt == "q8_0"

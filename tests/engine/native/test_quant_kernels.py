@@ -9,6 +9,8 @@ are checked on quantized weights; the plain-torch fallback runs the same quantiz
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 import torch
@@ -216,7 +218,7 @@ def test_expert_stacks_in_two_formats_run_as_q8_0() -> None:
     model = _model(KINDS["mixtral_moe"][0], seed=5)
     weights = quant.quantize_model(model, "q4_0")
     assert weights is not None
-    experts = model.model.layers[0].mlp.experts
+    experts: Any = model.model.layers[0].mlp.experts
     weights.add(experts.down_proj, quant.QuantizedMatrix.of(experts.down_proj, "q8_0"))
     packed = PackedWeights(model, release=False)
     gate_up, down = packed.get(experts.gate_up_proj), packed.get(experts.down_proj)
