@@ -6,7 +6,9 @@ Families (``general.architecture``): ``llama`` (dense Llama, or Mixtral when it 
 ``attn_output``, ``attn_{q,k}_norm``, ``ffn_norm``, ``ffn_{gate,up,down}`` (dense), ``ffn_gate_inp``
 (router), ``ffn_{gate,up,down}_exps`` (stacked experts), ``ffn_{gate,up,down}_shexp`` and
 ``ffn_gate_inp_shexp`` (Qwen2-MoE's shared expert). For ``llama`` the converter permutes the q and k rows
-for ggml's interleaved RoPE; they are permuted back here (whole rows, so block data too).
+for ggml's interleaved RoPE; they are permuted back here (whole rows, so block data too). Llama 3 RoPE
+scaling arrives as ``rope_freqs`` (per-frequency divisors of the base frequencies), applied to the loaded
+model's rotary frequencies.
 
 Tensor types: F32, F16, BF16 become the model's fp32 parameters; Q8_0 and Q4_0 are kept as their blocks
 (`engine.quant.QuantizedWeights`: the native kernels read them as they are, never requantized), with the
@@ -233,8 +235,13 @@ def load_gguf_model(path: str | Path, dtype: torch.dtype = torch.float32,
             tensor = _Tensor(raw)
             found = _targets(model, tensor.name)
             if found is None:
-                if tensor.name == "rope_freqs.weight":
-                    raise GGUFError("per-frequency RoPE factors (rope_freqs: Llama 3 scaling) are not supported")
+                if tensor.name == "rope_freqs.weight":  # Llama 3 RoPE scaling, as per-frequency divisors
+                    rotary = model.model.rotary_emb
+                    if tuple(tensor.values.shape) != tuple(rotary.inv_freq.shape):
+                        raise GGUFError(f"rope_freqs has shape {tuple(tensor.values.shape)}, expected "
+                                        f"{tuple(rotary.inv_freq.shape)}")
+                    rotary.inv_freq = rotary.inv_freq / tensor.values.to(rotary.inv_freq)
+                    continue
                 raise GGUFError(f"unexpected GGUF tensor {tensor.name!r} for a {config.model_type} model")
             target, param, index = found
             base = tensor.name.split(".")[2] if tensor.name.startswith("blk.") else ""

@@ -6,7 +6,8 @@ llama.cpp's ``convert_hf_to_gguf.py`` does for the engine's families (written he
   ``qwen2`` pre-tokenizer, vocabulary, merges, token types: the special tokens CONTROL);
 - tensor names per gguf's TENSOR_NAMES, per-expert tensors stacked into ``ffn_{gate,up,down}_exps``
   ``[E, I, H]``, the router and shared-expert gate ``ffn_gate_inp(_shexp)``;
-- Llama/Mixtral (arch ``llama``): q and k rows permuted for ggml's interleaved RoPE (``LlamaModel.permute``);
+- Llama/Mixtral (arch ``llama``): q and k rows permuted for ggml's interleaved RoPE (``LlamaModel.permute``),
+  Llama 3 RoPE scaling written as the ``rope_freqs`` tensor;
 - 1-D tensors and the routers stay F32 (as the converter keeps them); every other matrix is written in
   ``qtype`` (``F32``, ``F16``, ``BF16``, ``Q8_0``, ``Q4_0``), except ``token_embd`` (F32 here, unless the LM
   head is tied to it) and ``output`` (``output_qtype``: ``Q8_0`` with Q4_0 files, as llama-quantize keeps the output matrix higher),
@@ -44,6 +45,28 @@ def _permute(w: torch.Tensor, n_head: int, n_head_kv: int | None) -> torch.Tenso
     if n_head_kv is not None and n_head != n_head_kv:
         n_head = n_head_kv
     return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def _llama3_factors(cfg: dict[str, Any], rope: dict[str, Any]) -> torch.Tensor:
+    import math
+
+    base = rope.get("rope_theta", 10000.0)
+    dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+    freqs = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
+    factor, low, high = rope.get("factor", 8.0), rope.get("low_freq_factor", 1.0), rope.get("high_freq_factor", 4.0)
+    old_context_len = rope.get("original_max_position_embeddings", 8192)
+    low_wavelen, high_wavelen = old_context_len / low, old_context_len / high
+    factors = []
+    for freq in freqs:
+        wavelen = 2 * math.pi / freq
+        if wavelen < high_wavelen:
+            factors.append(1)
+        elif wavelen > low_wavelen:
+            factors.append(factor)
+        else:
+            smooth = (old_context_len / wavelen - low) / (high - low)
+            factors.append(1 / ((1 - smooth) / factor + smooth))
+    return torch.tensor(factors, dtype=torch.float32)
 
 
 def _gguf_name(hf: str) -> str:
@@ -109,6 +132,8 @@ def hf_to_gguf(model_dir: Path, out: Path, qtype: str = "F32", output_qtype: str
         elif arch == "llama" and ".self_attn.k_proj." in name:
             t = _permute(t, heads, kv_heads)
         named.append((_gguf_name(name), t))
+    if rope.get("rope_type") == "llama3":  # convert_hf_to_gguf's LlamaModel.generate_extra_tensors
+        named.append(("rope_freqs.weight", _llama3_factors(cfg, rope)))
     for (layer, part), by_expert in sorted(experts.items()):
         named.append((f"blk.{layer}.ffn_{part}_exps.weight", torch.stack([by_expert[e] for e in sorted(by_expert)])))
     tied = "output.weight" not in {n for n, _ in named}

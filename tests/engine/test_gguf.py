@@ -26,12 +26,12 @@ pytestmark = pytest.mark.slow  # ~50 s in all on a busy 2-core machine (transfor
 DEMO = Path(__file__).resolve().parents[2] / "engine" / "models" / "demo-moe"
 PROMPT = torch.tensor([5, 17, 42, 99, 3, 150, 8, 4000, 77])
 FAMILIES = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "llama", "qwen2")
-# llama3 RoPE scaling is written by the converter as a rope_freqs tensor, which the loader refuses
 _DEFAULT_ROPE = {"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}}
 
 
 def _hf_dir(tmp_path: Path, family: str) -> Path:
-    overrides = dict(vocab_size=4096, **(_DEFAULT_ROPE if family == "llama" else {}))
+    """The tiny HF model (the llama one has Llama 3 RoPE scaling: a rope_freqs tensor in its GGUF)."""
+    overrides = dict(vocab_size=4096)
     model = build_hf_model(family, seed=3, **overrides)
     out = tmp_path / f"hf-{family}"
     model.save_pretrained(out)
