@@ -153,15 +153,16 @@ class LLMEngine:
     @classmethod
     def from_dir(cls, model_dir: str | Path, *, dtype: torch.dtype = torch.float32,
                  num_threads: int | None = None, draft_model_dir: str | Path | None = None,
-                 **kwargs: Any) -> LLMEngine:
-        """Load a model directory (config.json, safetensors, tokenizer.json) into a ready engine;
+                 quantization: str = "none", **kwargs: Any) -> LLMEngine:
+        """Load a model directory (config.json, safetensors, tokenizer.json) or a GGUF file into a ready
+        engine; ``quantization`` (none | q8_0 | q4_0) quantizes its matrices at load (`engine.quant`);
         ``draft_model_dir``: a draft model for speculative decoding (loaded the same way)."""
         from engine.model import load_model
         from engine.tokenizer import Tokenizer
 
         if num_threads:
             torch.set_num_threads(num_threads)
-        model, config = load_model(model_dir, dtype=dtype)
+        model, config = load_model(model_dir, dtype=dtype, quantization=quantization)
         if draft_model_dir is not None:
             kwargs.setdefault("draft_model", load_model(draft_model_dir, dtype=dtype)[0])
         tokenizer = Tokenizer.from_dir(model_dir)

@@ -39,6 +39,7 @@ from engine.config import ModelConfig
 from engine.kernels import linear
 from engine.moe import DenseMLP, ExpertCount, SparseMoeBlock, build_sparse_moe, resolve_experts_per_token
 from engine.norm import RMSNorm
+from engine.quant import QuantizedWeights, check_scheme, quantize_model
 from engine.rope import RotaryEmbedding, apply_rotary, compute_inv_freq
 
 KVCache = tuple[torch.Tensor, torch.Tensor]
@@ -181,6 +182,9 @@ class CausalLM(nn.Module):
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
+        # Q8_0 / Q4_0 blocks of the matrices held quantized (`engine.quant`); their parameters hold the
+        # dequantized values, so this plain model computes the quantized model too
+        self.quantized: QuantizedWeights | None = None
 
     def allocate_kv_cache(
         self,
@@ -289,14 +293,27 @@ def load_model(
     dtype: torch.dtype = torch.float32,
     device: str | torch.device = "cpu",
     decode_layout: bool | None = None,
+    quantization: str = "none",
 ) -> tuple[CausalLM, ModelConfig]:
-    """Build the model for `model_dir/config.json` and load its safetensors weights (HF names).
+    """Build the model for `model_dir/config.json` and load its safetensors weights (HF names), or for a GGUF
+    file (`engine.gguf`: its own config, tokenizer and tensors, Q8_0 / Q4_0 kept as blocks).
+
+    ``quantization`` (``none`` | ``q8_0`` | ``q4_0``, see `engine.quant`) quantizes the matrices at load (a
+    fp32 ``dtype`` only); the native backend then runs them on its int8 kernels.
 
     The model comes back plain (pure torch, trainable) in eval mode. The fast inference layout is no
     longer applied here: an `LLMEngine` built on the model lets its runner prepare a backend for it
     (`engine.runner`). ``decode_layout`` is accepted for compatibility and has no effect."""
     from engine.weights import load_hf_weights  # weights imports model types; keep the cycle one-way
 
+    check_scheme(quantization)
+    if str(model_dir).endswith(".gguf"):
+        from engine.gguf import load_gguf_model
+
+        model, config = load_gguf_model(model_dir, dtype=dtype, device=device)
+        if quantization != "none":
+            quantize_model(model, quantization)
+        return model, config
     if decode_layout is not None:
         warnings.warn("load_model(decode_layout=...) has no effect: the engine's runner lays the weights out for "
                       "decoding", DeprecationWarning, stacklevel=2)
@@ -309,4 +326,6 @@ def load_model(
     model.reset_rotary()
     load_hf_weights(model, model_dir)
     model.eval()
+    if quantization != "none":
+        quantize_model(model, quantization)
     return model, config

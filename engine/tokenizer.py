@@ -87,7 +87,13 @@ class Tokenizer:
 
     @classmethod
     def from_dir(cls, model_dir: str | Path) -> Tokenizer:
+        """From a model directory (tokenizer.json, tokenizer_config.json) or a GGUF file (`engine.gguf`)."""
         model_dir = Path(model_dir)
+        if model_dir.suffix == ".gguf":
+            from engine.gguf_vocab import load_gguf_tokenizer
+
+            tok, special, chat_template, eos = load_gguf_tokenizer(model_dir)
+            return cls(tok, special, chat_template, eos)
         tokenizer = HFTokenizer.from_file(str(model_dir / "tokenizer.json"))
         cfg = _read_json(model_dir / "tokenizer_config.json")
         special = {k: v for k in SPECIAL_TOKEN_KEYS if (v := _token_content(cfg.get(k))) is not None}

@@ -28,11 +28,12 @@ from gateway.settings import ModelSettings
 
 def create_engine_app(model_dir: str | Path, *, model_name: str | None = None,
                       provider: LocalEngineProvider | None = None, context_window: int = 2048,
-                      experts_per_token: int | None = None) -> FastAPI:
-    """The app for one model directory; the engine loads in the lifespan (or on first use)."""
+                      experts_per_token: int | None = None, quantization: str = "none") -> FastAPI:
+    """The app for one model directory (or GGUF file); the engine loads in the lifespan (or on first use)."""
     path = Path(model_dir).resolve()
     name = model_name or path.name
-    model = ModelSettings(provider="local", model=str(path), context_window=context_window)
+    model = ModelSettings(provider="local", model=str(path), context_window=context_window,
+                          engine={"quantization": quantization})
     local = provider or LocalEngineProvider(base_dir=path.parent)
     options = CallOptions(experts_per_token=experts_per_token)
 

@@ -132,6 +132,15 @@ class EngineKnobs(_Strict):
     speculative: SpeculativeMode | None = None
 
 
+class ModelEngineSettings(_Strict):
+    """How the bundled engine loads a ``provider: local`` model. ``quantization``: the weight format of its
+    matrices, applied at load from a bf16/fp32 checkpoint (``q8_0``: int8, ``q4_0``: 4-bit, in 32-element
+    blocks with a scale each, run on the engine's int8 kernels; ``none``: as stored). A GGUF file's Q8_0/Q4_0
+    tensors are used as they are whatever this says."""
+
+    quantization: Literal["none", "q8_0", "q4_0"] = "none"
+
+
 class ModelSettings(_Strict):
     """One upstream model. ``provider``: openai (any OpenAI-compatible server),
     litellm (any litellm provider string), local (the bundled engine)."""
@@ -159,6 +168,8 @@ class ModelSettings(_Strict):
     # provider local: the KV cache's element type; int8 stores K/V rows as int8 with a scale per row
     # (about 3.6x the context per byte at head_dim 32; small quantization error)
     kv_dtype: Literal["auto", "int8"] = "auto"
+    # provider: local only: how the engine loads the weights (ModelEngineSettings)
+    engine: ModelEngineSettings = ModelEngineSettings()
 
     @model_validator(mode="after")
     def _needs_base(self) -> ModelSettings:

@@ -7,7 +7,8 @@ Layout:
 
 - ``tg_kernels.c`` / ``build.py``: the kernels and their cached ``-march=native`` build;
 - ``ops``: the C entry points (ctypes), ``available()`` / ``reason()``;
-- ``packing``: which matrices are packed (fp32 or bf16 panels) and the release of the model's copies;
+- ``packing``: which matrices are packed (fp32 or bf16 panels, or the model's Q8_0 / Q4_0 blocks from
+  `engine.quant`) and the release of the model's copies;
 - ``layers``: which layer kinds the one-call decode kernel covers, and its layer specs;
 - ``backend``: ``supports``, ``prepare`` and ``NativeBackend`` (one-call decode, per-op layers otherwise).
 

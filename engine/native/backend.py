@@ -164,8 +164,9 @@ class NativeBackend:
 
     @property
     def weight_format(self) -> str:
-        """How the products' weights are streamed: ``"fp32 panels"`` or ``"bf16 panels"``."""
-        return f"{self.weights.element} panels"
+        """How the products' weights are streamed: ``"fp32 panels"``, ``"bf16 panels"``, or quantized blocks
+        such as ``"q4_0 + q8_0 blocks"``."""
+        return f"{self.weights.element} {'blocks' if self.weights.quantized else 'panels'}"
 
     def describe(self) -> str:
         gaps = sorted({gap for gap in self.one_call_gaps if gap is not None})

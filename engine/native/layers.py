@@ -5,7 +5,8 @@ QKV product (+ bias), RoPE and the cache write, paged attention (GQA, a sliding 
 product (+ bias), RMSNorm (+ residual), then either the MoE block (softmax router, top-k with a per-token
 k, optional renormalisation, SwiGLU experts: Mixtral, Qwen3-MoE, OLMoE-style routing) or a dense SwiGLU
 MLP (+ biases: Llama, Qwen2); finally the model's norm. `one_call_gap` says why a layer is outside that
-(q/k norms, q/k/v clipping, a shared expert, an unpacked matrix, two different norm epsilons); such
+(q/k norms, q/k/v clipping, a shared expert, an unpacked matrix, two different norm epsilons, matrices
+in more than one weight format); such
 layers run per op in `engine.native.backend`. `decode_layers` builds the spec array for a model and its
 KV cache, or None when some layer is not covered.
 
@@ -41,7 +42,19 @@ def one_call_gap(layer: DecoderLayer, packed: PackedWeights) -> str | None:
             return "experts too small to pack"
     elif packed.get(mlp.gate_up_proj.weight) is None or packed.get(mlp.down_proj.weight) is None:
         return "an MLP matrix too small to pack"
+    if len({p.fmt for p in _layer_packed(layer, packed)}) != 1:
+        return "weights in more than one format"
     return None
+
+
+def _layer_packed(layer: DecoderLayer, packed: PackedWeights) -> list[ops.Packed]:
+    attn, mlp = layer.self_attn, layer.mlp
+    weights = [attn.qkv_proj.weight, attn.o_proj.weight]
+    if isinstance(mlp, SparseMoeBlock):
+        weights += [mlp.experts.gate_up_proj, mlp.experts.down_proj]
+    else:
+        weights += [mlp.gate_up_proj.weight, mlp.down_proj.weight]
+    return [p for w in weights if (p := packed.get(w)) is not None]
 
 
 def cache_ok(k_cache: torch.Tensor, v_cache: torch.Tensor) -> bool:
@@ -67,7 +80,8 @@ def layer_spec(layer: DecoderLayer, packed: PackedWeights, k_cache: torch.Tensor
     attn, mlp = layer.self_attn, layer.mlp
     norms = (layer.input_layernorm, layer.post_attention_layernorm)
     spec = ops.LayerSpec(
-        input_norm=ptr(norms[0].weight), post_norm=ptr(norms[1].weight), eps=norms[0].eps, bf16=int(packed.bf16),
+        input_norm=ptr(norms[0].weight), post_norm=ptr(norms[1].weight), eps=norms[0].eps,
+        fmt=_layer_packed(layer, packed)[0].fmt,
         qkv=panels(attn.qkv_proj.weight), qkv_bias=ptr(attn.qkv_proj.bias), o=panels(attn.o_proj.weight),
         o_bias=ptr(attn.o_proj.bias), n_q=attn.n_q, n_kv=attn.n_kv, head_dim=attn.head_dim,
         window=attn.window or 0, scale=attn.scale, k_cache=ptr(k_cache), v_cache=ptr(v_cache))

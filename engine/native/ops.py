@@ -26,8 +26,14 @@ from engine.native import build as _build
 
 log = logging.getLogger(__name__)
 
-ABI_VERSION = 9
+ABI_VERSION = 10
 PANEL = 64  # outputs per packed panel (tg_kernels.c)
+BLOCK = 32  # elements per quantized block
+# weight formats (tg_kernels.c): fp32 / bf16 panels, ggml Q8_0 / Q4_0 row-major blocks
+F32, BF16, Q8_0, Q4_0 = 0, 1, 2, 3
+FORMAT_NAMES = {F32: "fp32", BF16: "bf16", Q8_0: "q8_0", Q4_0: "q4_0"}
+BLOCK_FORMATS = {"q8_0": Q8_0, "q4_0": Q4_0}
+_BLOCK_BYTES = {Q8_0: 34, Q4_0: 18}
 _lock = threading.Lock()
 _lib: ctypes.CDLL | None = None
 _state: str | None = None  # None: not tried yet; "" loaded; else why not
@@ -43,7 +49,7 @@ class LayerSpec(ctypes.Structure):
     model's packed weights, norms and KV cache; NULL where a layer has no such part."""
 
     _fields_ = [
-        ("input_norm", _p), ("post_norm", _p), ("eps", _f32), ("bf16", _int),
+        ("input_norm", _p), ("post_norm", _p), ("eps", _f32), ("fmt", _int),
         ("qkv", _p), ("qkv_bias", _p), ("o", _p), ("o_bias", _p),
         ("n_q", _i64), ("n_kv", _i64), ("head_dim", _i64), ("window", _i64), ("scale", _f32),
         ("router", _p), ("gate_up", _p), ("down", _p), ("num_experts", _i64), ("moe_intermediate", _i64),
@@ -75,7 +81,9 @@ def _load() -> None:
     lib.tg_pack_bf16.argtypes = [_p, _i64, _i64, _i64, _p]
     lib.tg_pack_bf16.restype = None
     lib.tg_linear.argtypes = [_p, _i64, _i64, _i64, _p, _int, _i64, _p, _p, _i64, _int]
-    lib.tg_linear.restype = None
+    lib.tg_linear.restype = _int
+    lib.tg_quantize_rows_q8.argtypes = [_p, _i64, _i64, _i64, _p, _p]
+    lib.tg_quantize_rows_q8.restype = None
     lib.tg_moe.argtypes = [_p, _i64, _i64, _p, _i64, _p, _p, _int, _i64, _int, _p, _int, _p, _int]
     lib.tg_moe.restype = _int
     lib.tg_paged_decode.argtypes = [_p, _p, _p, _p, _i64, _p, _i64, _i64, _i64, _i64, _i64, _f32, _i64, _p, _int]
@@ -119,12 +127,26 @@ def _ptr(t: torch.Tensor | None) -> int | None:
 
 
 class Packed:
-    """A weight matrix W[N, K] (or a stack of E of them) in the kernels' panel layout, fp32 or bf16 elements."""
+    """A weight matrix W[N, K] (or a stack of E of them) as the kernels read it: 64-output panels of fp32 or
+    bf16 elements, or ggml Q8_0 / Q4_0 row-major blocks (``fmt``)."""
 
-    __slots__ = ("bf16", "data", "k", "n")
+    __slots__ = ("data", "fmt", "k", "n")
 
-    def __init__(self, data: torch.Tensor, n: int, k: int, bf16: bool = False) -> None:
-        self.data, self.n, self.k, self.bf16 = data, n, k, bf16
+    def __init__(self, data: torch.Tensor, n: int, k: int, bf16: bool = False, fmt: int | None = None) -> None:
+        self.data, self.n, self.k = data, n, k
+        self.fmt = fmt if fmt is not None else (BF16 if bf16 else F32)
+
+    @property
+    def bf16(self) -> bool:
+        return self.fmt == BF16
+
+    @property
+    def quantized(self) -> bool:
+        return self.fmt in (Q8_0, Q4_0)
+
+    @property
+    def format_name(self) -> str:
+        return FORMAT_NAMES[self.fmt]
 
 
 _HUGE = 2 << 20
@@ -162,15 +184,50 @@ def pack(weight: torch.Tensor, bf16: bool = False) -> Packed:
     return Packed(data if weight.dim() == 3 else data[0], n, k, bf16)
 
 
+def pack_blocks(blocks: torch.Tensor, fmt: str) -> Packed:
+    """Q8_0 / Q4_0 blocks (uint8 [N, K / 32 * block_bytes] or [E, N, ...], see `engine.quant`) copied into a
+    huge-page buffer the kernels stream; ``fmt`` ``"q8_0"`` or ``"q4_0"``."""
+    assert _lib is not None
+    code = BLOCK_FORMATS.get(fmt)
+    if code is None or blocks.dtype != torch.uint8 or blocks.dim() not in (2, 3):
+        raise ValueError("pack_blocks takes uint8 q8_0 / q4_0 blocks [N, bytes] or [E, N, bytes]")
+    size = _BLOCK_BYTES[code]
+    if blocks.shape[-1] % size:
+        raise ValueError(f"{fmt} rows must be whole {size}-byte blocks")
+    stack = blocks if blocks.dim() == 3 else blocks[None]
+    e, n, row_bytes = stack.shape
+    per = n * row_bytes
+    words = empty_huge(-(-e * per // 4))
+    data = words.view(torch.uint8)[: e * per].view(e, per)
+    data.copy_(stack.reshape(e, per))
+    return Packed(data if blocks.dim() == 3 else data[0], n, row_bytes // size * BLOCK, fmt=code)
+
+
+def quantize_rows_q8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The kernels' activation quantizer: x [M, K] fp32 -> (scales [M, K / 32], int8 [M, K])."""
+    assert _lib is not None
+    m, k = x.shape
+    if k % BLOCK or x.dtype != torch.float32 or x.stride(-1) != 1:
+        raise ValueError("quantize_rows_q8 takes fp32 rows of whole 32-element blocks")
+    d = torch.empty(m, k // BLOCK, dtype=torch.float32)
+    q = torch.empty(m, k, dtype=torch.int8)
+    _lib.tg_quantize_rows_q8(x.data_ptr(), m, k, x.stride(0), d.data_ptr(), q.data_ptr())
+    return d, q
+
+
 def linear(x: torch.Tensor, packed: Packed, bias: torch.Tensor | None = None) -> torch.Tensor:
     """x [M, K] . W^T (+ bias) -> [M, N] with W packed; x fp32 on the CPU with unit stride along K (rows may be
     strided), bias fp32 contiguous."""
     assert _lib is not None
     m, k = x.shape
+    if k != packed.k:
+        raise ValueError(f"x has {k} columns, the packed matrix {packed.k}")
     n = packed.n
     y = torch.empty(m, n, dtype=torch.float32)
-    _lib.tg_linear(x.data_ptr(), m, k, x.stride(0), packed.data.data_ptr(), int(packed.bf16), n, _ptr(bias),
-                   y.data_ptr(), n, torch.get_num_threads())
+    rc = _lib.tg_linear(x.data_ptr(), m, k, x.stride(0), packed.data.data_ptr(), packed.fmt, n, _ptr(bias),
+                        y.data_ptr(), n, torch.get_num_threads())
+    if rc != 0:
+        raise MemoryError("tg_linear could not allocate its work buffers")
     return y
 
 
@@ -178,15 +235,15 @@ def moe(x: torch.Tensor, router: torch.Tensor, gate_up: Packed, down: Packed, k_
         per_token: torch.Tensor | None, normalize: bool) -> torch.Tensor:
     """Routed experts for x [M, H] (see `tg_moe`): router [E, H]; gate_up packs [E, 2I, H], down [E, H, I]."""
     assert _lib is not None
-    if gate_up.bf16 != down.bf16:
-        raise ValueError("gate_up and down must be packed with the same element type")
+    if gate_up.fmt != down.fmt:
+        raise ValueError("gate_up and down must be packed in the same format")
     m, h = x.shape
     x = x.contiguous()
     router = router.contiguous()
     ks = None if per_token is None else per_token.to(torch.int32).contiguous()
     y = torch.empty(m, h, dtype=torch.float32)
     rc = _lib.tg_moe(x.data_ptr(), m, h, router.data_ptr(), router.shape[0], gate_up.data.data_ptr(),
-                     down.data.data_ptr(), int(gate_up.bf16), gate_up.n // 2, k_max, _ptr(ks), int(normalize),
+                     down.data.data_ptr(), gate_up.fmt, gate_up.n // 2, k_max, _ptr(ks), int(normalize),
                      y.data_ptr(), torch.get_num_threads())
     if rc != 0:
         raise MemoryError("tg_moe could not allocate its work buffers")

@@ -6,7 +6,8 @@
  * time with the outputs held in registers; larger batches tile the tokens over the same panel. The
  * kernels fuse what a decode step does around those products:
  *
- *   tg_linear          y[M, N] = x[M, K] . W[N, K]^T (+ bias), W packed
+ *   tg_linear          y[M, N] = x[M, K] . W[N, K]^T (+ bias), W packed (fp32/bf16 panels) or quantized
+ *                      (Q8_0/Q4_0 blocks, activations quantized to int8 per block, int8 dot products)
  *   tg_moe             router GEMV, softmax, top-k (per-token k, optional renormalisation) and the
  *                      SwiGLU experts, each selected expert's weights read once for all its tokens
  *   tg_paged_decode    one query per sequence against its paged K/V cache (GQA, sliding window)
@@ -18,7 +19,7 @@
  * from PyTorch's by float rounding only.
  *
  * Built by engine/native/build.py with -O3 -march=native; the AVX-512 path is used when the compiler
- * targets it, a portable loop otherwise.
+ * targets it (AVX2, and VNNI where targeted, for the quantized products), a portable loop otherwise.
  */
 #include <math.h>
 #include <stdint.h>
@@ -29,8 +30,10 @@
 #ifdef _OPENMP
 #include <omp.h>
 #endif
-#if defined(__AVX512F__)
+#if defined(__AVX2__) || defined(__AVX512F__) || defined(__F16C__)
 #include <immintrin.h>
+#endif
+#if defined(__AVX512F__)
 #define TG_AVX512 1
 #else
 #define TG_AVX512 0
@@ -39,7 +42,14 @@
 #define PANEL 64 /* outputs per packed panel: four 16-float vectors */
 #define MR 6      /* tokens per register tile (6 x 4 accumulators + 4 weight vectors fit in 32 registers) */
 
-int tg_abi_version(void) { return 9; }
+int tg_abi_version(void) { return 10; }
+
+/* Weight formats (`fmt` arguments and tg_layer.fmt): fp32 or bf16 64-output panels (tg_pack, tg_pack_bf16),
+ * or ggml's row-major 32-element blocks, stored exactly as GGUF stores them (so a GGUF tensor is used as
+ * it is): Q8_0 = fp16 scale d + 32 int8 (x = d q), Q4_0 = fp16 scale d + 16 bytes of nibbles (x = d (q - 8);
+ * element j in the low nibble of byte j, element j + 16 in its high nibble). */
+enum { TG_F32 = 0, TG_BF16 = 1, TG_Q8_0 = 2, TG_Q4_0 = 3 };
+#define QK 32 /* elements per quantized block */
 
 /* Ask for transparent huge pages on the 2 MiB-aligned part of [p, p + bytes) before it is first
  * written: a decode step streams hundreds of MB of weights, and with 4 KiB pages every 4 KiB costs a
@@ -172,9 +182,9 @@ DEFINE_TILE(tile_bf16, uint16_t, load16_bf16)
     default: TILE(xm, ldx, MR, PANEL_PTR, K, b, ym, ldy, valid); break;                                         \
     }
 
-/* Panels [p_begin, p_end) of y = x . W^T (+ bias) for all M tokens, W packed by tg_pack (bf16 = 0) or
- * tg_pack_bf16 (bf16 = 1). */
-static void gemm_panels(const float *x, int64_t M, int64_t K, int64_t ldx, const void *P, int bf16, int64_t N,
+/* Panels [p_begin, p_end) of y = x . W^T (+ bias) for all M tokens, W packed by tg_pack (fmt TG_F32) or
+ * tg_pack_bf16 (TG_BF16). */
+static void gemm_panels(const float *x, int64_t M, int64_t K, int64_t ldx, const void *P, int fmt, int64_t N,
                         const float *bias, float *y, int64_t ldy, int64_t p_begin, int64_t p_end) {
     for (int64_t p = p_begin; p < p_end; p++) {
         int64_t n = p * PANEL;
@@ -183,7 +193,7 @@ static void gemm_panels(const float *x, int64_t M, int64_t K, int64_t ldx, const
         for (int64_t m0 = 0; m0 < M; m0 += MR) {
             const float *xm = x + m0 * ldx;
             float *ym = y + m0 * ldy + n;
-            if (bf16) {
+            if (fmt == TG_BF16) {
                 const uint16_t *panel = (const uint16_t *)P + p * K * PANEL;
                 TILE_HEIGHTS(tile_bf16, panel)
             } else {
@@ -219,26 +229,367 @@ static int clamp_threads(int nthreads, int64_t work) {
 #define THREADS() 1
 #endif
 
-void tg_linear(const float *x, int64_t M, int64_t K, int64_t ldx, const void *P, int bf16, int64_t N,
-               const float *bias, float *y, int64_t ldy, int nthreads) {
+/* ---------------------------------------------------------------------------------------------------
+ * Weight-only quantized products (Q8_0, Q4_0), the llama.cpp way: each activation row is quantized once
+ * per call to int8 in 32-element blocks (fp32 scale amax / 127, round to nearest even), and every
+ * (weight block, activation block) pair is an exact int8 dot product (AVX2 `maddubs` on |w| and
+ * sign(x, w), or `vpdpbusd` where VNNI is targeted), scaled by the two blocks' scales and accumulated in
+ * fp32. Work splits over 64-row groups ("panels") as for the panel formats; each row group is finished
+ * for 4 tokens at a time, so its weights stay in cache while every token passes over them.
+ */
+#define MQ 4 /* tokens per quantized register tile */
+#ifndef QR
+#define QR 4 /* weight rows per VNNI / float-route tile */
+#endif
+
+static inline int64_t block_bytes(int fmt) { return fmt == TG_Q8_0 ? 2 + QK : 2 + QK / 2; }
+
+/* Bytes of one packed [N, K] matrix in format `fmt` (one expert's stride in a stacked tensor). */
+static int64_t weight_bytes(int fmt, int64_t N, int64_t K) {
+    if (fmt == TG_Q8_0 || fmt == TG_Q4_0) return N * (K / QK) * block_bytes(fmt);
+    return panels_of(N) * PANEL * K * (fmt == TG_BF16 ? 2 : 4);
+}
+
+static inline float from_fp16(uint16_t h) {
+#if defined(__F16C__)
+    return _cvtsh_ss(h);
+#else
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exp = (h >> 10) & 0x1Fu, man = h & 0x3FFu, u;
+    if (exp == 0x1F) {
+        u = sign | 0x7F800000u | (man << 13);
+    } else if (exp != 0) {
+        u = sign | ((exp + 112u) << 23) | (man << 13);
+    } else if (man == 0) {
+        u = sign;
+    } else { /* subnormal: normalise */
+        exp = 113;
+        while (!(man & 0x400u)) {
+            man <<= 1;
+            exp--;
+        }
+        u = sign | (exp << 23) | ((man & 0x3FFu) << 13);
+    }
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+#endif
+}
+
+/* Row m of x [M, K] (row stride ldx) -> xd [M, K/32] fp32 scales and xq [M, K] int8. */
+static void quantize_row_q8(const float *x, int64_t K, float *xd, int8_t *xq) {
+    for (int64_t b = 0; b < K / QK; b++) {
+        const float *v = x + b * QK;
+        float amax = 0.0f;
+        for (int j = 0; j < QK; j++) amax = fabsf(v[j]) > amax ? fabsf(v[j]) : amax;
+        float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+        xd[b] = d;
+        for (int j = 0; j < QK; j++) xq[b * QK + j] = (int8_t)nearbyintf(v[j] * id);
+    }
+}
+
+void tg_quantize_rows_q8(const float *x, int64_t M, int64_t K, int64_t ldx, float *xd, int8_t *xq) {
+    for (int64_t m = 0; m < M; m++) quantize_row_q8(x + m * ldx, K, xd + m * (K / QK), xq + m * K);
+}
+
+#if defined(__AVX2__)
+static inline __m256i q4_bytes(const uint8_t *qs) { /* 16 bytes of nibbles -> 32 int8 in [-8, 7] */
+    __m128i t = _mm_loadu_si128((const __m128i *)qs);
+    __m256i b = _mm256_insertf128_si256(_mm256_castsi128_si256(t), _mm_srli_epi16(t, 4), 1);
+    return _mm256_sub_epi8(_mm256_and_si256(b, _mm256_set1_epi8(0x0F)), _mm256_set1_epi8(8));
+}
+
+/* Eight int32 lanes summing to sum_j w[j] x[j]: |w| (unsigned) times x with w's sign. */
+static inline __m256i dot_i8(__m256i w, __m256i x) {
+    __m256i aw = _mm256_sign_epi8(w, w), sx = _mm256_sign_epi8(x, w);
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+    return _mm256_dpbusd_epi32(_mm256_setzero_si256(), aw, sx);
+#elif defined(__AVXVNNI__)
+    return _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), aw, sx);
+#else
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(aw, sx), _mm256_set1_epi16(1));
+#endif
+}
+
+static inline float hsum8(__m256 v) {
+    __m128 r = _mm_add_ps(_mm256_extractf128_ps(v, 1), _mm256_castps256_ps128(v));
+    r = _mm_add_ps(r, _mm_movehl_ps(r, r));
+    r = _mm_add_ss(r, _mm_movehdup_ps(r));
+    return _mm_cvtss_f32(r);
+}
+
+/* out[m] = row . x_m for the mt (<= MQ) tokens m, one weight row `w` of nb blocks. */
+static inline __attribute__((always_inline)) void qdot_tile(const uint8_t *w, int fmt, int64_t nb, const float *xd,
+                                                            const int8_t *xq, int64_t K, const int mt, float *out) {
+    __m256 acc[MQ];
+    for (int m = 0; m < MQ; m++) acc[m] = _mm256_setzero_ps();
+    const int64_t bs = block_bytes(fmt);
+    for (int64_t b = 0; b < nb; b++, w += bs) {
+        uint16_t h;
+        memcpy(&h, w, 2);
+        const float dw = from_fp16(h);
+        const __m256i wv = fmt == TG_Q8_0 ? _mm256_loadu_si256((const __m256i *)(w + 2)) : q4_bytes(w + 2);
+        for (int m = 0; m < MQ; m++)
+            if (m < mt) {
+                __m256i xv = _mm256_loadu_si256((const __m256i *)(xq + m * K + b * QK));
+                __m256 d = _mm256_set1_ps(dw * xd[m * nb + b]);
+                acc[m] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(dot_i8(wv, xv)), acc[m]);
+            }
+    }
+    for (int m = 0; m < MQ; m++)
+        if (m < mt) out[m] = hsum8(acc[m]);
+}
+
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+#define TG_VNNI 1
+/* QR weight rows by up to MQ tokens with VNNI: the activations are offset to unsigned (x + 128, one xor per
+ * token and block, shared by the rows) and multiplied by the signed weights directly; the offset's
+ * contribution, -128 * sum(w) per lane, is the accumulator each dot product starts from, computed once per
+ * row and block for all the tokens. The integer lane sums are those of dot_i8, so the results are too. */
+static inline __attribute__((always_inline)) void qdot_rows(const uint8_t *w, int64_t row_bytes, int fmt, int64_t nb,
+                                                            const float *xd, const int8_t *xq, int64_t K,
+                                                            const int mt, float out[QR][MQ]) {
+    __m256 acc[QR][MQ];
+    for (int r = 0; r < QR; r++)
+        for (int m = 0; m < MQ; m++) acc[r][m] = _mm256_setzero_ps();
+    const int64_t bs = block_bytes(fmt);
+    const __m256i flip = _mm256_set1_epi8((char)0x80), zero = _mm256_setzero_si256();
+    for (int64_t b = 0; b < nb; b++) {
+        __m256 d[QR];
+        __m256i v[QR], c[QR];
+        for (int r = 0; r < QR; r++) {
+            const uint8_t *blk = w + r * row_bytes + b * bs;
+            uint16_t h;
+            memcpy(&h, blk, 2);
+            d[r] = _mm256_set1_ps(from_fp16(h));
+            v[r] = fmt == TG_Q8_0 ? _mm256_loadu_si256((const __m256i *)(blk + 2)) : q4_bytes(blk + 2);
+            c[r] = _mm256_sub_epi32(zero, _mm256_dpbusd_epi32(zero, flip, v[r]));
+        }
+        for (int m = 0; m < MQ; m++)
+            if (m < mt) {
+                const __m256i xv = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(xq + m * K + b * QK)), flip);
+                const __m256 dx = _mm256_set1_ps(xd[m * nb + b]);
+                for (int r = 0; r < QR; r++)
+                    acc[r][m] = _mm256_fmadd_ps(_mm256_mul_ps(d[r], dx),
+                                                _mm256_cvtepi32_ps(_mm256_dpbusd_epi32(c[r], xv, v[r])), acc[r][m]);
+            }
+    }
+    for (int r = 0; r < QR; r++)
+        for (int m = 0; m < MQ; m++)
+            if (m < mt) out[r][m] = hsum8(acc[r][m]);
+}
+#endif
+#else
+static inline void qdot_tile(const uint8_t *w, int fmt, int64_t nb, const float *xd, const int8_t *xq, int64_t K,
+                             const int mt, float *out) {
+    const int64_t bs = block_bytes(fmt);
+    for (int m = 0; m < mt; m++) out[m] = 0.0f;
+    for (int64_t b = 0; b < nb; b++, w += bs) {
+        uint16_t h;
+        memcpy(&h, w, 2);
+        const float dw = from_fp16(h);
+        int8_t wq[QK];
+        if (fmt == TG_Q8_0) {
+            memcpy(wq, w + 2, QK);
+        } else {
+            for (int j = 0; j < QK / 2; j++) {
+                wq[j] = (int8_t)((w[2 + j] & 0x0F) - 8);
+                wq[j + QK / 2] = (int8_t)((w[2 + j] >> 4) - 8);
+            }
+        }
+        for (int m = 0; m < mt; m++) {
+            const int8_t *xv = xq + m * K + b * QK;
+            int32_t isum = 0;
+            for (int j = 0; j < QK; j++) isum += (int32_t)wq[j] * (int32_t)xv[j];
+            out[m] += dw * xd[m * nb + b] * (float)isum;
+        }
+    }
+}
+#endif
+
+#if TG_AVX512
+/* Prefill-sized products (at least QF_MIN tokens) take a float route to the same function: QR weight rows at
+ * a time are dequantized into fp32 rows (vectorised, once per call) and every token's activations as the int8
+ * route sees them (d * q, also once) are dotted with them 16 lanes at a time, QR rows by QF_M tokens per tile:
+ * 16 multiply-adds per 8 loads instead of the int8 route's per-block scaling. The two routes agree to fp32
+ * rounding (the int8 route's integer sums are exact; here the float sums are reordered). */
+#define QF_MIN 8
+#define QF_M 4
+
+static inline __m512 i8x16_to_ps(__m128i v) { return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(v)); }
+
+static void dequant_rows(const uint8_t *W, int fmt, int64_t row_bytes, int64_t K, int64_t n0, int rows, float *out) {
+    const int64_t nb = K / QK, bs = block_bytes(fmt);
+    for (int r = 0; r < rows; r++) {
+        const uint8_t *w = W + (n0 + r) * row_bytes;
+        float *dst = out + r * K;
+        for (int64_t b = 0; b < nb; b++, w += bs, dst += QK) {
+            uint16_t h;
+            memcpy(&h, w, 2);
+            const __m512 d = _mm512_set1_ps(from_fp16(h));
+            const __m256i q = fmt == TG_Q8_0 ? _mm256_loadu_si256((const __m256i *)(w + 2)) : q4_bytes(w + 2);
+            _mm512_storeu_ps(dst, _mm512_mul_ps(d, i8x16_to_ps(_mm256_castsi256_si128(q))));
+            _mm512_storeu_ps(dst + 16, _mm512_mul_ps(d, i8x16_to_ps(_mm256_extracti128_si256(q, 1))));
+        }
+    }
+}
+
+static inline __attribute__((always_inline)) void fdot_tile(const float *wr, const float *xr, int64_t K, const int mt,
+                                                            float out[QR][QF_M]) {
+    __m512 acc[QR][QF_M];
+    for (int r = 0; r < QR; r++)
+        for (int m = 0; m < QF_M; m++) acc[r][m] = _mm512_setzero_ps();
+    for (int64_t k = 0; k < K; k += 16) {
+        __m512 wv[QR];
+        for (int r = 0; r < QR; r++) wv[r] = _mm512_loadu_ps(wr + r * K + k);
+        for (int m = 0; m < QF_M; m++)
+            if (m < mt) {
+                const __m512 xv = _mm512_loadu_ps(xr + m * K + k);
+                for (int r = 0; r < QR; r++) acc[r][m] = _mm512_fmadd_ps(wv[r], xv, acc[r][m]);
+            }
+    }
+    for (int r = 0; r < QR; r++)
+        for (int m = 0; m < QF_M; m++)
+            if (m < mt) out[r][m] = _mm512_reduce_add_ps(acc[r][m]);
+}
+
+/* Row groups [p_begin, p_end) by the float route; -1 if its buffers could not be allocated. */
+static int qgemm_float(const float *xd, const int8_t *xq, int64_t M, int64_t K, const uint8_t *W, int fmt, int64_t N,
+                       const float *bias, float *y, int64_t ldy, int64_t p_begin, int64_t p_end) {
+    const int64_t nb = K / QK, row_bytes = nb * block_bytes(fmt);
+    float *xf = malloc(sizeof(float) * M * K), *wf = malloc(sizeof(float) * QR * K);
+    if (!xf || !wf) {
+        free(xf);
+        free(wf);
+        return -1;
+    }
+    for (int64_t i = 0; i < M * nb; i++) {
+        const __m512 d = _mm512_set1_ps(xd[i]);
+        const __m256i q = _mm256_loadu_si256((const __m256i *)(xq + i * QK));
+        _mm512_storeu_ps(xf + i * QK, _mm512_mul_ps(d, i8x16_to_ps(_mm256_castsi256_si128(q))));
+        _mm512_storeu_ps(xf + i * QK + 16, _mm512_mul_ps(d, i8x16_to_ps(_mm256_extracti128_si256(q, 1))));
+    }
+    const int64_t n_begin = p_begin * PANEL, n_end = p_end * PANEL < N ? p_end * PANEL : N;
+    for (int64_t n = n_begin; n < n_end; n += QR) {
+        const int rows = (int)(n_end - n < QR ? n_end - n : QR);
+        dequant_rows(W, fmt, row_bytes, K, n, rows, wf);
+        for (int r = rows; r < QR; r++) memset(wf + r * K, 0, sizeof(float) * K);
+        for (int64_t m0 = 0; m0 < M; m0 += QF_M) {
+            const int mt = (int)(M - m0 < QF_M ? M - m0 : QF_M);
+            float out[QR][QF_M];
+            switch (mt) {
+            case 1: fdot_tile(wf, xf + m0 * K, K, 1, out); break;
+            case 2: fdot_tile(wf, xf + m0 * K, K, 2, out); break;
+            case 3: fdot_tile(wf, xf + m0 * K, K, 3, out); break;
+            default: fdot_tile(wf, xf + m0 * K, K, QF_M, out); break;
+            }
+            for (int r = 0; r < rows; r++) {
+                const float b = bias ? bias[n + r] : 0.0f;
+                for (int m = 0; m < mt; m++) y[(m0 + m) * ldy + n + r] = out[r][m] + b;
+            }
+        }
+    }
+    free(xf);
+    free(wf);
+    return 0;
+}
+#endif
+
+/* Row groups [p_begin, p_end) (64 rows each) of y = x . W^T (+ bias) for all M tokens, x given quantized
+ * (xd, xq from tg_quantize_rows_q8), W in `fmt` (Q8_0 or Q4_0) row-major blocks. */
+static void qgemm_panels(const float *xd, const int8_t *xq, int64_t M, int64_t K, const uint8_t *W, int fmt,
+                         int64_t N, const float *bias, float *y, int64_t ldy, int64_t p_begin, int64_t p_end) {
+    const int64_t nb = K / QK, row_bytes = nb * block_bytes(fmt);
+#if TG_AVX512
+    if (M >= QF_MIN && qgemm_float(xd, xq, M, K, W, fmt, N, bias, y, ldy, p_begin, p_end) == 0) return;
+#endif
+    for (int64_t p = p_begin; p < p_end; p++) {
+        int64_t n_end = (p + 1) * PANEL < N ? (p + 1) * PANEL : N;
+        for (int64_t m0 = 0; m0 < M; m0 += MQ) {
+            const int mt = (int)(M - m0 < MQ ? M - m0 : MQ);
+            const float *xdm = xd + m0 * nb;
+            const int8_t *xqm = xq + m0 * K;
+            int64_t n = p * PANEL;
+#if defined(TG_VNNI)
+            for (; n + QR <= n_end; n += QR) {
+                float out[QR][MQ];
+                const uint8_t *w = W + n * row_bytes;
+                switch (mt) {
+                case 1: qdot_rows(w, row_bytes, fmt, nb, xdm, xqm, K, 1, out); break;
+                case 2: qdot_rows(w, row_bytes, fmt, nb, xdm, xqm, K, 2, out); break;
+                case 3: qdot_rows(w, row_bytes, fmt, nb, xdm, xqm, K, 3, out); break;
+                default: qdot_rows(w, row_bytes, fmt, nb, xdm, xqm, K, MQ, out); break;
+                }
+                for (int r = 0; r < QR; r++) {
+                    float b = bias ? bias[n + r] : 0.0f;
+                    for (int m = 0; m < mt; m++) y[(m0 + m) * ldy + n + r] = out[r][m] + b;
+                }
+            }
+#endif
+            for (; n < n_end; n++) {
+                float out[MQ];
+                const uint8_t *w = W + n * row_bytes;
+                switch (mt) { /* constant tile heights keep the accumulators in registers */
+                case 1: qdot_tile(w, fmt, nb, xdm, xqm, K, 1, out); break;
+                case 2: qdot_tile(w, fmt, nb, xdm, xqm, K, 2, out); break;
+                case 3: qdot_tile(w, fmt, nb, xdm, xqm, K, 3, out); break;
+                default: qdot_tile(w, fmt, nb, xdm, xqm, K, MQ, out); break;
+                }
+                float b = bias ? bias[n] : 0.0f;
+                for (int m = 0; m < mt; m++) y[(m0 + m) * ldy + n] = out[m] + b;
+            }
+        }
+    }
+}
+
+static inline int is_quantized(int fmt) { return fmt == TG_Q8_0 || fmt == TG_Q4_0; }
+
+/* One product over panels [p_begin, p_end) in any format: x as floats for the panel formats, quantized
+ * (xd, xq) for the block formats. */
+static void gemm_any(const float *x, const float *xd, const int8_t *xq, int64_t M, int64_t K, int64_t ldx,
+                     const void *W, int fmt, int64_t N, const float *bias, float *y, int64_t ldy, int64_t p_begin,
+                     int64_t p_end) {
+    if (is_quantized(fmt))
+        qgemm_panels(xd, xq, M, K, (const uint8_t *)W, fmt, N, bias, y, ldy, p_begin, p_end);
+    else
+        gemm_panels(x, M, K, ldx, W, fmt, N, bias, y, ldy, p_begin, p_end);
+}
+
+/* y[M, N] = x . W^T (+ bias), W in format `fmt`. Returns 0, or -1 if memory could not be allocated. */
+int tg_linear(const float *x, int64_t M, int64_t K, int64_t ldx, const void *P, int fmt, int64_t N,
+              const float *bias, float *y, int64_t ldy, int nthreads) {
+    float *xd = NULL;
+    int8_t *xq = NULL;
+    if (is_quantized(fmt)) { /* the activation rows, quantized once for every row group */
+        xd = malloc(sizeof(float) * (M * (K / QK) + 1));
+        xq = malloc((size_t)(M * K + 1));
+        if (!xd || !xq) {
+            free(xd);
+            free(xq);
+            return -1;
+        }
+        tg_quantize_rows_q8(x, M, K, ldx, xd, xq);
+    }
     int nth = clamp_threads(nthreads, M * N * K);
     if (nth == 1) {
-        gemm_panels(x, M, K, ldx, P, bf16, N, bias, y, ldy, 0, panels_of(N));
-        return;
-    }
+        gemm_any(x, xd, xq, M, K, ldx, P, fmt, N, bias, y, ldy, 0, panels_of(N));
+    } else {
 #pragma omp parallel num_threads(nth)
-    {
-        int64_t b, e;
-        share(panels_of(N), THREAD_ID(), THREADS(), &b, &e);
-        gemm_panels(x, M, K, ldx, P, bf16, N, bias, y, ldy, b, e);
+        {
+            int64_t b, e;
+            share(panels_of(N), THREAD_ID(), THREADS(), &b, &e);
+            gemm_any(x, xd, xq, M, K, ldx, P, fmt, N, bias, y, ldy, b, e);
+        }
     }
+    free(xd);
+    free(xq);
+    return 0;
 }
 
 /* ---------------------------------------------------------------------------------------------------
  * Sparse MoE block for a few tokens.
  *
- * router [E, H] row-major; gate_up: E experts, each [2I, H] packed by tg_pack or tg_pack_bf16 (`bf16`;
- * gate rows first), one after another; down: E experts, each [H, I] packed the same way; k_per_token [M] (each 1..k_max) or NULL (all
+ * router [E, H] row-major; gate_up: E experts, each [2I, H] in format `fmt` (panels or blocks; gate rows
+ * first), one after another; down: E experts, each [H, I] packed the same way; k_per_token [M] (each 1..k_max) or NULL (all
  * k_max). Routing matches engine.moe.route: softmax over all experts in fp32, top-k (ties to the lower
  * expert id), slots past a token's k weigh 0, optional renormalisation over the kept weights. Each
  * selected expert runs once over all its tokens. y [M, H] is overwritten. Returns 0, or -1 if memory
@@ -247,11 +598,11 @@ void tg_linear(const float *x, int64_t M, int64_t K, int64_t ldx, const void *P,
 static inline float silu(float v) { return v / (1.0f + expf(-v)); }
 
 int tg_moe(const float *x, int64_t M, int64_t H, const float *router, int64_t E, const void *gate_up,
-           const void *down, int bf16, int64_t I, int k_max, const int32_t *k_per_token, int normalize, float *y,
+           const void *down, int fmt, int64_t I, int k_max, const int32_t *k_per_token, int normalize, float *y,
            int nthreads) {
     if (M <= 0) return 0;
-    int64_t esize = bf16 ? 2 : 4;
-    int64_t gu_size = panels_of(2 * I) * PANEL * H * esize, down_size = panels_of(H) * PANEL * I * esize;
+    int64_t gu_size = weight_bytes(fmt, 2 * I, H), down_size = weight_bytes(fmt, H, I);
+    const int quant = is_quantized(fmt);
     float *logits = malloc(sizeof(float) * M * E);
     int32_t *sel = malloc(sizeof(int32_t) * M * k_max);
     float *selw = malloc(sizeof(float) * M * k_max);
@@ -262,8 +613,14 @@ int tg_moe(const float *x, int64_t M, int64_t H, const float *router, int64_t E,
     float *rows = malloc(sizeof(float) * M * k_max * H);
     float *act = malloc(sizeof(float) * M * k_max * 2 * I);
     float *eout = malloc(sizeof(float) * M * k_max * H);
+    /* block formats: the expert inputs and the SwiGLU activations, quantized once each */
+    float *rows_d = quant ? malloc(sizeof(float) * (M * k_max * (H / QK) + 1)) : NULL;
+    int8_t *rows_q = quant ? malloc((size_t)(M * k_max * H + 1)) : NULL;
+    float *act_d = quant ? malloc(sizeof(float) * (M * k_max * (I / QK) + 1)) : NULL;
+    int8_t *act_q = quant ? malloc((size_t)(M * k_max * I + 1)) : NULL;
     int rc = 0;
-    if (!logits || !sel || !selw || !count || !offset || !tok || !tokw || !rows || !act || !eout) {
+    if (!logits || !sel || !selw || !count || !offset || !tok || !tokw || !rows || !act || !eout ||
+        (quant && (!rows_d || !rows_q || !act_d || !act_q))) {
         rc = -1;
         goto done;
     }
@@ -322,23 +679,29 @@ int tg_moe(const float *x, int64_t M, int64_t H, const float *router, int64_t E,
     {
         int tid = THREAD_ID(), got = THREADS();
         int64_t b, e_;
+        if (quant) {
+#pragma omp for schedule(static)
+            for (int64_t a = 0; a < assignments; a++) quantize_row_q8(rows + a * H, H, rows_d + a * (H / QK), rows_q + a * H);
+        }
         share(panels_of(2 * I), tid, got, &b, &e_); /* gate/up: each thread its share of every expert's panels */
         for (int64_t e = 0; e < E; e++)
             if (offset[e + 1] > offset[e])
-                gemm_panels(rows + offset[e] * H, offset[e + 1] - offset[e], H, H,
-                            (const char *)gate_up + e * gu_size, bf16, 2 * I, NULL, act + offset[e] * 2 * I, 2 * I, b,
-                            e_);
+                gemm_any(rows + offset[e] * H, quant ? rows_d + offset[e] * (H / QK) : NULL,
+                         quant ? rows_q + offset[e] * H : NULL, offset[e + 1] - offset[e], H, H,
+                         (const char *)gate_up + e * gu_size, fmt, 2 * I, NULL, act + offset[e] * 2 * I, 2 * I, b, e_);
 #pragma omp barrier
 #pragma omp for schedule(static)
         for (int64_t a = 0; a < assignments; a++) { /* act[:, :I] = silu(gate) * up */
             float *g = act + a * 2 * I;
             for (int64_t i = 0; i < I; i++) g[i] = silu(g[i]) * g[I + i];
+            if (quant) quantize_row_q8(g, I, act_d + a * (I / QK), act_q + a * I);
         }
         share(panels_of(H), tid, got, &b, &e_); /* down */
         for (int64_t e = 0; e < E; e++)
             if (offset[e + 1] > offset[e])
-                gemm_panels(act + offset[e] * 2 * I, offset[e + 1] - offset[e], I, 2 * I,
-                            (const char *)down + e * down_size, bf16, H, NULL, eout + offset[e] * H, H, b, e_);
+                gemm_any(act + offset[e] * 2 * I, quant ? act_d + offset[e] * (I / QK) : NULL,
+                         quant ? act_q + offset[e] * I : NULL, offset[e + 1] - offset[e], I, 2 * I,
+                         (const char *)down + e * down_size, fmt, H, NULL, eout + offset[e] * H, H, b, e_);
 #pragma omp barrier
         share(H, tid, got, &b, &e_); /* y[t] += w * eout[a], in a fixed (expert) order per element */
         for (int64_t a = 0; a < assignments; a++) {
@@ -359,6 +722,10 @@ done:
     free(rows);
     free(act);
     free(eout);
+    free(rows_d);
+    free(rows_q);
+    free(act_d);
+    free(act_q);
     return rc;
 }
 
@@ -512,7 +879,7 @@ double tg_stream_sum(const float *buf, int64_t n, int nthreads) {
 typedef struct {
     const float *input_norm, *post_norm;
     float eps;
-    int bf16;                                 /* the packed weights below are bf16 panels */
+    int fmt;                                  /* the format of every packed weight below (TG_F32 ...) */
     const void *qkv;
     const float *qkv_bias;
     const void *o;
@@ -559,24 +926,28 @@ int tg_decode_layers(const tg_layer *layers, int n_layers, float *h, int64_t B, 
         const tg_layer *L = &layers[l];
         int64_t D = L->head_dim, qkv_w = (L->n_q + 2 * L->n_kv) * D, q_w = L->n_q * D;
         tg_add_rmsnorm(h, have_delta ? delta : NULL, L->input_norm, B, H, L->eps, x);
-        tg_linear(x, B, H, H, L->qkv, L->bf16, qkv_w, L->qkv_bias, wide, qkv_w, nthreads);
+        rc = tg_linear(x, B, H, H, L->qkv, L->fmt, qkv_w, L->qkv_bias, wide, qkv_w, nthreads);
+        if (rc) break;
         tg_rope_write_kv(wide, B, L->n_q, L->n_kv, D, cos, sin, q, L->k_cache, L->v_cache, slots);
         rc = tg_paged_decode(q, L->k_cache, L->v_cache, tables, width, lens, B, L->n_q, L->n_kv, D, block_size,
                              L->scale, L->window, att, nthreads);
         if (rc) break;
-        tg_linear(att, B, q_w, q_w, L->o, L->bf16, H, L->o_bias, delta, H, nthreads);
+        rc = tg_linear(att, B, q_w, q_w, L->o, L->fmt, H, L->o_bias, delta, H, nthreads);
+        if (rc) break;
         tg_add_rmsnorm(h, delta, L->post_norm, B, H, L->eps, x);
         if (L->router) {
-            rc = tg_moe(x, B, H, L->router, L->num_experts, L->gate_up, L->down, L->bf16, L->moe_intermediate, k_max,
+            rc = tg_moe(x, B, H, L->router, L->num_experts, L->gate_up, L->down, L->fmt, L->moe_intermediate, k_max,
                         k_per_token, L->normalize, delta, nthreads);
         } else {
             int64_t I = L->mlp_intermediate;
-            tg_linear(x, B, H, H, L->mlp_gate_up, L->bf16, 2 * I, L->mlp_gate_up_bias, mlp, 2 * I, nthreads);
+            rc = tg_linear(x, B, H, H, L->mlp_gate_up, L->fmt, 2 * I, L->mlp_gate_up_bias, mlp, 2 * I, nthreads);
+            if (rc) break;
             for (int64_t b = 0; b < B; b++) {
                 float *g = mlp + b * 2 * I;
                 for (int64_t i = 0; i < I; i++) g[i] = silu(g[i]) * g[I + i];
             }
-            tg_linear(mlp, B, I, 2 * I, L->mlp_down, L->bf16, H, L->mlp_down_bias, delta, H, nthreads);
+            rc = tg_linear(mlp, B, I, 2 * I, L->mlp_down, L->fmt, H, L->mlp_down_bias, delta, H, nthreads);
+            if (rc) break;
         }
         have_delta = 1;
     }

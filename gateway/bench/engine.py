@@ -1,6 +1,7 @@
 """`tiergate bench engine`: the local engine vs HF transformers, memory-bandwidth use, batching
-scale-up, k=1 vs the trained k, speculative decoding (f) and the prefix cache (g). The measurements
-live in engine.bench; this picks the sizes and prices (g)'s tokens with the ledger's own rule."""
+scale-up, k=1 vs the trained k, (e) q8_0 / q4_0 weights vs the engine's bf16, speculative decoding
+(f) and the prefix cache (g). The measurements live in engine.bench / engine.bench_quant; this picks
+the sizes and prices (g)'s tokens with the ledger's own rule."""
 
 from __future__ import annotations
 
@@ -8,12 +9,13 @@ from collections.abc import Callable, Collection
 from dataclasses import replace
 from pathlib import Path
 
-PARTS = ("a", "b", "c", "d", "f", "g")
+PARTS = ("a", "b", "c", "d", "e", "f", "g")
 
 
 def run(*, quick: bool, threads: int | None, decode_tokens: int | None, repeats: int, demo: Path,
         data_dir: Path, ppl_windows: int, skip_random: bool, echo: Callable[[str], None],
-        draft: Path | None = None, only: Collection[str] = PARTS, config: Path | None = None) -> None:
+        draft: Path | None = None, only: Collection[str] = PARTS, config: Path | None = None,
+        quantization: bool = True, prefill_tokens: int = 256) -> None:
     import torch
 
     from engine.bench import (
@@ -24,6 +26,7 @@ def run(*, quick: bool, threads: int | None, decode_tokens: int | None, repeats:
         run_random_moe_bench,
         run_speculative_bench,
     )
+    from engine.bench_quant import run_quantization_bench
 
     unknown = set(only) - set(PARTS)
     if unknown:
@@ -38,6 +41,9 @@ def run(*, quick: bool, threads: int | None, decode_tokens: int | None, repeats:
     if set(only) & {"a", "d"}:
         run_expert_count_bench(demo, data_dir, echo, decode_tokens=sizes.decode_tokens * 2,
                                ppl_windows=ppl_windows, repeats=repeats)
+    if quantization and "e" in only:
+        run_quantization_bench(sizes, demo, echo, prefill_tokens=prefill_tokens, repeats=repeats,
+                               skip_random=skip_random)
     if "f" in only:
         echo("(f) speculative decoding, batch 1, greedy (machine shared: figures are noisy)")
         run_speculative_bench(demo, draft, echo, decode_tokens=sizes.decode_tokens * (3 if quick else 4),

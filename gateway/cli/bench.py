@@ -72,14 +72,18 @@ def engine_bench(
     demo: str = typer.Option("engine/models/demo-moe", "--demo", help="demo model for part (d)"),
     data_dir: str = typer.Option("../shared/data", "--data-dir", help="held-out text for part (d)"),
     ppl_windows: int = typer.Option(8, "--ppl-windows", help="held-out windows for the perplexity in (d)"),
-    skip_random: bool = typer.Option(False, "--skip-random", help="run part (d) only"),
+    skip_random: bool = typer.Option(False, "--skip-random", help="run the demo-model parts only"),
     draft: str = typer.Option("engine/models/demo-draft", "--draft", help="draft model for part (f)"),
-    only: str = typer.Option("a,b,c,d,f,g", "--only",
-                             help="comma-separated parts: a-d (first round), f speculative, g prefix cache"),
+    only: str = typer.Option("a,b,c,d,e,f,g", "--only",
+                             help="comma-separated parts: a-d (first round), e quantized weights, f speculative, "
+                                  "g prefix cache"),
     config: str | None = typer.Option(None, "--config", help="config.yaml whose prices (g) uses"),
+    quantization: bool = typer.Option(True, "--quantization/--no-quantization",
+                                      help="part (e): q8_0 / q4_0 decode and prefill vs the engine's bf16"),
+    prefill_tokens: int = typer.Option(256, "--prefill-tokens", help="prompt length of the prefill rows in (e)"),
 ) -> None:
     """Engine speed vs HF transformers, memory-bandwidth use, batching scale-up, k=1 vs trained k,
-    speculative decoding (f), prefix-cache time to first token and its ledger cost (g)."""
+    quantized weights (e), speculative decoding (f), prefix-cache time to first token and its ledger cost (g)."""
     from pathlib import Path
 
     from gateway.bench.engine import run
@@ -88,7 +92,8 @@ def engine_bench(
     try:
         run(quick=quick, threads=threads, decode_tokens=decode_tokens, repeats=repeats, demo=Path(demo),
             data_dir=Path(data_dir), ppl_windows=ppl_windows, skip_random=skip_random, echo=typer.echo,
-            draft=Path(draft), only=parts, config=Path(config) if config else None)
+            draft=Path(draft), only=parts, config=Path(config) if config else None,
+            quantization=quantization, prefill_tokens=prefill_tokens)
     except ValueError as err:
         raise typer.BadParameter(str(err), param_hint="--only") from None
 

@@ -44,7 +44,8 @@ def default_engine_factory(path: Path, model: ModelSettings) -> AsyncLLMEngine:
 
     return AsyncLLMEngine(LLMEngine.from_dir(path, max_model_len=model.context_window,
                                              draft_model_dir=model.draft_model,
-                                             kv_dtype=torch.int8 if model.kv_dtype == "int8" else None))
+                                             kv_dtype=torch.int8 if model.kv_dtype == "int8" else None,
+                                             quantization=model.engine.quantization))
 
 
 class LocalEngineProvider:
@@ -52,8 +53,8 @@ class LocalEngineProvider:
                  engine_factory: EngineFactory = default_engine_factory) -> None:
         self._base_dir = Path(base_dir if base_dir is not None else (settings.base_dir if settings else "."))
         self._factory = engine_factory
-        # (model, draft model, KV dtype): one engine each
-        self._engines: dict[tuple[Path, Path | None, str], AsyncLLMEngine] = {}
+        # (model, draft model, KV dtype, quantization): one engine each
+        self._engines: dict[tuple[Path, Path | None, str, str], AsyncLLMEngine] = {}
         self._lock = threading.Lock()
 
     # -- engines ------------------------------------------------------------------------------
@@ -65,13 +66,13 @@ class LocalEngineProvider:
         path = self.model_path(model)
         draft = (self.model_path(model.model_copy(update={"model": model.draft_model}))
                  if model.draft_model is not None else None)
-        key = (path, draft, model.kv_dtype)
+        key = (path, draft, model.kv_dtype, model.engine.quantization)
         with self._lock:
             engine = self._engines.get(key)
             if engine is None or not engine.is_running:
-                if not (path / "config.json").is_file():
-                    raise UpstreamError(f"local model directory {model.model!r} has no config.json",
-                                        retryable=False)
+                if not ((path / "config.json").is_file() or (path.suffix == ".gguf" and path.is_file())):
+                    raise UpstreamError(f"local model {model.model!r} is neither a directory with a config.json "
+                                        "nor a .gguf file", retryable=False)
                 if draft is not None:
                     if not (draft / "config.json").is_file():
                         raise UpstreamError(f"draft model directory {model.draft_model!r} has no config.json",

@@ -29,7 +29,11 @@ def test_bench_engine_quick_prints_every_figure() -> None:
                    r"control, a dense model of the same active shape .* 16 vs 1 stream ratio [\d.]+x",
                    r"\(d\) same random MoE, batch-1 decode k=1 .* speed ratio [\d.]+x",
                    r"\(a\) demo model batch-1 decode, fp32 compute .* ratio [\d.]+x",
-                   r"\(d\) demo model k=1 .* ceiling [\d.]+x.* held-out perplexity k=1 [\d.]+ vs k=2 [\d.]+"):
+                   r"\(d\) demo model k=1 .* ceiling [\d.]+x.* held-out perplexity k=1 [\d.]+ vs k=2 [\d.]+",
+                   r"\(e\) weight-only quantization",
+                   r"random MoE .* q8_0 \(q8_0 blocks\): decode [\d.]+ tok/s \([\d.]+x\), prefill \d+ tok/s",
+                   r"demo-moe · q4_0 \(q4_0 \+ q8_0 blocks\): decode [\d.]+ tok/s \([\d.]+x\)",
+                   r"llama.cpp side by side: "):
         assert re.search(figure, out), f"missing {figure!r} in:\n{out}"
 
 
