@@ -238,7 +238,10 @@ class JobsSettings(_Strict):
     broker_url_env: str = "TIERGATE_BROKER_URL"
     queue: str = "tiergate-batches"  # the Celery queue the gateway sends to and workers consume
     concurrency: int = Field(4, ge=1, le=256)  # lines in flight per runner / per worker task
-    line_lease_s: float = Field(900.0, gt=0)  # a running line whose worker died is retried after this
+    chunk_lines: int = Field(16, ge=1, le=100_000)  # celery: lines per task (a batch's chunks spread over workers)
+    # A running line's lease: extended every third of it while its attempt is alive (heartbeat),
+    # so a line whose process died runs again at most this long after that process's last beat.
+    line_lease_s: float = Field(30.0, gt=0)
     poll_interval_s: float = Field(1.0, gt=0)
     max_file_bytes: int = Field(100 * 1024 * 1024, gt=0)
     upload_read_timeout_s: float = Field(600.0, gt=0)  # the time an upload's body may take to arrive

@@ -15,6 +15,7 @@ app = typer.Typer(help="tiergate: an OpenAI-compatible gateway that spends compu
 def _register() -> None:
     # Imported lazily so that `tiergate --help` stays fast and nothing heavy loads at import.
     from gateway.cli import (
+        batches_cmd,
         bench,
         budgets_cmd,
         classifier_cmd,
@@ -33,6 +34,7 @@ def _register() -> None:
     app.add_typer(routing_cmd.app, name="routing")
     app.add_typer(bench.app, name="bench")
     app.add_typer(budgets_cmd.app, name="budgets")
+    app.add_typer(batches_cmd.app, name="batches")
     bench.app.command("routing")(classifier_cmd.bench_routing)
     serve.register(app)
     from gateway.cli import worker
