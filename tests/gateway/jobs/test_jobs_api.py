@@ -208,7 +208,7 @@ async def test_cancel_stops_new_lines_and_finalises_with_what_is_done(tmp_path: 
         errors = await file_lines(gw.client, gw.auth, batch["error_file_id"])
         assert sorted(o["custom_id"] for o in out + errors) == [f"c{i}" for i in range(6)]  # each exactly once
         assert out[0]["custom_id"] == "c0"
-        cancelled = [e for e in errors if e["error"]["code"] == "batch_cancelled"]
+        cancelled = [e for e in errors if e["error"] and e["error"]["code"] == "batch_cancelled"]
         assert cancelled and all(e["response"] is None for e in cancelled)
         ran = len(upstream.requests)
         assert ran < 6  # cancelled lines never reached the upstream

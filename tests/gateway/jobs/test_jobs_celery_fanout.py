@@ -50,15 +50,15 @@ def _kill(proc: subprocess.Popen[bytes], sig: int) -> None:
 
 
 def _set_up(tmp_path: Path, upstream: ScriptedUpstream, rabbitmq_url: str, monkeypatch: pytest.MonkeyPatch,
-            **jobs: Any) -> tuple[dict[str, Any], Path, Any]:
+            **config: Any) -> tuple[dict[str, Any], Path, Any]:
     monkeypatch.setenv("TIERGATE_BROKER_URL", rabbitmq_url)
     jobs = {"backend": "celery", "queue": f"tiergate-test-{uuid.uuid4().hex[:12]}", "concurrency": 1,
-            "chunk_lines": 2, **jobs}
-    config = tmp_path / "config.yaml"
-    cfg = batch_config(upstream.base_url, f"sqlite:///{tmp_path / 'tiergate.db'}", jobs=jobs)
-    config.write_text(yaml.safe_dump(cfg))
+            "chunk_lines": 2}
+    path = tmp_path / "config.yaml"
+    cfg = batch_config(upstream.base_url, f"sqlite:///{tmp_path / 'tiergate.db'}", jobs=jobs, **config)
+    path.write_text(yaml.safe_dump(cfg))
     celery = make_celery(settings_from_dict(cfg, base_dir=tmp_path))
-    return jobs, config, celery
+    return jobs, path, celery
 
 
 async def _until(check: Any, timeout_s: float) -> bool:
@@ -120,10 +120,11 @@ async def test_a_killed_workers_line_runs_again_within_the_default_lease(
     n = 6
     lease = JobsSettings().line_lease_s
     assert lease <= 60  # the default recovers a dead worker's lines within a minute
-    jobs, config, celery = _set_up(tmp_path, upstream, rabbitmq_url, monkeypatch)
+    slow = {"timeout_s": 120, "max_retries": 0}  # the hanging call outlives the test unless its worker dies
+    jobs, config, celery = _set_up(tmp_path, upstream, rabbitmq_url, monkeypatch, **slow)
     upstream.push(Behaviour(block=True))  # line 1 hangs on the worker that is killed
     log_a, log_b = tmp_path / "worker-a.log", tmp_path / "worker-b.log"
-    async with jobs_gateway(tmp_path, upstream, jobs=jobs) as gw:
+    async with jobs_gateway(tmp_path, upstream, jobs=jobs, **slow) as gw:
         lines = [line(f"k{i}", {"model": "up-a", "messages": MSGS, "max_tokens": 1 + i}) for i in range(n)]
         f = (await upload(gw.client, gw.auth, jsonl(lines))).json()
         batch_id = (await create_batch(gw.client, gw.auth, f["id"])).json()["id"]
