@@ -210,9 +210,15 @@ class RoutingSettings(_Strict):
         return self
 
 
+CLASSIFIER_CURRENT_NAME = "effort.skops"  # the learner's published artifact, in ``classifier.feedback_dir``
+
+
 class ClassifierSettings(_Strict):
     artifact: str = "classifier/artifacts/effort.skops"
     feedback_dir: str = "var/classifier"
+    # true: `tiergate serve` / `worker` refuse to start without an artifact (the shipped config.yaml);
+    # false: model "auto" without one routes to routing.default_tier (a warning at start)
+    required: bool = False
     target_mix: dict[str, float] = {"low": 0.70, "medium": 0.20, "high": 0.10}
     store_prompt_text: bool = False
     reload_interval_s: float = Field(5.0, gt=0)
@@ -286,8 +292,33 @@ class Settings(_Strict):
         return t.price or self.models[t.model].price
 
     def resolve_path(self, path: str) -> Path:
+        """``path`` as given when absolute, else relative to the config file's folder (``base_dir``),
+        whatever the current directory."""
         p = Path(path)
         return p if p.is_absolute() else Path(self.base_dir) / p
+
+    def startup_problems(self) -> list[str]:
+        """What would make this config fail its first requests, each naming the absolute path:
+        a local model directory (of a model some tier uses) without config.json, and, when
+        ``classifier.required``, no classifier artifact. Checked by `tiergate serve` and
+        `tiergate worker` before they start."""
+        problems = []
+        used = dict.fromkeys(m for t in self.tiers.values() for m in (t.model, *t.fallbacks))
+        for name in used:
+            model = self.models[name]
+            if model.provider == "local":
+                path = self.resolve_path(model.model).resolve()
+                if not (path / "config.json").is_file():
+                    problems.append(f"models.{name}: the local model directory {path} has no config.json "
+                                    f"(relative paths resolve against the config file's folder, {Path(self.base_dir).resolve()})")
+        if self.classifier.required:
+            paths = [self.resolve_path(self.classifier.feedback_dir).resolve() / CLASSIFIER_CURRENT_NAME,
+                     self.resolve_path(self.classifier.artifact).resolve()]
+            if not any(p.is_file() for p in paths):
+                problems.append(f"classifier.artifact: no classifier artifact at {' or '.join(map(str, paths))} "
+                                "(classifier.required is true; train one with `tiergate classifier train`, or set "
+                                "required: false to route model 'auto' to routing.default_tier)")
+        return problems
 
 
 def _format_validation_error(err: ValidationError) -> str:

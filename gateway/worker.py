@@ -30,7 +30,6 @@ from gateway.jobs.runner import BatchRunner
 from gateway.runtime import Runtime, open_runtime
 from gateway.settings import Settings
 
-
 log = logging.getLogger("tiergate.jobs")
 
 

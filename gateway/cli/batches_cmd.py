@@ -22,7 +22,7 @@ JsonOption = typer.Option(False, "--json", help="Print JSON instead of a table."
 def _duration(seconds: float | None) -> str:
     if seconds is None:
         return "-"
-    s = int(round(seconds))
+    s = round(seconds)
     return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60}:{s % 60:02d}"
 
 

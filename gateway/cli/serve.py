@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import typer
 
@@ -85,6 +86,16 @@ EOF
 """)
 
 
+def refuse_broken_config(settings: Any) -> None:
+    """Exit 2 naming each missing file (absolute paths) a config's requests would need
+    (``Settings.startup_problems``), rather than start and answer 502s."""
+    problems = settings.startup_problems()
+    if problems:
+        typer.echo("cannot start: " + "\n  ".join(["the config refers to files that are not there:", *problems]),
+                   err=True)
+        raise typer.Exit(2)
+
+
 def register(app: typer.Typer) -> None:
     """Attach the `serve` command to the root app."""
 
@@ -105,6 +116,7 @@ def register(app: typer.Typer) -> None:
         except ConfigError as err:
             typer.echo(str(err), err=True)
             raise typer.Exit(2) from None
+        refuse_broken_config(settings)
         if config is not None:
             os.environ["TIERGATE_CONFIG"] = str(config.resolve())
         bind_host, bind_port = host or settings.server.host, port or settings.server.port

@@ -59,7 +59,7 @@ class LocalEngineProvider:
             engine = self._engines.get(path)
             if engine is None or not engine.is_running:
                 if not (path / "config.json").is_file():
-                    raise UpstreamError(f"local model directory {model.model!r} has no config.json",
+                    raise UpstreamError(f"local model directory {str(path)!r} has no config.json",
                                         retryable=False)
                 engine = self._factory(path, model)
                 self._engines[path] = engine

@@ -27,7 +27,16 @@ import yaml
 
 from gateway.jobs.celery_app import consumers, make_celery
 from gateway.settings import JobsSettings, settings_from_dict
-from tests.gateway.jobs_support import batch_config, create_batch, file_lines, jobs_gateway, jsonl, line, upload, wait_final
+from tests.gateway.jobs_support import (
+    batch_config,
+    create_batch,
+    file_lines,
+    jobs_gateway,
+    jsonl,
+    line,
+    upload,
+    wait_final,
+)
 from tests.gateway.scripted_upstream import Behaviour, ScriptedUpstream
 
 pytestmark = [pytest.mark.process, pytest.mark.rabbitmq, pytest.mark.slow]
