@@ -62,12 +62,13 @@ def _load(config: Path | None, batch_id: str) -> dict[str, Any]:
 def _render(v: dict[str, Any]) -> Any:
     """The progress display of one batch (a rich renderable)."""
     from rich.console import Group
+    from rich.markup import escape
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskProgressColumn, TextColumn
     from rich.text import Text
 
     bar = Progress(TextColumn("{task.description}"), BarColumn(bar_width=40), MofNCompleteColumn(),
                    TaskProgressColumn(), TextColumn("ETA {task.fields[eta]}"), auto_refresh=False)
-    bar.add_task(f"{v['id']} [{v['status']}]", total=v["total"], completed=v["settled"], eta=_duration(v["eta_s"]))
+    bar.add_task(escape(f"{v['id']} [{v['status']}]"), total=v["total"], completed=v["settled"], eta=_duration(v["eta_s"]))
     lines = [Text(f"tenant {v['tenant']}: {v['completed']} ok, {v['failed']} failed, {v['cancelled']} cancelled, "
                   f"{v['expired']} expired, {v['running']} running, {v['pending']} pending")]
     lines += [Text(f"note: {n}", style="yellow") for n in v["notes"]]
