@@ -8,8 +8,11 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 import typer
 
+# Plain (click-style) help: typer's rich panels print a value type after every flag ("--help <bool>",
+# "--demo <bool>"), as if flags took a value; the plain layout shows "--flag / --no-flag" and no type.
+# Sub-apps inherit the mode.
 app = typer.Typer(help="tiergate: an OpenAI-compatible gateway that spends compute where it pays.",
-                  no_args_is_help=True, add_completion=False)
+                  no_args_is_help=True, add_completion=False, rich_markup_mode=None)
 
 
 def _register() -> None:
