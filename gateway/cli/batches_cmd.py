@@ -32,12 +32,15 @@ def _view(session: Any, batch: Any) -> dict[str, Any]:
     from gateway.db.models import Tenant
     from gateway.jobs import store
 
-    p = store.progress(session, batch.id)
+    p = store.progress(session, batch.id, store.utc_now())
     counts = store.line_counts(session, [batch.id]).get(batch.id, {"completed": 0, "failed": 0})
     tenant = session.get(Tenant, batch.tenant_id)
     body = store.batch_json(batch, counts)
     eta = store.eta_seconds(p, batch.in_progress_at, store.utc_now()) if batch.status in store.OPEN else None
     notes = [e["message"] for e in (batch.errors or [])]
+    if p["stalled"]:
+        notes.append(f"{p['stalled']} running line(s) lost their worker (lease ran out with no heartbeat): "
+                     "they run again when a worker claims them")
     return {"id": batch.id, "tenant": tenant.name if tenant else batch.tenant_id, "status": batch.status,
             "total": batch.total, "completed": counts["completed"], "failed": counts["failed"],
             "cancelled": p["cancelled"], "expired": p["expired"], "running": p["running"],
@@ -101,6 +104,27 @@ def batches_list(tenant: str | None = typer.Option(None, "--tenant", "-t", help=
                   "created_at", "note"], False)
 
 
+def _worker_note(config: Path | None) -> str | None:
+    """With ``jobs.backend: celery``: a note when no worker consumes the batch queue right now
+    (or the broker cannot be asked); None otherwise."""
+    from gateway.settings import load_settings
+
+    settings = load_settings(config)
+    if settings.jobs.backend != "celery":
+        return None  # embedded: every gateway process runs batches
+    from gateway.jobs.celery_app import consumers, make_celery
+
+    celery = make_celery(settings)
+    try:
+        n = consumers(celery, settings.jobs.queue)
+    except Exception as err:  # only a note: the view itself came from the database
+        return f"the broker could not be asked for workers ({type(err).__name__})"
+    finally:
+        celery.close()
+    return None if n else (f"No tiergate worker is consuming the batch queue '{settings.jobs.queue}' now: "
+                           "lines wait until one starts (`tiergate worker --config config.yaml`)")
+
+
 @app.command("show")
 def batches_show(batch_id: str = typer.Argument(..., help="Batch id."),
                  watch: bool = typer.Option(False, "--watch", "-w", help="Redraw until the batch is final."),
@@ -113,6 +137,10 @@ def batches_show(batch_id: str = typer.Argument(..., help="Batch id."),
     from gateway.jobs import store
 
     v = _load(config, batch_id)
+    if v["status"] in store.OPEN:
+        note = _worker_note(config)
+        if note and not any("No tiergate worker" in n for n in v["notes"]):
+            v["notes"].append(note)
     if as_json:
         typer.echo(json.dumps(v, default=str, indent=2))
         return

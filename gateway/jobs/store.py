@@ -238,15 +238,18 @@ def note_no_worker(session: Session, batch_id: str, message: str) -> bool:
     return res.rowcount == 1  # type: ignore[no-any-return, attr-defined]
 
 
-def progress(session: Session, batch_id: str) -> dict[str, int]:
-    """The batch's lines by state (pending, running, done, cancelled, expired), and ``failed``:
-    the done ones that did not answer 200."""
+def progress(session: Session, batch_id: str, now: datetime | None = None) -> dict[str, int]:
+    """The batch's lines by state (pending, running, done, cancelled, expired); ``failed``: the
+    done ones that did not answer 200; ``stalled`` (with ``now``): running lines whose lease ran
+    out — their process stopped heartbeating (died) and they wait for a worker to claim them."""
     by_state = dict(session.execute(sa.select(BatchLine.state, sa.func.count()).where(
         BatchLine.batch_id == batch_id).group_by(BatchLine.state)).tuples().all())
     failed = session.scalar(sa.select(sa.func.count()).select_from(BatchLine).where(
         BatchLine.batch_id == batch_id, BatchLine.state == "done", BatchLine.status_code != 200)) or 0
+    stalled = 0 if now is None else session.scalar(sa.select(sa.func.count()).select_from(BatchLine).where(
+        BatchLine.batch_id == batch_id, BatchLine.state == "running", BatchLine.lease_until < now)) or 0
     states = ("pending", "running", "done", "cancelled", "expired")
-    return {**{k: int(by_state.get(k, 0)) for k in states}, "failed": int(failed)}
+    return {**{k: int(by_state.get(k, 0)) for k in states}, "failed": int(failed), "stalled": int(stalled)}
 
 
 def _fenced(claim: ClaimedLine) -> Any:

@@ -68,4 +68,10 @@ def test_batches_list_show_cancel(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     assert result.exit_code == 1 and "Cannot cancel" in result.output
     result = runner.invoke(root, ["batches", "show", "batch_nope", "--config", str(config)])
     assert result.exit_code == 1 and "no batch" in result.output
+
+    with sf() as s, s.begin():  # a line whose worker died: its lease ran out with no heartbeat
+        stuck = store.create_batch(s, tenant_id, None, "file-y", "/v1/chat/completions", "24h", None, specs[:1], t0).id
+    with sf() as s:
+        store.claim_lines(s, now=t0, lease_s=5, limit=1, batch_id=stuck)
+    assert "1 running line(s) lost their worker" in run("batches", "show", stuck)
     engine.dispose()

@@ -23,8 +23,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import typer
 import yaml
+from typer.testing import CliRunner
 
+from gateway.cli import batches_cmd
 from gateway.jobs.celery_app import consumers, make_celery
 from gateway.settings import JobsSettings, settings_from_dict
 from tests.gateway.jobs_support import (
@@ -48,6 +51,12 @@ def _worker(config: Path, log: Path) -> subprocess.Popen[bytes]:
                              "--config", str(config), "--concurrency", "1", "--loglevel", "info",
                              "--hostname", f"t{uuid.uuid4().hex[:8]}@%h"],
                             stdout=log.open("ab"), stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def _batches_cli() -> typer.Typer:
+    root = typer.Typer()
+    root.add_typer(batches_cmd.app, name="batches")
+    return root
 
 
 def _kill(proc: subprocess.Popen[bytes], sig: int) -> None:
@@ -101,6 +110,8 @@ async def test_no_worker_is_said_and_two_workers_share_one_batch(
         assert waiting["status"] == "validating"
         [note] = waiting["errors"]["data"]
         assert note["code"] == "no_worker" and jobs["queue"] in note["message"]
+        shown = CliRunner().invoke(_batches_cli(), ["batches", "show", batch_id, "--config", str(config)])
+        assert shown.exit_code == 0 and "No tiergate worker is consuming" in shown.output, shown.output
 
         workers = [_worker(config, log) for log in logs]
         try:
