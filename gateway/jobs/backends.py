@@ -85,6 +85,7 @@ async def start_jobs(settings: Settings, stack: AsyncExitStack, *, session_facto
             await asyncio.to_thread(enqueue_batch, celery, session_factory, batch_id,
                                     chunk_lines=settings.jobs.chunk_lines, queue=settings.jobs.queue)
 
+        await asyncio.to_thread(finalize_settled, session_factory)
         await requeue_runnable(session_factory, enqueue)
         return JobsBackend(enqueue)
     work = build_batch_work(settings, session_factory, registry, budget_runtime, decide_auto, ledger=ledger,
@@ -127,6 +128,22 @@ def enqueue_batch(celery: Any, session_factory: sessionmaker[Session], batch_id:
                                  "the batch stays in 'validating' until one starts "
                                  "(`tiergate worker --config config.yaml`).")
     return len(chunks)
+
+
+def finalize_settled(session_factory: sessionmaker[Session]) -> list[str]:
+    """Finalize every open batch with no line left to run (a worker that died between its last
+    line and the batch's finalization leaves one); returns those finalized."""
+    done = []
+    for batch_id in _open_ids(session_factory):
+        with session_factory() as session:
+            if store.finalize_if_done(session, batch_id, store.utc_now()):
+                done.append(batch_id)
+    return done
+
+
+def _open_ids(session_factory: sessionmaker[Session]) -> list[str]:
+    with session_factory() as session:
+        return store.open_batch_ids(session)
 
 
 async def requeue_runnable(session_factory: Any, enqueue: Callable[[str], Awaitable[None]]) -> list[str]:

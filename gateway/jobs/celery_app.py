@@ -40,12 +40,13 @@ def make_celery(settings: Settings) -> Celery:
 def consumers(app: Celery, queue: str, *, timeout_s: float = 1.0) -> int:
     """How many workers are there to take ``queue``'s tasks. On an AMQP broker (RabbitMQ): the
     queue's consumer count, exact and immediate (0 when the queue does not exist). On another
-    broker (Redis): the workers that answer a broadcast ping within ``timeout_s``. Raises what
-    the broker raises when it cannot be reached."""
+    broker (Redis): the workers that answer a broadcast ``active_queues`` within ``timeout_s``
+    naming ``queue``. Raises what the broker raises when it cannot be reached."""
     with app.connection_for_write() as conn:
         if conn.transport.driver_type == "amqp":
             try:
                 return int(conn.default_channel.queue_declare(queue=queue, passive=True).consumer_count)
             except conn.channel_errors:  # NOT_FOUND: no one ever declared the queue
                 return 0
-    return len(app.control.ping(timeout=timeout_s, limit=1) or [])
+    replies = app.control.inspect(timeout=timeout_s).active_queues() or {}
+    return sum(1 for queues in replies.values() if any(q.get("name") == queue for q in queues or []))

@@ -86,12 +86,26 @@ class BatchRunner:
         assert self.batch_id is not None
         batch_id, line_range = self.batch_id, self.line_range
         await self._run_while(lambda: self.work.has_unsettled(batch_id, line_range))
-        await self.work.finalize(batch_id)
+        for attempt in range(5):  # the last chunk to settle finalizes the batch (a no-op for the others)
+            try:
+                await self.work.finalize(batch_id)
+                return
+            except Exception as err:  # a gateway's start-up finalizes it if this never gets through
+                log.error("batch %s not finalized (attempt %d): %s", batch_id, attempt + 1, describe(err))
+                await asyncio.sleep(self.poll_interval_s * (attempt + 1))
 
     async def _run_while(self, more: Callable[[], Awaitable[bool]]) -> None:
+        async def more_or_retry() -> bool:
+            try:
+                return await more()
+            except Exception as err:  # the database may be briefly away: keep the work, look again
+                log.error("batch runner: %s", describe(err))
+                await asyncio.sleep(self.poll_interval_s)
+                return True
+
         self._beat = asyncio.create_task(self._heartbeat(), name="tiergate-batch-heartbeat")
         try:
-            while self._inflight or await more():
+            while self._inflight or await more_or_retry():
                 await self._tick()
         finally:
             self._beat.cancel()

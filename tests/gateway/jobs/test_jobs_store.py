@@ -252,3 +252,22 @@ def test_a_cancelling_batch_with_a_dead_workers_line_is_finalised(tmp_path: Path
         assert store.finalize_if_done(s, batch_id, T0 + timedelta(seconds=10)) is None  # lease still live
         assert store.finalize_if_done(s, batch_id, T0 + timedelta(seconds=31)) == "cancelled"
     engine.dispose()
+
+
+def test_start_up_finalizes_a_batch_whose_lines_all_settled(tmp_path: Path) -> None:
+    from gateway.jobs.backends import finalize_settled
+
+    engine, sf = _db(tmp_path)
+    with sf() as s, s.begin():
+        batch_id = store.create_batch(s, "t", "k", "file-x", "/v1/chat/completions", "24h", None, _specs(2), T0).id
+        open_id = store.create_batch(s, "t", "k", "file-y", "/v1/chat/completions", "24h", None, _specs(1), T0).id
+    with sf() as s:
+        claims = store.claim_lines(s, now=T0, lease_s=30, limit=2, batch_id=batch_id)
+    with sf() as s, s.begin():  # its worker died after the last line, before finalizing
+        for c in claims:
+            store.finish_line(s, c, store.LineOutcome(200, {}), None, T0)
+    assert finalize_settled(sf) == [batch_id]
+    with sf() as s:
+        assert store.get_batch(s, "t", batch_id).status == "completed"
+        assert store.get_batch(s, "t", open_id).status == "validating"
+    engine.dispose()
