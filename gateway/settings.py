@@ -211,6 +211,7 @@ class RoutingSettings(_Strict):
 
 
 CLASSIFIER_CURRENT_NAME = "effort.skops"  # the learner's published artifact, in ``classifier.feedback_dir``
+INSTALL_ROOT = Path(__file__).resolve().parents[1]  # the tiergate checkout: engine/models, classifier/artifacts
 
 
 class ClassifierSettings(_Strict):
@@ -297,6 +298,31 @@ class Settings(_Strict):
         p = Path(path)
         return p if p.is_absolute() else Path(self.base_dir) / p
 
+    def asset_paths(self, path: str) -> list[Path]:
+        """Where a read-only file the config names (a local model directory, the classifier
+        artifact) is looked for, in order: relative to the config file's folder, then — for a
+        relative path — in the tiergate installation, where the bundled demo model and
+        classifier live (so a copied config.yaml still finds them). Absolute paths."""
+        p = Path(path)
+        if p.is_absolute():
+            return [p]
+        beside = (Path(self.base_dir) / p).resolve()
+        bundled = (INSTALL_ROOT / p).resolve()
+        return [beside] if bundled == beside else [beside, bundled]
+
+    def resolve_asset(self, path: str) -> Path:
+        """The first of ``asset_paths`` that exists (the config-relative one when none does)."""
+        paths = self.asset_paths(path)
+        return next((x for x in paths if x.exists()), paths[0])
+
+    def classifier_artifact_paths(self) -> list[Path]:
+        """The shipped artifact's candidates: ``asset_paths`` when ``classifier.artifact`` is
+        written in the config, else only beside the config file (a config that names no artifact
+        does not pick up the bundled one)."""
+        if "artifact" in self.classifier.model_fields_set:
+            return self.asset_paths(self.classifier.artifact)
+        return [self.resolve_path(self.classifier.artifact).resolve()]
+
     def startup_problems(self) -> list[str]:
         """What would make this config fail its first requests, each naming the absolute path:
         a local model directory (of a model some tier uses) without config.json, and, when
@@ -307,13 +333,13 @@ class Settings(_Strict):
         for name in used:
             model = self.models[name]
             if model.provider == "local":
-                path = self.resolve_path(model.model).resolve()
-                if not (path / "config.json").is_file():
-                    problems.append(f"models.{name}: the local model directory {path} has no config.json "
-                                    f"(relative paths resolve against the config file's folder, {Path(self.base_dir).resolve()})")
+                paths = self.asset_paths(model.model)
+                if not any((p / "config.json").is_file() for p in paths):
+                    problems.append(f"models.{name}: no local model directory with a config.json at "
+                                    f"{' or '.join(map(str, paths))}")
         if self.classifier.required:
             paths = [self.resolve_path(self.classifier.feedback_dir).resolve() / CLASSIFIER_CURRENT_NAME,
-                     self.resolve_path(self.classifier.artifact).resolve()]
+                     *self.classifier_artifact_paths()]
             if not any(p.is_file() for p in paths):
                 problems.append(f"classifier.artifact: no classifier artifact at {' or '.join(map(str, paths))} "
                                 "(classifier.required is true; train one with `tiergate classifier train`, or set "

@@ -49,7 +49,7 @@ __all__ = ["TIER_SCORES", "EffortDecision", "FeedbackRecorder", "Perceiver", "ar
 def artifact_candidates(settings: Settings) -> list[Path]:
     """Where the gateway looks for the classifier, most preferred first."""
     return [settings.resolve_path(settings.classifier.feedback_dir) / CURRENT_ARTIFACT_NAME,
-            settings.resolve_path(settings.classifier.artifact)]
+            *settings.classifier_artifact_paths()]
 
 
 @dataclass(frozen=True)

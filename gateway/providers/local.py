@@ -43,6 +43,7 @@ def default_engine_factory(path: Path, model: ModelSettings) -> AsyncLLMEngine:
 class LocalEngineProvider:
     def __init__(self, settings: Settings | None = None, *, base_dir: str | Path | None = None,
                  engine_factory: EngineFactory = default_engine_factory) -> None:
+        self._settings = settings if base_dir is None else None
         self._base_dir = Path(base_dir if base_dir is not None else (settings.base_dir if settings else "."))
         self._factory = engine_factory
         self._engines: dict[Path, AsyncLLMEngine] = {}
@@ -50,6 +51,8 @@ class LocalEngineProvider:
 
     # -- engines ------------------------------------------------------------------------------
     def model_path(self, model: ModelSettings) -> Path:
+        if self._settings is not None:  # beside the config file, else the bundled model of that name
+            return self._settings.resolve_asset(model.model)
         p = Path(model.model)
         return (p if p.is_absolute() else self._base_dir / p).resolve()
 
