@@ -30,13 +30,14 @@ def _view(session: Any, batch: Any) -> dict[str, Any]:
     """A batch as the CLI shows it: its OpenAI object's main fields, the tenant's name, line
     states and the ETA."""
     from gateway.db.models import Tenant
+    from gateway.jobs import progress as views
     from gateway.jobs import store
 
-    p = store.progress(session, batch.id, store.utc_now())
+    p = views.progress(session, batch.id, store.utc_now())
     counts = store.line_counts(session, [batch.id]).get(batch.id, {"completed": 0, "failed": 0})
     tenant = session.get(Tenant, batch.tenant_id)
     body = store.batch_json(batch, counts)
-    eta = store.eta_seconds(p, batch.in_progress_at, store.utc_now()) if batch.status in store.OPEN else None
+    eta = views.eta_seconds(p, batch.in_progress_at, store.utc_now()) if batch.status in store.OPEN else None
     notes = [e["message"] for e in (batch.errors or [])]
     if p["stalled"]:
         notes.append(f"{p['stalled']} running line(s) lost their worker (lease ran out with no heartbeat): "
@@ -88,11 +89,11 @@ def batches_list(tenant: str | None = typer.Option(None, "--tenant", "-t", help=
     """List batches of every tenant (or one) with their progress."""
     from gateway.cli.tenants import _print, _session
     from gateway.db.queries import find_tenant
-    from gateway.jobs import store
+    from gateway.jobs import progress as views
 
     with _session(config) as s:
         tenant_id = find_tenant(s, tenant).id if tenant else None
-        rows = [_view(s, b) for b in store.all_batches(s, tenant_id=tenant_id, status=status, limit=limit)]
+        rows = [_view(s, b) for b in views.all_batches(s, tenant_id=tenant_id, status=status, limit=limit)]
     if as_json:
         typer.echo(json.dumps(rows, default=str, indent=2))
         return

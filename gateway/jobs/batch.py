@@ -32,6 +32,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from gateway.chat.flow import ChatFlow
 from gateway.errors import GatewayError
+from gateway.jobs import progress as views
 from gateway.jobs import store
 from gateway.jobs.capture import AttemptLedger
 from gateway.jobs.store import ClaimedLine, LineOutcome, utc_now
@@ -142,7 +143,7 @@ class BatchWork:
         return await self._db(lambda s: store.has_unsettled(s, batch_id, line_range))
 
     async def progress(self, batch_id: str) -> dict[str, int]:
-        return await self._db(lambda s: store.progress(s, batch_id))
+        return await self._db(lambda s: views.progress(s, batch_id))
 
 
 def _commit(session: Session, write: Callable[..., T], *args: Any) -> T:

@@ -10,7 +10,11 @@ attempt's fenced result commit: the first attempt to finish a line that is still
 running makes it done with its result (``result_request_id`` names it); any other attempt's
 request record is written as ``superseded`` and its result is not kept, so the output has
 exactly one result per line. ``finalize_if_done`` writes the output and error files when no
-line is left to run and moves the batch to its final status, once.
+line is left to run and moves the batch to its final status, once (OpenAI's shapes: an HTTP error
+is the line's ``response`` with ``error: null``; only a never-run line has ``error``).
+``extend_leases`` is the heartbeat of live attempts; ``chunk_ranges`` cuts a batch into the
+line-number ranges Celery tasks run; ``note_no_worker`` marks a batch no worker can take
+(``gateway.jobs.progress`` has the operator's read-only views).
 
 Plain functions on a Session with an explicit ``now``; imports the jobs tables, files, the
 ledger applier and errors. Knows nothing of FastAPI or Celery.
@@ -238,20 +242,6 @@ def note_no_worker(session: Session, batch_id: str, message: str) -> bool:
     return res.rowcount == 1  # type: ignore[no-any-return, attr-defined]
 
 
-def progress(session: Session, batch_id: str, now: datetime | None = None) -> dict[str, int]:
-    """The batch's lines by state (pending, running, done, cancelled, expired); ``failed``: the
-    done ones that did not answer 200; ``stalled`` (with ``now``): running lines whose lease ran
-    out — their process stopped heartbeating (died) and they wait for a worker to claim them."""
-    by_state = dict(session.execute(sa.select(BatchLine.state, sa.func.count()).where(
-        BatchLine.batch_id == batch_id).group_by(BatchLine.state)).tuples().all())
-    failed = session.scalar(sa.select(sa.func.count()).select_from(BatchLine).where(
-        BatchLine.batch_id == batch_id, BatchLine.state == "done", BatchLine.status_code != 200)) or 0
-    stalled = 0 if now is None else session.scalar(sa.select(sa.func.count()).select_from(BatchLine).where(
-        BatchLine.batch_id == batch_id, BatchLine.state == "running", BatchLine.lease_until < now)) or 0
-    states = ("pending", "running", "done", "cancelled", "expired")
-    return {**{k: int(by_state.get(k, 0)) for k in states}, "failed": int(failed), "stalled": int(stalled)}
-
-
 def _fenced(claim: ClaimedLine) -> Any:
     return sa.update(BatchLine).where(
         BatchLine.batch_id == claim.batch_id, BatchLine.custom_id == claim.custom_id,
@@ -388,24 +378,3 @@ def finalize_if_done(session: Session, batch_id: str, now: datetime) -> str | No
     session.commit()
     return final
 
-
-def all_batches(session: Session, *, tenant_id: str | None = None, status: str | None = None,
-                limit: int = 50) -> list[Batch]:
-    """Every tenant's batches (the operator's view), newest first."""
-    q = sa.select(Batch)
-    if tenant_id is not None:
-        q = q.where(Batch.tenant_id == tenant_id)
-    if status is not None:
-        q = q.where(Batch.status == status)
-    return list(session.scalars(q.order_by(Batch.created_at.desc(), Batch.id.desc()).limit(limit)))
-
-
-def eta_seconds(p: dict[str, int], started: datetime | None, now: datetime) -> float | None:
-    """Seconds until the lines left (pending and running) are done, at the rate lines have
-    settled since the batch started (``progress``'s counts); None before any line settled."""
-    settled = p["done"] + p["cancelled"] + p["expired"]
-    left = p["pending"] + p["running"]
-    if started is None or settled == 0:
-        return None
-    elapsed = (now - _aware(started)).total_seconds()
-    return max(0.0, left * elapsed / settled) if elapsed > 0 else None
