@@ -37,8 +37,8 @@ TIERS = ("none", "minimal", "low", "medium", "high", "xhigh")
 
 @dataclass
 class BatchBenchArgs:
-    lines: int = 64
-    delay_ms: float = 200.0
+    lines: int = 48
+    delay_ms: float = 500.0
     workers: int = 2
     concurrency: int = 2  # jobs.concurrency: lines in flight per worker task
     chunk_lines: int = 4

@@ -113,8 +113,8 @@ def ledger_sqlite_bench(n: int = typer.Option(3000, help="Entries per variant.")
 
 @app.command("batches")
 def batches_bench(
-    lines: int = typer.Option(64, help="lines in the batch"),
-    delay_ms: float = typer.Option(200.0, help="the mock upstream's fixed latency per call"),
+    lines: int = typer.Option(48, help="lines in the batch"),
+    delay_ms: float = typer.Option(500.0, help="the mock upstream's fixed latency per call"),
     workers: int = typer.Option(2, min=2, help="workers of the second run (the first has one)"),
     concurrency: int = typer.Option(2, min=1, help="jobs.concurrency: lines in flight per worker"),
     chunk_lines: int = typer.Option(4, min=1, help="jobs.chunk_lines: lines per Celery task"),
