@@ -232,9 +232,16 @@ class RoutingSettings(_Strict):
         return self
 
 
+CLASSIFIER_CURRENT_NAME = "effort.skops"  # the learner's published artifact, in ``classifier.feedback_dir``
+INSTALL_ROOT = Path(__file__).resolve().parents[1]  # the tiergate checkout: engine/models, classifier/artifacts
+
+
 class ClassifierSettings(_Strict):
     artifact: str = "classifier/artifacts/effort.skops"
     feedback_dir: str = "var/classifier"
+    # true: `tiergate serve` / `worker` refuse to start without an artifact (the shipped config.yaml);
+    # false: model "auto" without one routes to routing.default_tier (a warning at start)
+    required: bool = False
     target_mix: dict[str, float] = {"low": 0.70, "medium": 0.20, "high": 0.10}
     store_prompt_text: bool = False
     reload_interval_s: float = Field(5.0, gt=0)
@@ -260,7 +267,10 @@ class JobsSettings(_Strict):
     broker_url_env: str = "TIERGATE_BROKER_URL"
     queue: str = "tiergate-batches"  # the Celery queue the gateway sends to and workers consume
     concurrency: int = Field(4, ge=1, le=256)  # lines in flight per runner / per worker task
-    line_lease_s: float = Field(900.0, gt=0)  # a running line whose worker died is retried after this
+    chunk_lines: int = Field(16, ge=1, le=100_000)  # celery: lines per task (a batch's chunks spread over workers)
+    # A running line's lease: extended every third of it while its attempt is alive (heartbeat),
+    # so a line whose process died runs again at most this long after that process's last beat.
+    line_lease_s: float = Field(30.0, gt=0)
     poll_interval_s: float = Field(1.0, gt=0)
     max_file_bytes: int = Field(100 * 1024 * 1024, gt=0)
     upload_read_timeout_s: float = Field(600.0, gt=0)  # the time an upload's body may take to arrive
@@ -308,8 +318,63 @@ class Settings(_Strict):
         return t.price or self.models[t.model].price
 
     def resolve_path(self, path: str) -> Path:
+        """``path`` as given when absolute, else relative to the config file's folder (``base_dir``),
+        whatever the current directory."""
         p = Path(path)
         return p if p.is_absolute() else Path(self.base_dir) / p
+
+    def asset_paths(self, path: str) -> list[Path]:
+        """Where a read-only file the config names (a local model directory, the classifier
+        artifact) is looked for, in order: relative to the config file's folder, then — for a
+        relative path — in the tiergate installation, where the bundled demo model and
+        classifier live (so a copied config.yaml still finds them). Absolute paths."""
+        p = Path(path)
+        if p.is_absolute():
+            return [p]
+        beside = (Path(self.base_dir) / p).resolve()
+        bundled = (INSTALL_ROOT / p).resolve()
+        return [beside] if bundled == beside else [beside, bundled]
+
+    def resolve_asset(self, path: str) -> Path:
+        """The first of ``asset_paths`` that exists (the config-relative one when none does)."""
+        paths = self.asset_paths(path)
+        return next((x for x in paths if x.exists()), paths[0])
+
+    def classifier_artifact_paths(self) -> list[Path]:
+        """The shipped artifact's candidates: ``asset_paths`` when ``classifier.artifact`` is
+        written in the config, else only beside the config file (a config that names no artifact
+        does not pick up the bundled one)."""
+        if "artifact" in self.classifier.model_fields_set:
+            return self.asset_paths(self.classifier.artifact)
+        return [self.resolve_path(self.classifier.artifact).resolve()]
+
+    def startup_problems(self) -> list[str]:
+        """What would make this config fail its first requests, each naming the absolute path:
+        a local model directory (of a model some tier uses) without config.json, and, when
+        ``classifier.required``, no classifier artifact. Checked by `tiergate serve` and
+        `tiergate worker` before they start."""
+        problems = []
+        used = dict.fromkeys(m for t in self.tiers.values() for m in (t.model, *t.fallbacks))
+        for name in used:
+            model = self.models[name]
+            if model.provider == "local":
+                paths = self.asset_paths(model.model)
+                if not any((p / "config.json").is_file() or (p.suffix == ".gguf" and p.is_file()) for p in paths):
+                    problems.append(f"models.{name}: no local model directory with a config.json (or .gguf file) "
+                                    f"at {' or '.join(map(str, paths))}")
+                if model.draft_model is not None:
+                    drafts = self.asset_paths(model.draft_model)
+                    if not any((p / "config.json").is_file() for p in drafts):
+                        problems.append(f"models.{name}.draft_model: no model directory with a config.json at "
+                                        f"{' or '.join(map(str, drafts))}")
+        if self.classifier.required:
+            paths = [self.resolve_path(self.classifier.feedback_dir).resolve() / CLASSIFIER_CURRENT_NAME,
+                     *self.classifier_artifact_paths()]
+            if not any(p.is_file() for p in paths):
+                problems.append(f"classifier.artifact: no classifier artifact at {' or '.join(map(str, paths))} "
+                                "(classifier.required is true; train one with `tiergate classifier train`, or set "
+                                "required: false to route model 'auto' to routing.default_tier)")
+        return problems
 
 
 def _format_validation_error(err: ValidationError) -> str:

@@ -1,7 +1,7 @@
 """Processes for `tiergate bench gateway`, run as ``python -m gateway.bench.tools <mock|load>``:
 
 - ``mock``: a fast mock OpenAI upstream (aiohttp.web + uvloop) answering every chat completion
-  with the same small JSON body (with usage);
+  with the same small JSON body (with usage), after ``--delay-ms`` when given;
 - ``bare``: the floor for any Python gateway: a bare FastAPI + aiohttp pass-through (no auth, no
   ledger, no validation) under uvicorn with uvloop/httptools, one worker;
 - ``load``: a small closed-loop HTTP/1.1 keep-alive load generator (asyncio streams + uvloop;
@@ -30,13 +30,15 @@ RESPONSE = {"id": "chatcmpl-mock", "object": "chat.completion", "created": 17000
                       "completion_tokens_details": {"reasoning_tokens": 0}}}
 
 
-def run_mock(host: str, port: int) -> None:
+def run_mock(host: str, port: int, delay_ms: float = 0.0) -> None:
     from aiohttp import web
 
     body = orjson.dumps(RESPONSE)
 
     async def chat(request: web.Request) -> web.Response:
         await request.read()
+        if delay_ms:
+            await asyncio.sleep(delay_ms / 1000)  # a fixed latency per call (`tiergate bench batches`)
         return web.Response(body=body, content_type="application/json")
 
     async def models(_: web.Request) -> web.Response:
@@ -158,6 +160,7 @@ def main(argv: list[str] | None = None) -> None:
     mock = sub.add_parser("mock")
     mock.add_argument("--host", default="127.0.0.1")
     mock.add_argument("--port", type=int, required=True)
+    mock.add_argument("--delay-ms", type=float, default=0.0, help="answer each call after this long")
     bare = sub.add_parser("bare")
     bare.add_argument("--host", default="127.0.0.1")
     bare.add_argument("--port", type=int, required=True)
@@ -178,7 +181,7 @@ def main(argv: list[str] | None = None) -> None:
     except ImportError:  # pragma: no cover - uvloop is pinned
         pass
     if args.cmd == "mock":
-        run_mock(args.host, args.port)
+        run_mock(args.host, args.port, args.delay_ms)
     elif args.cmd == "bare":
         run_bare(args.host, args.port, args.upstream)
     else:

@@ -66,6 +66,12 @@ class BudgetPolicy:
         }
 
 
+def effective_policy(row: BudgetPolicyRow, defaults: BudgetDefaults) -> BudgetPolicy:
+    """The policy a gateway enforces for ``row``: a soft limit left unset is
+    ``budgets.soft_limit_fraction`` of the hard one, unset alert thresholds are the defaults."""
+    return _row_to_policy(row, defaults)
+
+
 def _row_to_policy(row: BudgetPolicyRow, defaults: BudgetDefaults) -> BudgetPolicy:
     limit = None if row.limit_usd is None else usd_to_nanos(row.limit_usd)
     soft = None if row.soft_limit_usd is None else usd_to_nanos(row.soft_limit_usd)

@@ -8,13 +8,17 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 import typer
 
+# Plain (click-style) help: typer's rich panels print a value type after every flag ("--help <bool>",
+# "--demo <bool>"), as if flags took a value; the plain layout shows "--flag / --no-flag" and no type.
+# Sub-apps inherit the mode.
 app = typer.Typer(help="tiergate: an OpenAI-compatible gateway that spends compute where it pays.",
-                  no_args_is_help=True, add_completion=False)
+                  no_args_is_help=True, add_completion=False, rich_markup_mode=None)
 
 
 def _register() -> None:
     # Imported lazily so that `tiergate --help` stays fast and nothing heavy loads at import.
     from gateway.cli import (
+        batches_cmd,
         bench,
         budgets_cmd,
         classifier_cmd,
@@ -33,6 +37,7 @@ def _register() -> None:
     app.add_typer(routing_cmd.app, name="routing")
     app.add_typer(bench.app, name="bench")
     app.add_typer(budgets_cmd.app, name="budgets")
+    app.add_typer(batches_cmd.app, name="batches")
     bench.app.command("routing")(classifier_cmd.bench_routing)
     serve.register(app)
     from gateway.cli import worker

@@ -124,3 +124,21 @@ def ledger_sqlite_bench(n: int = typer.Option(3000, help="Entries per variant.")
 
     for line in run(n, concurrency):
         typer.echo(line)
+
+
+@app.command("batches")
+def batches_bench(
+    lines: int = typer.Option(48, help="lines in the batch"),
+    delay_ms: float = typer.Option(500.0, help="the mock upstream's fixed latency per call"),
+    workers: int = typer.Option(2, min=2, help="workers of the second run (the first has one)"),
+    concurrency: int = typer.Option(2, min=1, help="jobs.concurrency: lines in flight per worker"),
+    chunk_lines: int = typer.Option(4, min=1, help="jobs.chunk_lines: lines per Celery task"),
+    broker_url: str = typer.Option("amqp://guest:guest@127.0.0.1:5672//", envvar="TIERGATE_BROKER_URL",
+                                   help="the Celery broker (a private queue is used)"),
+    database_url: str | None = typer.Option(None, help="a database URL (default: a temporary SQLite file)"),
+) -> None:
+    """One batch on 1 Celery worker vs on N workers, against an upstream with a fixed latency."""
+    from gateway.bench.batches import BatchBenchArgs, run_batches_bench
+
+    typer.echo(run_batches_bench(BatchBenchArgs(lines, delay_ms, workers, concurrency, chunk_lines, broker_url,
+                                                database_url)))

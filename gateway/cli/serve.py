@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import typer
 
@@ -62,7 +63,16 @@ def _demo_key(config: Path | None) -> str | None:
         engine.dispose()
 
 
-def _print_demo(host: str, port: int, key: str | None) -> None:
+def _dashboard_note(host: str, port: int, admin_key_env: str) -> str:
+    """Where the admin dashboard is and how to log in (or how to turn it on)."""
+    if os.environ.get(admin_key_env):
+        return f"Admin dashboard: http://{host}:{port}/admin (log in with the key in ${admin_key_env})."
+    return (f"Admin dashboard: off. Start with an admin key to turn it on, e.g.\n"
+            f"    export {admin_key_env}=\"$(python3 -c 'import secrets; print(secrets.token_urlsafe(24))')\"\n"
+            f"then open http://{host}:{port}/admin and log in with it.")
+
+
+def _print_demo(host: str, port: int, key: str | None, admin_key_env: str = "TIERGATE_ADMIN_KEY") -> None:
     shown = key or "<your tiergate key>"
     if key:
         typer.echo(f"Created tenant '{DEMO_TENANT}' with API key (shown once, store it now):\n\n    {key}\n")
@@ -82,7 +92,20 @@ client = OpenAI(base_url="{base}", api_key="{shown}")
 r = client.chat.completions.create(model="auto", messages=[{{"role": "user", "content": "Say hello"}}])
 print(r.choices[0].message.content)
 EOF
+
+The tiergate command is in .venv: activate it (. .venv/bin/activate) or run .venv/bin/tiergate.
 """)
+    typer.echo(_dashboard_note(host, port, admin_key_env) + "\n")
+
+
+def refuse_broken_config(settings: Any) -> None:
+    """Exit 2 naming each missing file (absolute paths) a config's requests would need
+    (``Settings.startup_problems``), rather than start and answer 502s."""
+    problems = settings.startup_problems()
+    if problems:
+        typer.echo("cannot start: " + "\n  ".join(["the config refers to files that are not there:", *problems]),
+                   err=True)
+        raise typer.Exit(2)
 
 
 def register(app: typer.Typer) -> None:
@@ -105,10 +128,11 @@ def register(app: typer.Typer) -> None:
         except ConfigError as err:
             typer.echo(str(err), err=True)
             raise typer.Exit(2) from None
+        refuse_broken_config(settings)
         if config is not None:
             os.environ["TIERGATE_CONFIG"] = str(config.resolve())
         bind_host, bind_port = host or settings.server.host, port or settings.server.port
         if demo:
-            _print_demo(bind_host, bind_port, _demo_key(config))
+            _print_demo(bind_host, bind_port, _demo_key(config), settings.server.admin_key_env)
         run(uvicorn_config(settings, app="gateway.cli.serve:app_from_env", host=bind_host, port=bind_port,
                            workers=workers, access_log=access_log))

@@ -150,16 +150,28 @@ def keys_create(tenant: str = typer.Option(..., "--tenant", "-t", help="Tenant i
 @keys_app.command("list")
 def keys_list(tenant: str | None = typer.Option(None, "--tenant", "-t", help="Tenant id or name."),
               config: Path | None = ConfigOption, as_json: bool = JsonOption) -> None:
-    """List API keys (prefix only; keys are stored hashed)."""
+    """List API keys (prefix only; keys are stored hashed) with their tenant's name and their spend
+    this month (UTC) and in all."""
+    from gateway.budgets import window_for
+    from gateway.budgets.periods import utc_now
+    from gateway.budgets.spend import spent_nanos
+    from gateway.db.models import Tenant
     from gateway.db.queries import find_tenant, list_api_keys
+    from gateway.money import usd_number
 
+    month, total = window_for("month", utc_now()), window_for("total", utc_now())
     with _session(config) as s:
         tenant_id = find_tenant(s, tenant).id if tenant else None
-        rows = [{"id": k.id, "tenant_id": k.tenant_id, "name": k.name, "prefix": k.prefix,
+        names = {t.id: t.name for t in s.query(Tenant)}
+        rows = [{"id": k.id, "tenant": names.get(k.tenant_id, k.tenant_id), "tenant_id": k.tenant_id,
+                 "name": k.name, "prefix": k.prefix,
+                 "spent_month_usd": usd_number(spent_nanos(s, "key", k.id, month)),
+                 "spent_total_usd": usd_number(spent_nanos(s, "key", k.id, total)),
                  "created_at": k.created_at.isoformat(),
                  "revoked_at": k.revoked_at.isoformat() if k.revoked_at else ""}
                 for k in list_api_keys(s, tenant_id)]
-    _print(rows, ["id", "tenant_id", "name", "prefix", "created_at", "revoked_at"], as_json)
+    _print(rows, ["id", "tenant", "name", "prefix", "spent_month_usd", "spent_total_usd", "created_at", "revoked_at"],
+           as_json)
 
 
 @keys_app.command("revoke")

@@ -17,12 +17,14 @@ def register(app: typer.Typer) -> None:
                loglevel: str = typer.Option("info", help="Celery log level."),
                hostname: str | None = typer.Option(None, help="Celery node name (default: celery@<host>).")) -> None:
         """Run a Celery worker that executes batch jobs."""
+        from gateway.cli.serve import refuse_broken_config
         from gateway.jobs.celery_app import make_celery
         from gateway.settings import ConfigError, load_settings
         from gateway.worker import register_tasks
 
         try:
             settings = load_settings(config)
+            refuse_broken_config(settings)
             celery = make_celery(settings)
             register_tasks(celery, settings)
         except ConfigError as err:

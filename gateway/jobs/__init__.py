@@ -5,8 +5,10 @@
   validation, line claims with leases, fenced finish, cancel, finalize).
 - ``capture.AttemptLedger`` and ``batch.BatchWork``: a line through the live chat flow, its call
   rows journaled by the ledger as they happen, its result committed (fenced) afterwards.
-- ``runner.BatchRunner``: bounded concurrency over the database; ``backends``: the embedded
-  runner or the Celery producer for the app.
+- ``runner.BatchRunner``: bounded concurrency over the database (every batch, one, or one chunk
+  of one), with a heartbeat that extends its lines' leases; ``backends``: the embedded runner or
+  the Celery producer for the app (one task per chunk of lines, a ``no_worker`` note when no
+  worker consumes the queue).
 - ``celery_app``: the Celery app (built by a factory). A worker process's runtime and task body
   are ``gateway.worker`` (an entry point, above the runtime).
 

@@ -2,13 +2,16 @@
 
 - ``embedded`` (default): ``start_jobs`` starts a ``BatchRunner`` in the gateway's event loop
   for the app's lifetime; creating a batch wakes it.
-- ``celery``: creating a batch enqueues ``tiergate.run_batch(batch_id)``; ``tiergate worker``
-  processes run it (``drain_batch``: the same ``BatchWork`` over their own providers, budgets
-  and database connections). When the broker cannot take the task, ``submit`` raises
-  ``QueueUnavailable`` (the route fails the batch and answers 503). At start-up the gateway
-  enqueues every active batch that has a line no one is running (a gateway that died between
-  creating a batch and enqueueing it leaves one); a task for a batch that is already being
-  worked on only joins in, since lines are claimed in the database.
+- ``celery``: creating a batch enqueues one ``tiergate.run_chunk(batch_id, first, last)`` task per
+  ``jobs.chunk_lines`` lines; ``tiergate worker`` processes run them (``drain_chunk``: the same
+  ``BatchWork`` over their own providers, budgets and database connections), so every worker on
+  the queue takes chunks of one batch. When the broker cannot take the tasks, ``submit`` raises
+  ``QueueUnavailable`` (the route fails the batch and answers 503). When no worker consumes the
+  queue, the batch says so (a ``no_worker`` entry in its ``errors`` while it is ``validating``;
+  the first line a worker claims clears it). At start-up the gateway enqueues the chunks of every
+  active batch that hold a line no one is running (a gateway that died between creating a batch
+  and enqueueing it leaves some); a chunk that is already being worked on only joins in, since
+  lines are claimed in the database.
 
 Batch lines run through their own ``ChatFlow`` whose ledger is an ``AttemptLedger`` over the
 process's real ledger (the app's; a worker starts its own on ``ledger.journal_dir``, and a
@@ -73,18 +76,16 @@ async def start_jobs(settings: Settings, stack: AsyncExitStack, *, session_facto
     """The backend for the app's lifespan; stopped (lines in flight handed back) by ``stack``.
     ``ledger``: the app's, started before and stopped after this backend."""
     if settings.jobs.backend == "celery":
-        from gateway.jobs.celery_app import RUN_BATCH, make_celery
+        from gateway.jobs.celery_app import make_celery
 
         celery = make_celery(settings)
         stack.callback(celery.close)
 
         async def enqueue(batch_id: str) -> None:
-            try:
-                await asyncio.to_thread(celery.send_task, RUN_BATCH, args=[batch_id])
-            except Exception as err:  # kombu's OperationalError, OSError, ...: the task is not queued
-                raise QueueUnavailable(f"The batch queue is unavailable ({type(err).__name__}); "
-                                       f"batch {batch_id} was not started.") from err
+            await asyncio.to_thread(enqueue_batch, celery, session_factory, batch_id,
+                                    chunk_lines=settings.jobs.chunk_lines, queue=settings.jobs.queue)
 
+        await asyncio.to_thread(finalize_settled, session_factory)
         await requeue_runnable(session_factory, enqueue)
         return JobsBackend(enqueue)
     work = build_batch_work(settings, session_factory, registry, budget_runtime, decide_auto, ledger=ledger,
@@ -97,6 +98,52 @@ async def start_jobs(settings: Settings, stack: AsyncExitStack, *, session_facto
         runner.wake()
 
     return JobsBackend(wake, runner)
+
+
+def enqueue_batch(celery: Any, session_factory: sessionmaker[Session], batch_id: str, *, chunk_lines: int,
+                  queue: str) -> int:
+    """Send one ``RUN_CHUNK`` task per chunk of ``batch_id`` that holds a line no one is running
+    (every chunk of a new batch); then, if no worker consumes ``queue``, note it on the batch.
+    Returns the tasks sent; raises ``QueueUnavailable`` when the broker does not take them."""
+    from gateway.jobs.celery_app import RUN_CHUNK, consumers
+
+    with session_factory() as session:
+        chunks = store.chunk_ranges(session, batch_id, chunk_lines, runnable_at=store.utc_now())
+    try:
+        with celery.producer_or_acquire() as producer:
+            for first, last in chunks:
+                celery.send_task(RUN_CHUNK, args=[batch_id, first, last], producer=producer)
+    except Exception as err:  # kombu's OperationalError, OSError, ...: the tasks are not queued
+        raise QueueUnavailable(f"The batch queue is unavailable ({type(err).__name__}); "
+                               f"batch {batch_id} was not started.") from err
+    try:
+        workers = consumers(celery, queue)
+    except Exception as err:  # the tasks are queued; only the check failed
+        log.warning("batch %s: could not count the workers on queue %s: %s", batch_id, queue, type(err).__name__)
+        return len(chunks)
+    if workers == 0:
+        log.warning("batch %s: no worker consumes queue %s; it starts when one does", batch_id, queue)
+        with session_factory() as session:
+            store.note_no_worker(session, batch_id, f"No tiergate worker is consuming the batch queue '{queue}': "
+                                 "the batch stays in 'validating' until one starts "
+                                 "(`tiergate worker --config config.yaml`).")
+    return len(chunks)
+
+
+def finalize_settled(session_factory: sessionmaker[Session]) -> list[str]:
+    """Finalize every open batch with no line left to run (a worker that died between its last
+    line and the batch's finalization leaves one); returns those finalized."""
+    done = []
+    for batch_id in _open_ids(session_factory):
+        with session_factory() as session:
+            if store.finalize_if_done(session, batch_id, store.utc_now()):
+                done.append(batch_id)
+    return done
+
+
+def _open_ids(session_factory: sessionmaker[Session]) -> list[str]:
+    with session_factory() as session:
+        return store.open_batch_ids(session)
 
 
 async def requeue_runnable(session_factory: Any, enqueue: Callable[[str], Awaitable[None]]) -> list[str]:

@@ -32,6 +32,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from gateway.chat.flow import ChatFlow
 from gateway.errors import GatewayError
+from gateway.jobs import progress as views
 from gateway.jobs import store
 from gateway.jobs.capture import AttemptLedger
 from gateway.jobs.store import ClaimedLine, LineOutcome, utc_now
@@ -63,16 +64,26 @@ class BatchWork:
                 return fn(session)
         return await asyncio.to_thread(run)
 
-    async def claim(self, limit: int, batch_id: str | None = None) -> list[ClaimedLine]:
+    async def claim(self, limit: int, batch_id: str | None = None,
+                    line_range: store.LineRange | None = None) -> list[ClaimedLine]:
         now = self.clock()
         return await self._db(lambda s: store.claim_lines(s, now=now, lease_s=self.lease_s, limit=limit,
-                                                          batch_id=batch_id))
+                                                          batch_id=batch_id, line_range=line_range))
+
+    async def heartbeat(self, claims: list[ClaimedLine]) -> int:
+        """Extend the leases of these live attempts (a dead worker's run out: its lines run again)."""
+        now = self.clock()
+        return await self._db(lambda s: store.extend_leases(s, claims, now, self.lease_s))
 
     async def _answer(self, claim: ClaimedLine) -> LineOutcome:
         try:
             req, _ = await self.flow.prepare(LinePrincipal(claim.tenant_id, claim.key_id), claim.body,
                                              request_id=claim.request_id)
-            return LineOutcome(200, (await self.flow.complete(req)).response)
+            outcome = await self.flow.complete(req)
+            response = outcome.response
+            if outcome.spend.model:  # the model that answered (OpenAI's output bodies name it), not "auto"
+                response["model"] = outcome.spend.model
+            return LineOutcome(200, response)
         except GatewayError as err:
             return LineOutcome(err.status, err.body(), {"code": err.code, "message": err.message})
         except Exception as err:  # recorded by the flow as a 500; the line fails, its spend is billed
@@ -127,6 +138,12 @@ class BatchWork:
             batch = s.get(store.Batch, batch_id)
             return batch is not None and batch.status in store.OPEN
         return await self._db(check)
+
+    async def has_unsettled(self, batch_id: str, line_range: store.LineRange | None = None) -> bool:
+        return await self._db(lambda s: store.has_unsettled(s, batch_id, line_range))
+
+    async def progress(self, batch_id: str) -> dict[str, int]:
+        return await self._db(lambda s: views.progress(s, batch_id))
 
 
 def _commit(session: Session, write: Callable[..., T], *args: Any) -> T:

@@ -1,9 +1,11 @@
 """The Celery application of ``jobs.backend: celery``, built by ``make_celery(settings)`` (never at
 import time). The broker URL comes from the environment variable ``jobs.broker_url_env``, else
 the Redis URL. Tasks are acknowledged late and re-queued when a worker process is lost, so a
-killed worker's batch is picked up again; lines never run twice because each line is claimed
-in the database (see gateway.jobs.store). The gateway only sends ``RUN_BATCH`` tasks; a worker
-process registers the task body too (``gateway.worker.register_tasks``). Imports celery only.
+killed worker's chunk is picked up again by another; lines never run twice because each line
+is claimed in the database (see gateway.jobs.store). The gateway sends one ``RUN_CHUNK`` task per
+chunk of a batch's lines (``enqueue_batch``), so every worker on the queue works on one batch; a
+worker process registers the task bodies (``gateway.worker.register_tasks``). ``consumers``
+tells whether any worker is there to take them. Imports celery only.
 """
 
 from __future__ import annotations
@@ -12,7 +14,8 @@ from celery import Celery
 
 from gateway.settings import ConfigError, Settings
 
-RUN_BATCH = "tiergate.run_batch"
+RUN_BATCH = "tiergate.run_batch"  # one task for a whole batch (what older gateways send)
+RUN_CHUNK = "tiergate.run_chunk"  # (batch_id, first line_no, last line_no): one chunk of a batch
 
 
 def make_celery(settings: Settings) -> Celery:
@@ -32,3 +35,18 @@ def make_celery(settings: Settings) -> Celery:
     )
 
     return app
+
+
+def consumers(app: Celery, queue: str, *, timeout_s: float = 1.0) -> int:
+    """How many workers are there to take ``queue``'s tasks. On an AMQP broker (RabbitMQ): the
+    queue's consumer count, exact and immediate (0 when the queue does not exist). On another
+    broker (Redis): the workers that answer a broadcast ``active_queues`` within ``timeout_s``
+    naming ``queue``. Raises what the broker raises when it cannot be reached."""
+    with app.connection_for_write() as conn:
+        if conn.transport.driver_type == "amqp":
+            try:
+                return int(conn.default_channel.queue_declare(queue=queue, passive=True).consumer_count)
+            except conn.channel_errors:  # NOT_FOUND: no one ever declared the queue
+                return 0
+    replies = app.control.inspect(timeout=timeout_s).active_queues() or {}
+    return sum(1 for queues in replies.values() if any(q.get("name") == queue for q in queues or []))

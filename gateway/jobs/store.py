@@ -10,7 +10,11 @@ attempt's fenced result commit: the first attempt to finish a line that is still
 running makes it done with its result (``result_request_id`` names it); any other attempt's
 request record is written as ``superseded`` and its result is not kept, so the output has
 exactly one result per line. ``finalize_if_done`` writes the output and error files when no
-line is left to run and moves the batch to its final status, once.
+line is left to run and moves the batch to its final status, once (OpenAI's shapes: an HTTP error
+is the line's ``response`` with ``error: null``; only a never-run line has ``error``).
+``extend_leases`` is the heartbeat of live attempts; ``chunk_ranges`` cuts a batch into the
+line-number ranges Celery tasks run; ``note_no_worker`` marks a batch no worker can take
+(``gateway.jobs.progress`` has the operator's read-only views).
 
 Plain functions on a Session with an explicit ``now``; imports the jobs tables, files, the
 ledger applier and errors. Knows nothing of FastAPI or Celery.
@@ -121,9 +125,11 @@ def list_batches(session: Session, tenant_id: str, *, limit: int, after: str | N
 
 
 def line_counts(session: Session, batch_ids: Sequence[str]) -> dict[str, dict[str, int]]:
-    """Per batch: completed (done, 2xx) and failed (done with an error, or never run) line counts."""
+    """Per batch: completed (done, 2xx) and failed (done with an error, or expired unrun) line
+    counts. A cancelled line is neither (as OpenAI counts it): while a batch is ``cancelling`` and
+    once it is ``cancelled``, ``completed + failed`` is what ran and ``total`` what was asked."""
     ok = sa.and_(BatchLine.state == "done", BatchLine.status_code == 200)
-    failed = sa.or_(BatchLine.state.in_(("cancelled", "expired")),
+    failed = sa.or_(BatchLine.state == "expired",
                     sa.and_(BatchLine.state == "done", BatchLine.status_code != 200))
     q = (sa.select(BatchLine.batch_id, sa.func.count().filter(ok), sa.func.count().filter(failed))
          .where(BatchLine.batch_id.in_(batch_ids)).group_by(BatchLine.batch_id))
@@ -145,10 +151,14 @@ def batch_json(batch: Batch, counts: dict[str, int] | None) -> dict[str, Any]:
         "request_counts": {"total": batch.total, **counts}, "metadata": batch.meta}
 
 
+LineRange = tuple[int, int]  # first and last ``line_no`` of a chunk, inclusive
+
+
 def claim_lines(session: Session, *, now: datetime, lease_s: float, limit: int,
-                batch_id: str | None = None) -> list[ClaimedLine]:
+                batch_id: str | None = None, line_range: LineRange | None = None) -> list[ClaimedLine]:
     """Claim up to ``limit`` runnable lines (pending, or running with an expired lease) of active
-    batches, oldest batch first; commits. Moves their batches from validating to in_progress."""
+    batches, oldest batch first (of ``batch_id``, and of its lines ``line_range`` when given);
+    commits. Moves their batches from validating to in_progress (clearing a ``no_worker`` note)."""
     runnable = sa.or_(BatchLine.state == "pending",
                       sa.and_(BatchLine.state == "running", BatchLine.lease_until < now))
     q = (sa.select(BatchLine.batch_id, BatchLine.custom_id, BatchLine.request_id, BatchLine.attempts,
@@ -158,6 +168,8 @@ def claim_lines(session: Session, *, now: datetime, lease_s: float, limit: int,
          .order_by(Batch.created_at, BatchLine.batch_id, BatchLine.line_no).limit(limit))
     if batch_id is not None:
         q = q.where(Batch.id == batch_id)
+    if line_range is not None:
+        q = q.where(BatchLine.line_no.between(*line_range))
     candidates = list(session.execute(q))
     claimed: list[ClaimedLine] = []
     lease_until = now + timedelta(seconds=lease_s)
@@ -173,9 +185,61 @@ def claim_lines(session: Session, *, now: datetime, lease_s: float, limit: int,
     started = {c.batch_id for c in claimed}
     if started:
         session.execute(sa.update(Batch).where(Batch.id.in_(started), Batch.status == "validating")
-                        .values(status="in_progress", in_progress_at=now))
+                        .values(status="in_progress", in_progress_at=now, errors=None))
     session.commit()
     return claimed
+
+
+def extend_leases(session: Session, claims: Sequence[ClaimedLine], now: datetime, lease_s: float) -> int:
+    """The heartbeat of live attempts: each claim's lease runs ``lease_s`` from ``now`` again, if
+    the claim still owns its line (fenced on ``attempts``); commits. Returns the leases extended."""
+    extended = 0
+    for claim in claims:
+        res = session.execute(_fenced(claim).values(lease_until=now + timedelta(seconds=lease_s)))
+        extended += res.rowcount  # type: ignore[attr-defined]
+    session.commit()
+    return extended
+
+
+def chunk_ranges(session: Session, batch_id: str, chunk_lines: int, *, runnable_at: datetime | None = None
+                 ) -> list[LineRange]:
+    """The batch's lines cut into chunks of ``chunk_lines`` (in line order), as line-number ranges:
+    the unit of work of one Celery task. ``runnable_at``: only the chunks holding a line no one is
+    running at that time (pending, or running with an expired lease)."""
+    nos = list(session.scalars(sa.select(BatchLine.line_no).where(BatchLine.batch_id == batch_id)
+                               .order_by(BatchLine.line_no)))
+    ranges = [(chunk[0], chunk[-1]) for chunk in (nos[i:i + chunk_lines] for i in range(0, len(nos), chunk_lines))]
+    if runnable_at is None:
+        return ranges
+    runnable = sa.or_(BatchLine.state == "pending",
+                      sa.and_(BatchLine.state == "running", BatchLine.lease_until < runnable_at))
+    live = set(session.scalars(sa.select(BatchLine.line_no).where(BatchLine.batch_id == batch_id, runnable)))
+    return [r for r in ranges if any(r[0] <= no <= r[1] for no in live)]
+
+
+def has_unsettled(session: Session, batch_id: str, line_range: LineRange | None = None) -> bool:
+    """The batch is open and has a line (in ``line_range``) still pending or running."""
+    status = session.scalar(sa.select(Batch.status).where(Batch.id == batch_id))
+    if status not in OPEN:
+        return False
+    q = sa.select(BatchLine.line_no).where(BatchLine.batch_id == batch_id,
+                                           BatchLine.state.in_(("pending", "running")))
+    if line_range is not None:
+        q = q.where(BatchLine.line_no.between(*line_range))
+    return session.scalar(q.limit(1)) is not None
+
+
+NO_WORKER = "no_worker"
+
+
+def note_no_worker(session: Session, batch_id: str, message: str) -> bool:
+    """Say on a batch that has not started (``validating``) that no worker is there to run it:
+    one ``no_worker`` entry in its ``errors`` (its status stays ``validating``; the first line a
+    worker claims clears the note). Commits; False when the batch had already started."""
+    res = session.execute(sa.update(Batch).where(Batch.id == batch_id, Batch.status == "validating").values(
+        errors=[{"code": NO_WORKER, "message": message, "param": None, "line": None}]))
+    session.commit()
+    return res.rowcount == 1  # type: ignore[no-any-return, attr-defined]
 
 
 def _fenced(claim: ClaimedLine) -> Any:
@@ -265,6 +329,8 @@ def _result_line(line: BatchLine) -> bytes:
                                         "this request ran."}
     elif line.state == "expired":
         error = {"code": "batch_expired", "message": "The batch expired before this request ran."}
+    elif line.status_code is not None:
+        error = None  # an HTTP error: OpenAI puts it in ``response`` (status and error body) only
     else:
         error = line.error
     return orjson.dumps({"id": line.request_id, "custom_id": line.custom_id, "response": response,
@@ -278,6 +344,10 @@ def finalize_if_done(session: Session, batch_id: str, now: datetime) -> str | No
     batch = session.get(Batch, batch_id)
     if batch is None or batch.status not in OPEN:
         return None
+    if batch.status == "cancelling":  # a dead worker's attempt (lease run out) will not finish its line
+        session.execute(sa.update(BatchLine).where(BatchLine.batch_id == batch_id, BatchLine.state == "running",
+                                                   BatchLine.lease_until < now).values(state="cancelled"))
+        session.commit()
     if batch.status in ACTIVE and now >= _aware(batch.expires_at):
         session.execute(sa.update(BatchLine).where(BatchLine.batch_id == batch_id, BatchLine.state == "pending")
                         .values(state="expired"))
@@ -307,3 +377,4 @@ def finalize_if_done(session: Session, batch_id: str, now: datetime) -> str | No
     session.execute(sa.update(Batch).where(Batch.id == batch_id).values(**values))
     session.commit()
     return final
+

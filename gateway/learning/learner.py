@@ -91,7 +91,7 @@ def _models(settings: Settings) -> tuple[classifier.EffortModel, Path, classifie
     named = classifier.read_metadata(live_path).get("learner_base_path")
     if named:
         return classifier.load_artifact(Path(str(named)), traffic=False).model, Path(str(named)), live
-    if live_path.name == CURRENT_ARTIFACT_NAME and live_path != artifact_candidates(settings)[-1]:
+    if live_path.name == CURRENT_ARTIFACT_NAME and live_path == artifact_candidates(settings)[0]:
         # a refit published live: its versioned copy is the one that stays
         return live, live_path.parent / "versions" / f"{live.version}.skops", live
     return live, live_path, live

@@ -34,11 +34,11 @@ import classifier
 from classifier import EffortDecision, EffortModel
 from gateway.log_safety import describe
 from gateway.routing import NO_PREFS, RoutingPrefs
-from gateway.settings import TIER_NAMES, Settings
+from gateway.settings import CLASSIFIER_CURRENT_NAME, TIER_NAMES, Settings
 
 log = logging.getLogger("tiergate.perceive")
 
-CURRENT_ARTIFACT_NAME = "effort.skops"
+CURRENT_ARTIFACT_NAME = CLASSIFIER_CURRENT_NAME
 TIER_SCORES: dict[str, float] = {"none": 0.05, "minimal": 0.15, "low": 0.25, "medium": 0.5, "high": 0.75,
                                  "xhigh": 0.95}
 
@@ -49,7 +49,7 @@ __all__ = ["TIER_SCORES", "EffortDecision", "FeedbackRecorder", "Perceiver", "ar
 def artifact_candidates(settings: Settings) -> list[Path]:
     """Where the gateway looks for the classifier, most preferred first."""
     return [settings.resolve_path(settings.classifier.feedback_dir) / CURRENT_ARTIFACT_NAME,
-            settings.resolve_path(settings.classifier.artifact)]
+            *settings.classifier_artifact_paths()]
 
 
 @dataclass(frozen=True)

@@ -51,6 +51,7 @@ def default_engine_factory(path: Path, model: ModelSettings) -> AsyncLLMEngine:
 class LocalEngineProvider:
     def __init__(self, settings: Settings | None = None, *, base_dir: str | Path | None = None,
                  engine_factory: EngineFactory = default_engine_factory) -> None:
+        self._settings = settings if base_dir is None else None
         self._base_dir = Path(base_dir if base_dir is not None else (settings.base_dir if settings else "."))
         self._factory = engine_factory
         # (model, draft model, KV dtype, quantization): one engine each
@@ -59,6 +60,8 @@ class LocalEngineProvider:
 
     # -- engines ------------------------------------------------------------------------------
     def model_path(self, model: ModelSettings) -> Path:
+        if self._settings is not None:  # beside the config file, else the bundled model of that name
+            return self._settings.resolve_asset(model.model)
         p = Path(model.model)
         return (p if p.is_absolute() else self._base_dir / p).resolve()
 
@@ -71,11 +74,11 @@ class LocalEngineProvider:
             engine = self._engines.get(key)
             if engine is None or not engine.is_running:
                 if not ((path / "config.json").is_file() or (path.suffix == ".gguf" and path.is_file())):
-                    raise UpstreamError(f"local model {model.model!r} is neither a directory with a config.json "
+                    raise UpstreamError(f"local model {str(path)!r} is neither a directory with a config.json "
                                         "nor a .gguf file", retryable=False)
                 if draft is not None:
                     if not (draft / "config.json").is_file():
-                        raise UpstreamError(f"draft model directory {model.draft_model!r} has no config.json",
+                        raise UpstreamError(f"draft model directory {str(draft)!r} has no config.json",
                                             retryable=False)
                     model = model.model_copy(update={"draft_model": str(draft)})
                 engine = self._factory(path, model)

@@ -38,6 +38,19 @@ def test_demo_key_is_created_once_and_works(tmp_path: Path, capsys: pytest.Captu
     assert key not in capsys.readouterr().out
 
 
+def test_the_demo_says_how_to_run_the_cli_and_open_the_dashboard(capsys: pytest.CaptureFixture[str],
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("TG_TEST_ADMIN", raising=False)
+    _print_demo("127.0.0.1", 8080, None, "TG_TEST_ADMIN")
+    out = capsys.readouterr().out
+    assert ".venv/bin/activate" in out and "Admin dashboard: off" in out and "export TG_TEST_ADMIN=" in out
+    monkeypatch.setenv("TG_TEST_ADMIN", "s3cret")
+    _print_demo("127.0.0.1", 8080, None, "TG_TEST_ADMIN")
+    out = capsys.readouterr().out
+    assert "Admin dashboard: http://127.0.0.1:8080/admin (log in with the key in $TG_TEST_ADMIN)" in out
+    assert "s3cret" not in out
+
+
 def test_serve_help_lists_options() -> None:
     import typer
 

@@ -11,6 +11,7 @@ import socket
 from collections.abc import Callable
 from decimal import Decimal
 from pathlib import Path
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
@@ -20,6 +21,7 @@ from gateway.db.models import LedgerEntryRow, Request
 from gateway.db.queries import add_api_key, create_tenant
 from gateway.jobs import store
 from gateway.jobs.backends import QueueUnavailable, requeue_runnable
+from gateway.jobs.batch import BatchWork
 from gateway.jobs.validate import LineSpec
 from tests.gateway.gateway_harness import make_database
 from tests.gateway.jobs_support import create_batch, file_lines, jobs_gateway, jsonl, line, upload, wait_final
@@ -131,7 +133,8 @@ async def test_batch_runs_every_line_once_and_bills_it(tmp_path: Path, upstream:
             assert o["error"] is None and o["id"].startswith("batch_req_")
             assert o["response"]["status_code"] == 200 and o["response"]["request_id"] == o["id"]
             body = o["response"]["body"]
-            assert body["object"] == "chat.completion" and body["id"] == o["id"] and body["model"] == "low"
+            assert body["object"] == "chat.completion" and body["id"] == o["id"]
+            assert body["model"] == "up-a"  # the model that answered (the low tier's), not the name asked for
             assert body["choices"][0]["message"]["content"] == " ".join(f"w{k}" for k in range(1 + i))
             assert body["usage"]["completion_tokens"] == 1 + i
         assert len(upstream.requests) == n
@@ -173,10 +176,11 @@ async def test_budget_denies_lines_mid_batch_and_the_batch_goes_on(tmp_path: Pat
         out = await file_lines(gw.client, gw.auth, batch["output_file_id"])
         errors = await file_lines(gw.client, gw.auth, batch["error_file_id"])
         assert sorted(o["custom_id"] for o in out + errors) == sorted(f"q{i}" for i in range(8))
-        for e in errors:
-            assert e["error"]["code"] == "budget_exceeded"
-            assert e["response"]["status_code"] == 429
+        for e in errors:  # OpenAI's shape: an HTTP error is the response, and error is null
+            assert e["error"] is None
+            assert e["response"]["status_code"] == 429 and e["response"]["request_id"] == e["id"]
             assert e["response"]["body"]["error"]["type"] == "insufficient_quota"
+            assert e["response"]["body"]["error"]["code"] == "budget_exceeded"
         assert len(upstream.requests) == 3  # denied lines never reached the upstream
         rows = gw.ledger_rows()
         assert len(rows) == 3 and sum((r.cost_usd for r in rows), Decimal(0)) == 3 * cost
@@ -204,12 +208,13 @@ async def test_cancel_stops_new_lines_and_finalises_with_what_is_done(tmp_path: 
         errors = await file_lines(gw.client, gw.auth, batch["error_file_id"])
         assert sorted(o["custom_id"] for o in out + errors) == [f"c{i}" for i in range(6)]  # each exactly once
         assert out[0]["custom_id"] == "c0"
-        cancelled = [e for e in errors if e["error"]["code"] == "batch_cancelled"]
+        cancelled = [e for e in errors if e["error"] and e["error"]["code"] == "batch_cancelled"]
         assert cancelled and all(e["response"] is None for e in cancelled)
         ran = len(upstream.requests)
         assert ran < 6  # cancelled lines never reached the upstream
         counts = batch["request_counts"]
-        assert counts["total"] == 6 and counts["completed"] + counts["failed"] == 6
+        assert counts["total"] == 6  # cancelled lines are neither completed nor failed
+        assert counts["completed"] + counts["failed"] == 6 - len(cancelled)
         assert len(gw.ledger_rows()) == ran  # every upstream call billed once
         with gw.session_factory() as s:
             assert s.scalar(sa.select(sa.func.count()).select_from(LedgerEntryRow)) == ran
@@ -225,7 +230,10 @@ async def _until(check: Callable[[], bool], polls: int = 500) -> bool:
 
 
 async def test_an_attempt_slower_than_its_lease_is_billed_and_one_result_is_kept(
-        tmp_path: Path, upstream: ScriptedUpstream) -> None:
+        tmp_path: Path, upstream: ScriptedUpstream, monkeypatch: pytest.MonkeyPatch) -> None:
+    async def stalled(self: BatchWork, claims: list[Any]) -> int:  # a process whose heartbeats do not land
+        return 0
+    monkeypatch.setattr(BatchWork, "heartbeat", stalled)
     async with jobs_gateway(tmp_path, upstream, jobs={"line_lease_s": 0.5}) as gw:
         admin = {"Authorization": f"Bearer {ADMIN}"}
         r = await gw.client.put(f"/admin/budgets/tenants/{gw.tenant_id}", headers=admin,
@@ -296,3 +304,13 @@ async def test_start_up_requeues_batches_no_one_is_running(tmp_path: Path) -> No
     assert await requeue_runnable(sf, broker_down) == []  # logged; the batch stays for the next start
     with sf() as s:
         assert store.get_batch(s, tenant_id, stuck).status == "validating"
+
+
+async def test_an_auto_line_names_the_model_that_answered(tmp_path: Path, upstream: ScriptedUpstream) -> None:
+    """Issue 15: output bodies said ``"model": "auto"``; OpenAI's name the model that answered."""
+    async with jobs_gateway(tmp_path, upstream) as gw:
+        body = {"model": "auto", "reasoning_effort": "high", "messages": MSGS, "max_tokens": 2}
+        f = (await upload(gw.client, gw.auth, jsonl([line("a", body)]))).json()
+        batch = await wait_final(gw.client, gw.auth, (await create_batch(gw.client, gw.auth, f["id"])).json()["id"])
+        [out] = await file_lines(gw.client, gw.auth, batch["output_file_id"])
+        assert out["response"]["body"]["model"] == "up-high"

@@ -1,5 +1,6 @@
 """``BatchRunner.stop`` under a claim that is in flight when the runner is stopped: the claim's outcome (lines
-to hand back, or a database error) never swallows the stop."""
+to hand back, or a database error) never swallows the stop. The heartbeat extends the leases of the
+lines in flight (and only those) every third of a lease."""
 
 from __future__ import annotations
 
@@ -12,13 +13,15 @@ from gateway.jobs.runner import BatchRunner
 class _Work:
     """A stand-in for ``BatchWork`` whose claim waits for the test, then fails or returns lines."""
 
+    lease_s = 30.0
+
     def __init__(self, outcome: Exception | list[Any]) -> None:
         self.outcome = outcome
         self.claiming = asyncio.Event()
         self.release_claim = asyncio.Event()
         self.released: list[Any] = []
 
-    async def claim(self, limit: int, batch_id: str | None = None) -> list[Any]:
+    async def claim(self, limit: int, batch_id: str | None = None, line_range: Any = None) -> list[Any]:
         self.claiming.set()
         await self.release_claim.wait()
         if isinstance(self.outcome, Exception):
@@ -53,3 +56,42 @@ async def test_stop_hands_back_lines_claimed_while_stopping() -> None:
     work = _Work(["line-1", "line-2"])
     await _stop_during_claim(work)
     assert work.released == ["line-1", "line-2"]
+
+
+class _SlowLines:
+    """A stand-in for ``BatchWork`` with one chunk of two lines: ``a`` runs for a while, ``b`` at once."""
+
+    lease_s = 0.3
+
+    def __init__(self) -> None:
+        self.claimed = False
+        self.beats: list[list[str]] = []
+        self.finished: list[str] = []
+
+    async def claim(self, limit: int, batch_id: str | None = None, line_range: Any = None) -> list[str]:
+        if self.claimed:
+            return []
+        self.claimed = True
+        return ["a", "b"]
+
+    async def run_line(self, claim: str) -> None:
+        await asyncio.sleep(0.5 if claim == "a" else 0)
+        self.finished.append(claim)
+
+    async def heartbeat(self, claims: list[str]) -> int:
+        self.beats.append(sorted(claims))
+        return len(claims)
+
+    async def finalize(self, batch_id: str) -> None:
+        return None
+
+    async def has_unsettled(self, batch_id: str, line_range: Any = None) -> bool:
+        return len(self.finished) < 2
+
+
+async def test_the_heartbeat_extends_the_leases_of_the_lines_in_flight() -> None:
+    work = _SlowLines()
+    runner = BatchRunner(work, concurrency=4, poll_interval_s=0.01, batch_id="b", line_range=(1, 2))  # type: ignore[arg-type]
+    await asyncio.wait_for(runner.run_until_settled(), 10)
+    assert sorted(work.finished) == ["a", "b"] and runner.lines_run == 2
+    assert work.beats and all(beat == ["a"] for beat in work.beats)  # b was done before the first beat

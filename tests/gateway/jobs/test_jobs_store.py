@@ -133,3 +133,141 @@ def test_fail_batch_fails_only_a_batch_that_has_not_started(tmp_path: Path) -> N
         assert store.claim_lines(s, now=T0, lease_s=60, limit=5, batch_id=waiting) == []  # never runs
         assert store.runnable_batch_ids(s, T0 + timedelta(seconds=61)) == [started]
     engine.dispose()
+
+
+def _specs(n: int) -> list[LineSpec]:
+    return [LineSpec(i, f"c{i}", {"model": "low", "messages": []}) for i in range(1, n + 1)]
+
+
+def test_cancelled_lines_are_not_counted_as_failed(tmp_path: Path) -> None:
+    """Issue 15: while a batch is ``cancelling`` (and once ``cancelled``) its never-run lines were
+    counted as ``failed``; OpenAI counts only what ran."""
+    engine, sf = _db(tmp_path)
+    with sf() as s, s.begin():
+        batch = store.create_batch(s, "t", "k", "file-x", "/v1/chat/completions", "24h", None, _specs(5), T0)
+        batch_id = batch.id
+    with sf() as s:
+        running = store.claim_lines(s, now=T0, lease_s=60, limit=2)
+    with sf() as s, s.begin():
+        store.finish_line(s, running[0], store.LineOutcome(200, {"object": "chat.completion"}), None, T0)
+    with sf() as s, s.begin():
+        store.cancel_batch(s, store.get_batch(s, "t", batch_id), T0)
+    with sf() as s:
+        assert store.get_batch(s, "t", batch_id).status == "cancelling"
+        assert store.line_counts(s, [batch_id])[batch_id] == {"completed": 1, "failed": 0}
+    with sf() as s, s.begin():
+        store.finish_line(s, running[1], store.LineOutcome(400, {"error": {"code": "bad"}},
+                                                           {"code": "bad", "message": "bad"}), None, T0)
+    with sf() as s:
+        assert store.finalize_if_done(s, batch_id, T0) == "cancelled"
+        assert store.line_counts(s, [batch_id])[batch_id] == {"completed": 1, "failed": 1}
+    engine.dispose()
+
+
+def test_error_file_lines_for_http_errors_carry_the_response_and_no_error(tmp_path: Path) -> None:
+    """Issue 15: OpenAI's error file puts an HTTP error in ``response`` (its status and error
+    body) with ``error: null``; only a line that never ran (cancelled, expired) has ``error``."""
+    engine, sf = _db(tmp_path)
+    with sf() as s, s.begin():
+        batch_id = store.create_batch(s, "t", "k", "file-x", "/v1/chat/completions", "24h", None, _specs(2), T0).id
+    with sf() as s:
+        [first] = store.claim_lines(s, now=T0, lease_s=60, limit=1)
+    body = {"error": {"message": "over budget", "type": "insufficient_quota", "param": None,
+                      "code": "budget_exceeded"}}
+    with sf() as s, s.begin():
+        store.finish_line(s, first, store.LineOutcome(429, body, {"code": "budget_exceeded", "message": "x"}),
+                          None, T0)
+    with sf() as s, s.begin():
+        store.cancel_batch(s, store.get_batch(s, "t", batch_id), T0)
+    with sf() as s:
+        assert store.finalize_if_done(s, batch_id, T0) == "cancelled"
+        content = s.scalar(sa.select(FileObject.content).join(Batch, Batch.error_file_id == FileObject.id))
+    assert content is not None
+    http_error, never_ran = [orjson.loads(x) for x in content.splitlines()]
+    assert http_error["error"] is None
+    assert http_error["response"] == {"status_code": 429, "request_id": first.request_id, "body": body}
+    assert never_ran["response"] is None and never_ran["error"]["code"] == "batch_cancelled"
+    engine.dispose()
+
+
+def test_heartbeats_keep_a_live_lease_and_a_dead_one_expires(tmp_path: Path) -> None:
+    engine, sf = _db(tmp_path)
+    with sf() as s, s.begin():
+        store.create_batch(s, "t", "k", "file-x", "/v1/chat/completions", "24h", None, _specs(2), T0)
+    with sf() as s:
+        live, dead = store.claim_lines(s, now=T0, lease_s=30, limit=2)
+        for beat in (10, 20, 30, 40):  # only the live attempt beats
+            assert store.extend_leases(s, [live], T0 + timedelta(seconds=beat), 30) == 1
+        retry = store.claim_lines(s, now=T0 + timedelta(seconds=45), lease_s=30, limit=5)
+        assert [(c.custom_id, c.attempt) for c in retry] == [(dead.custom_id, 2)]
+        assert store.extend_leases(s, [dead], T0 + timedelta(seconds=46), 30) == 0  # fenced: no longer its line
+    engine.dispose()
+
+
+def test_chunks_cover_the_lines_and_claims_stay_in_their_chunk(tmp_path: Path) -> None:
+    engine, sf = _db(tmp_path)
+    with sf() as s, s.begin():
+        batch_id = store.create_batch(s, "t", "k", "file-x", "/v1/chat/completions", "24h", None, _specs(10), T0).id
+    with sf() as s:
+        assert store.chunk_ranges(s, batch_id, 4) == [(1, 4), (5, 8), (9, 10)]
+        claimed = store.claim_lines(s, now=T0, lease_s=30, limit=10, batch_id=batch_id, line_range=(5, 8))
+        assert [c.custom_id for c in claimed] == ["c5", "c6", "c7", "c8"]
+        # the middle chunk runs under live leases: only the others are re-enqueued at start-up
+        assert store.chunk_ranges(s, batch_id, 4, runnable_at=T0) == [(1, 4), (9, 10)]
+        assert store.chunk_ranges(s, batch_id, 4, runnable_at=T0 + timedelta(seconds=31)) == [(1, 4), (5, 8), (9, 10)]
+        assert store.has_unsettled(s, batch_id, (5, 8))
+    with sf() as s, s.begin():
+        for c in claimed:
+            store.finish_line(s, c, store.LineOutcome(200, {}), None, T0)
+    with sf() as s:
+        assert not store.has_unsettled(s, batch_id, (5, 8)) and store.has_unsettled(s, batch_id, (1, 4))
+    engine.dispose()
+
+
+def test_no_worker_note_until_a_line_is_claimed(tmp_path: Path) -> None:
+    engine, sf = _db(tmp_path)
+    with sf() as s, s.begin():
+        batch_id = store.create_batch(s, "t", "k", "file-x", "/v1/chat/completions", "24h", None, _specs(1), T0).id
+    with sf() as s:
+        assert store.note_no_worker(s, batch_id, "No tiergate worker is consuming the batch queue 'q'")
+        body = store.batch_json(store.get_batch(s, "t", batch_id), None)
+        assert body["status"] == "validating" and body["errors"]["data"][0]["code"] == "no_worker"
+        store.claim_lines(s, now=T0, lease_s=30, limit=1)
+        s.expire_all()
+        body = store.batch_json(store.get_batch(s, "t", batch_id), None)
+        assert body["status"] == "in_progress" and body["errors"] is None
+        assert not store.note_no_worker(s, batch_id, "late")  # a started batch is left alone
+    engine.dispose()
+
+
+def test_a_cancelling_batch_with_a_dead_workers_line_is_finalised(tmp_path: Path) -> None:
+    engine, sf = _db(tmp_path)
+    with sf() as s, s.begin():
+        batch_id = store.create_batch(s, "t", "k", "file-x", "/v1/chat/completions", "24h", None, _specs(2), T0).id
+    with sf() as s:
+        store.claim_lines(s, now=T0, lease_s=30, limit=1)  # its worker dies: no heartbeat, no result
+    with sf() as s, s.begin():
+        store.cancel_batch(s, store.get_batch(s, "t", batch_id), T0)
+    with sf() as s:
+        assert store.finalize_if_done(s, batch_id, T0 + timedelta(seconds=10)) is None  # lease still live
+        assert store.finalize_if_done(s, batch_id, T0 + timedelta(seconds=31)) == "cancelled"
+    engine.dispose()
+
+
+def test_start_up_finalizes_a_batch_whose_lines_all_settled(tmp_path: Path) -> None:
+    from gateway.jobs.backends import finalize_settled
+
+    engine, sf = _db(tmp_path)
+    with sf() as s, s.begin():
+        batch_id = store.create_batch(s, "t", "k", "file-x", "/v1/chat/completions", "24h", None, _specs(2), T0).id
+        open_id = store.create_batch(s, "t", "k", "file-y", "/v1/chat/completions", "24h", None, _specs(1), T0).id
+    with sf() as s:
+        claims = store.claim_lines(s, now=T0, lease_s=30, limit=2, batch_id=batch_id)
+    with sf() as s, s.begin():  # its worker died after the last line, before finalizing
+        for c in claims:
+            store.finish_line(s, c, store.LineOutcome(200, {}), None, T0)
+    assert finalize_settled(sf) == [batch_id]
+    with sf() as s:
+        assert store.get_batch(s, "t", batch_id).status == "completed"
+        assert store.get_batch(s, "t", open_id).status == "validating"
+    engine.dispose()
