@@ -27,7 +27,8 @@ from gateway.budgets import put_policy, subject_of
 from gateway.budgets.bounds import PolicyValueError
 from gateway.budgets.policies import Scope
 from gateway.db.models import AdminAuditRow, ApiKey, BudgetAlertRow, BudgetPolicyRow, Tenant, utcnow
-from gateway.db.queries import add_api_key, create_tenant as db_create_tenant, new_id
+from gateway.db.queries import add_api_key, new_id
+from gateway.db.queries import create_tenant as db_create_tenant
 from gateway.errors import InvalidRequest, NotFound
 
 Period = Literal["day", "week", "month", "total"]

@@ -20,7 +20,15 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
-from gateway.db.models import ApiKey, BudgetAlertRow, BudgetPolicyRow, DailySpend, LedgerEntryRow, Request, Tenant
+from gateway.db.models import (
+    ApiKey,
+    BudgetAlertRow,
+    BudgetPolicyRow,
+    DailySpend,
+    LedgerEntryRow,
+    Request,
+    Tenant,
+)
 from gateway.db.queries import SpendTotals
 
 MAX_PAGE = 200
@@ -282,7 +290,8 @@ def latency_percentiles(session: Session, tenant_id: str, since: datetime,
                 Request.latency_ms.is_not(None)))
     by_tier: dict[str, list[float]] = {}
     for tier, ms in session.execute(q):
-        by_tier.setdefault(tier or "unrouted", []).append(float(ms))
+        if ms is not None:
+            by_tier.setdefault(tier or "unrouted", []).append(float(ms))
     out: dict[str, dict[float, float]] = {}
     for tier, values in sorted(by_tier.items()):
         values.sort()

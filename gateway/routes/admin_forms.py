@@ -46,7 +46,7 @@ async def _form(request: Request, state: Runtime, token: str | None) -> dict[str
     server = state.settings.server
     raw = await read_body(request, min(MAX_FORM, server.max_body_bytes), server.body_read_timeout_s)
     form = parse_qs(raw.decode("utf-8", "replace"), keep_blank_values=True)
-    check_csrf(state, token, (form.get("csrf") or [None])[0])
+    check_csrf(state, token, (form.get("csrf") or [""])[0])
     return form
 
 
