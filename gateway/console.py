@@ -207,6 +207,24 @@ def acknowledge_alert(sf: sessionmaker[Session], actor: Actor, alert_id: str) ->
         return alert_json(a)
 
 
+_SHOWN_ON_CREATE = ("name", "prefix", "period", "limit_usd", "soft_limit_usd", "requests_per_min", "tokens_per_min")
+
+
+def _short(v: Any) -> str:
+    return "–" if v is None else str(v)
+
+
+def change_summary(before: Any, after: Any) -> str:
+    """An audit row's change for people: ``limit_usd: 5 → 7.5; period: month → day`` (only the
+    fields that changed), or the main fields of what was created."""
+    if not isinstance(after, dict):
+        return ""
+    if not isinstance(before, dict):
+        return ", ".join(f"{k}={_short(after[k])}" for k in _SHOWN_ON_CREATE if after.get(k) not in (None, ""))
+    return "; ".join(f"{k}: {_short(before.get(k))} → {_short(after.get(k))}" for k in after
+                     if before.get(k) != after.get(k))
+
+
 def audit_log(s: Session, *, tenant_id: str | None = None, limit: int = 50) -> list[dict[str, Any]]:
     """The newest audit rows (one tenant's, or all), newest first; an index range scan."""
     q = sa.select(AdminAuditRow)
@@ -215,4 +233,4 @@ def audit_log(s: Session, *, tenant_id: str | None = None, limit: int = 50) -> l
     q = q.order_by(AdminAuditRow.created_at.desc(), AdminAuditRow.id.desc()).limit(max(1, min(limit, 500)))
     return [{"id": r.id, "created_at": _iso(r.created_at), "actor": r.actor, "client": r.client,
              "action": r.action, "target": r.target, "tenant_id": r.tenant_id, "before": r.before,
-             "after": r.after} for r in s.scalars(q)]
+             "after": r.after, "change": change_summary(r.before, r.after)} for r in s.scalars(q)]

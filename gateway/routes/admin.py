@@ -244,7 +244,7 @@ def _tenant(state: Runtime, tenant_id: str, days: int, mix_hours: int, limit: in
                                          f"Spend per day by tier ({name})"),
                 "chart_mix": charts.share_bar(mix.by_tier, label=f"Effort mix, last {mix_hours} h"),
                 "chart_latency": charts.grouped_bars(
-                    {t: {f"p{round(p * 100)}": v for p, v in pts.items()} for t, pts in latency.items()},
+                    {t: {f"p{round(p * 100)}": v for p, v in latency[t].items()} for t in charts.tier_sort(list(latency))},
                     label=f"Latency percentiles by tier, last {mix_hours} h")}
 
 

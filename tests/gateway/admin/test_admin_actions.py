@@ -108,6 +108,9 @@ async def test_api_sets_raises_and_clears_budgets(tmp_path: Path, upstream: Scri
                 if a.action.startswith("budget")]
         assert acts == [("budget.set", None, "5"), ("budget.raise", "5", "7.5"), ("budget.clear", "7.5", None),
                         ("budget.set", None, "0.25")]
+        shown = (await gw.client.get(f"/admin/api/audit?tenant_id={gw.tenant_id}", headers=BEARER)).json()["data"]
+        assert shown[3]["change"] == "limit_usd: 5 → 7.5"  # the raise, for people
+        assert shown[2]["change"] == "limit_usd: 7.5 → –; requests_per_min: 60 → –"
 
 
 async def test_acknowledge_alert(tmp_path: Path, upstream: ScriptedUpstream) -> None:
