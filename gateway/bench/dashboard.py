@@ -153,7 +153,8 @@ def run(admin_url: str, tenants: int, rows: int, repeats: int) -> list[str]:
         sf = make_session_factory(engine)
         with tempfile.TemporaryDirectory(prefix="tiergate-bench-dashboard-") as tmp:
             settings = _settings(Path(tmp), url)
-            app = create_app(settings, RuntimeParts(session_factory=sf, ledger=NullLedger(), keys=KeyStore(sf),
+            ledger: Any = NullLedger()  # nothing is recorded while pages are read
+            app = create_app(settings, RuntimeParts(session_factory=sf, ledger=ledger, keys=KeyStore(sf),
                                                     local_provider=SleepingUpstream(0.0)))
             times = asyncio.run(_time_pages(app, key, tenants, repeats))
         engine.dispose()

@@ -24,7 +24,6 @@ from typing import Any
 from urllib.parse import parse_qs
 
 import anyio
-import anyio.lowlevel
 import jinja2
 import orjson
 from fastapi import APIRouter, Depends, Query, Request, Response
@@ -33,6 +32,7 @@ from fastapi.responses import HTMLResponse, RedirectResponse
 from gateway import console
 from gateway.admin import SESSION_COOKIE, SessionSigner, charts
 from gateway.budgets.alerts import recent_alerts
+from gateway.budgets.policies import tenant_policies
 from gateway.db import admin_queries as aq
 from gateway.db.models import BudgetPolicyRow
 from gateway.db.queries import SpendTotals
@@ -132,17 +132,15 @@ def _overview(state: Runtime, days: int, mix_hours: int) -> dict[str, Any]:
     since, until = _window(days)
     with state.session_factory() as s:
         tenants = aq.spend_by_tenant(s, since, until)
-        per_day = aq.spend_by_day(s, since, until)
-        total = aq.spend_total(s, since, until)
+        day_tier = aq.spend_by_day_tier(s, since, until)  # per day and the total follow from it: one scan
+        per_day, total = aq.days_and_total(day_tier)
         mixes = aq.tier_mix_by_tenant(s, [t.tenant_id for t in tenants],
                                       datetime.now(UTC) - timedelta(hours=mix_hours))
-        day_tier = aq.spend_by_day_tier(s, since, until)
-        budgeted = aq.budgeted_tenants(s)
         open_alerts = aq.open_alerts_by_tenant(s)
         audit = console.audit_log(s, limit=20)
     mix = aq.combine_mixes(list(mixes.values()))
     return {"since": since, "until": until, "days": days, "total": total, "tenants": tenants, "per_day": per_day,
-            "mix_hours": mix_hours, "mixes": mixes, "mix": mix, "budgeted": budgeted, "open_alerts": open_alerts,
+            "mix_hours": mix_hours, "mixes": mixes, "mix": mix, "open_alerts": open_alerts,
             "audit": audit, "chart_days": _day_chart(per_day, day_tier, "Spend per day by tier (all tenants)"),
             "chart_mix": charts.share_bar(mix.by_tier, label=f"Effort mix, last {mix_hours} h")}
 
@@ -158,15 +156,17 @@ def _day_chart(per_day: list[aq.DaySpend], day_tier: dict[date, dict[str, SpendT
 _ZERO = SpendTotals(0, 0, 0, Decimal(0), Decimal(0))
 
 
-async def _budgets_of(state: Runtime, tenant_ids: set[str]) -> dict[str, dict[str, Any]]:
-    """Live budget status (spent, held, remaining, reset) of each budgeted tenant."""
-    out: dict[str, dict[str, Any]] = {}
-    for tid in sorted(tenant_ids):
-        status = (await state.budgets.budgets.status(_Tenant(tid))).to_json()
-        if status["hard_limit_usd"] is not None or status["soft_limit_usd"] is not None:
-            out[tid] = _with_gauge(status)
-        await anyio.lowlevel.checkpoint()
-    return out
+async def _budgets_of(state: Runtime) -> dict[str, dict[str, Any]]:
+    """Live budget status (spent, held, remaining, reset) of every tenant with a stored budget:
+    the policies in one query, the counters in one snapshot."""
+    budgets = state.budgets.budgets
+
+    def read() -> list[Any]:
+        with state.session_factory() as s:
+            return tenant_policies(s, budgets.policies.defaults)
+
+    statuses = await budgets.statuses(await anyio.to_thread.run_sync(read))
+    return {subject.removeprefix("tenant:"): _with_gauge(st.to_json()) for subject, st in statuses.items()}
 
 
 def _with_gauge(status: dict[str, Any]) -> dict[str, Any]:
@@ -179,7 +179,7 @@ def _with_gauge(status: dict[str, Any]) -> dict[str, Any]:
 
 async def _overview_data(state: Runtime, days: int, mix_hours: int) -> dict[str, Any]:
     data = await anyio.to_thread.run_sync(_overview, state, days, mix_hours)
-    data["budgets"] = await _budgets_of(state, data["budgeted"])
+    data["budgets"] = await _budgets_of(state)
     return data
 
 
@@ -339,12 +339,19 @@ async def logout(request: Request) -> Response:
 
 @router.get("", response_class=HTMLResponse)
 async def overview_page(request: Request, days: int = DAYS, mix_hours: int = MIX_HOURS,
-                        state: Runtime = Depends(get_runtime)) -> Response:
+                        shown: int = Query(100, ge=1, le=100_000), state: Runtime = Depends(get_runtime)) -> Response:
+    """The overview; its tenants table lists the ``shown`` biggest spenders, then tenants near or
+    over a budget or with open alerts (the JSON API lists every tenant)."""
     gate = _page_gate(request, state)
     if gate is not None:
         return gate
-    return _html("overview.html", csrf=csrf_for(request, state), back=str(request.url.path),
-                 **await _overview_data(state, days, mix_hours))
+    data = await _overview_data(state, days, mix_hours)
+    every = data["tenants"]
+    flagged = {tid for tid, b in data["budgets"].items() if (b["used"] or 0) >= 0.8} | set(data["open_alerts"])
+    listed = every[:shown] + [t for t in every[shown:] if t.tenant_id in flagged]
+    data["tenants"] = listed
+    return _html("overview.html", csrf=csrf_for(request, state), back=str(request.url.path), shown=shown,
+                 tenant_count=len(every), **data)
 
 
 @router.get("/tenants/{tenant_id}", response_class=HTMLResponse)

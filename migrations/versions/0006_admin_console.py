@@ -1,5 +1,6 @@
 """The admin console: an audit log of admin actions (``admin_audit``) and acknowledged alerts
-(``budget_alerts.acknowledged_at``).
+(``budget_alerts.acknowledged_at``), and indexes on ``requests(created_at)`` and ``daily_spend(day)`` for the
+overview's window over every tenant (one range scan each).
 
 Revision ID: 0006_admin_console
 Revises: 0005_routing_outcomes
@@ -39,9 +40,13 @@ def upgrade() -> None:
     op.create_index("ix_admin_audit_tenant_created", "admin_audit", ["tenant_id", "created_at"])
     with op.batch_alter_table("budget_alerts") as t:
         t.add_column(sa.Column("acknowledged_at", sa.DateTime(timezone=True), nullable=True))
+    op.create_index("ix_requests_created", "requests", ["created_at"])
+    op.create_index("ix_daily_spend_day", "daily_spend", ["day"])
 
 
 def downgrade() -> None:
+    op.drop_index("ix_daily_spend_day", table_name="daily_spend")
+    op.drop_index("ix_requests_created", table_name="requests")
     with op.batch_alter_table("budget_alerts") as t:
         t.drop_column("acknowledged_at")
     op.drop_index("ix_admin_audit_tenant_created", table_name="admin_audit")
