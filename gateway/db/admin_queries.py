@@ -317,3 +317,29 @@ def latency_percentiles(session: Session, tenant_id: str, since: datetime,
         values.sort()
         out[tier] = {p: values[min(len(values) - 1, max(0, math.ceil(p * len(values)) - 1))] for p in points}
     return out
+
+
+def spend_rows(session: Session, since: date, until: date) -> list[tuple[Any, ...]]:
+    """(day, tenant_id, tenant name, tier, calls, prompt, completion, cost, baseline) per tenant, day
+    and tier in [since, until], from daily_spend (a range scan of its day index), for CSV export."""
+    q = (sa.select(DailySpend.day, DailySpend.tenant_id, sa.func.coalesce(Tenant.name, DailySpend.tenant_id),
+                   DailySpend.tier, *_sums())
+         .join(Tenant, Tenant.id == DailySpend.tenant_id, isouter=True)
+         .where(DailySpend.day >= since, DailySpend.day <= until)
+         .group_by(DailySpend.day, DailySpend.tenant_id, Tenant.name, DailySpend.tier)
+         .order_by(DailySpend.day, DailySpend.tenant_id, DailySpend.tier))
+    return [tuple(r) for r in session.execute(q)]
+
+
+def key_spend_rows(session: Session, tenant_id: str, since: datetime) -> list[tuple[Any, ...]]:
+    """(day, key_id, key name, tier, calls, cost, baseline) of one tenant's ledger rows since
+    ``since`` (a range scan of the ledger's (tenant_id, created_at) index), for CSV export."""
+    day = sa.func.date(LedgerEntryRow.created_at)
+    q = (sa.select(day, LedgerEntryRow.key_id, sa.func.coalesce(ApiKey.name, ""), LedgerEntryRow.tier,
+                   sa.func.count(), sa.func.coalesce(sa.func.sum(LedgerEntryRow.cost_usd), 0),
+                   sa.func.coalesce(sa.func.sum(LedgerEntryRow.baseline_cost_usd), 0))
+         .join(ApiKey, ApiKey.id == LedgerEntryRow.key_id, isouter=True)
+         .where(LedgerEntryRow.tenant_id == tenant_id, LedgerEntryRow.created_at >= since)
+         .group_by(day, LedgerEntryRow.key_id, ApiKey.name, LedgerEntryRow.tier)
+         .order_by(day, LedgerEntryRow.key_id, LedgerEntryRow.tier))
+    return [tuple(r) for r in session.execute(q)]

@@ -10,7 +10,9 @@ such as the CLI; every action audited (gateway.console):
   ``limit_usd``, ``soft_limit_usd``, ``alert_thresholds``, ``requests_per_min``,
   ``tokens_per_min``, ``raise_by_usd`` (adds to the hard limit) and ``clear`` (names to unset);
 - ``POST /admin/api/alerts/{id}/acknowledge``;
-- ``GET /admin/api/audit?tenant_id=&limit=``: the audit log, newest first.
+- ``GET /admin/api/audit?tenant_id=&limit=``: the audit log, newest first;
+- ``GET /admin/api/export/spend.csv?days=`` (tenant × day × tier) and
+  ``GET /admin/api/export/tenants/{id}/keys.csv?days=`` (key × day × tier): CSV exports.
 
 Auth (gateway.routes.admin_auth.writer): ``Authorization: Bearer <admin key>``, or the console's
 session cookie on a same-origin request with the header ``X-CSRF-Token``; throttled per client.
@@ -19,6 +21,8 @@ Bodies are pydantic models that forbid unknown fields; errors are OpenAI-shaped.
 
 from __future__ import annotations
 
+import csv
+import io
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any, Literal
@@ -152,6 +156,53 @@ async def acknowledge_alert(request: Request, alert_id: Identifier) -> Response:
     state, actor, token = writer(request)
     check_csrf(state, token, request.headers.get(CSRF_HEADER))
     return _json(await anyio.to_thread.run_sync(console.acknowledge_alert, state.session_factory, actor, alert_id))
+
+
+def _cell(v: Any) -> Any:
+    """A CSV cell that a spreadsheet will not run as a formula."""
+    if isinstance(v, str) and v[:1] in ("=", "+", "-", "@", "\t", "\r"):
+        return "'" + v
+    return str(v) if isinstance(v, Decimal) else v
+
+
+def _csv(name: str, header: list[str], rows: list[tuple[Any, ...]]) -> Response:
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(header)
+    w.writerows([_cell(c) for c in r] for r in rows)
+    return Response(buf.getvalue(), media_type="text/csv; charset=utf-8",
+                    headers={"Cache-Control": "no-store", "Content-Disposition": f'attachment; filename="{name}"'})
+
+
+@router.get("/export/spend.csv")
+async def export_spend(days: int = Query(30, ge=1, le=366), state: Runtime = Depends(admin_json)) -> Response:
+    """Spend per tenant, day (UTC) and tier over the last ``days`` days."""
+    until = datetime.now(UTC).date()
+    since = until - timedelta(days=days - 1)
+
+    def read() -> list[tuple[Any, ...]]:
+        with state.session_factory() as s:
+            return aq.spend_rows(s, since, until)
+
+    rows = await anyio.to_thread.run_sync(read)
+    return _csv(f"tiergate-spend-{since}-{until}.csv", ["day", "tenant_id", "tenant", "tier", "calls", "prompt_tokens",
+                                                         "completion_tokens", "cost_usd", "baseline_cost_usd"], rows)
+
+
+@router.get("/export/tenants/{tenant_id}/keys.csv")
+async def export_keys(tenant_id: Identifier, days: int = Query(30, ge=1, le=366),
+                      state: Runtime = Depends(admin_json)) -> Response:
+    """One tenant's spend per key, day (UTC) and tier over the last ``days`` days (from the ledger)."""
+    since = datetime.combine(datetime.now(UTC).date() - timedelta(days=days - 1), datetime.min.time(), UTC)
+
+    def read() -> list[tuple[Any, ...]]:
+        with state.session_factory() as s:
+            console.tenant_of(s, "tenant", tenant_id)
+            return aq.key_spend_rows(s, tenant_id, since)
+
+    rows = await anyio.to_thread.run_sync(read)
+    return _csv(f"tiergate-keys-{tenant_id}.csv", ["day", "key_id", "key", "tier", "calls", "cost_usd",
+                                                   "baseline_cost_usd"], rows)
 
 
 @router.get("/audit")

@@ -18,7 +18,7 @@ import sqlalchemy as sa
 
 from gateway.admin import ActionLimiter, SessionSigner
 from gateway.db.models import AdminAuditRow, ApiKey, BudgetAlertRow, BudgetPolicyRow, Tenant
-from tests.gateway.admin.admin_support import ADMIN
+from tests.gateway.admin.admin_support import ADMIN, seed
 from tests.gateway.gateway_harness import Gateway, gateway
 from tests.gateway.scripted_upstream import ScriptedUpstream
 
@@ -203,3 +203,47 @@ async def test_admin_actions_are_throttled(tmp_path: Path, upstream: ScriptedUps
             assert (await gw.client.post("/admin/api/tenants", json={"name": f"t{i}"}, headers=BEARER)).status_code == 201
         r = await gw.client.post("/admin/api/tenants", json={"name": "t3"}, headers=BEARER)
         assert r.status_code == 429 and "retry-after" in r.headers and r.json()["error"]["type"]
+
+
+async def test_overview_lists_the_biggest_spenders_and_flagged_tenants(tmp_path: Path,
+                                                                      upstream: ScriptedUpstream) -> None:
+    from gateway.db.queries import create_tenant
+
+    async with gateway(tmp_path, upstream) as gw:
+        with gw.session_factory.begin() as s:
+            quiet = create_tenant(s, "quiet co").id
+            alerted = create_tenant(s, "alerted co").id
+            s.add(BudgetAlertRow(id="alert_q", subject=f"tenant:{alerted}", tenant_id=alerted, period_key="2026-12",
+                                 threshold_permille=500, spent_usd=Decimal(1), limit_usd=Decimal(2),
+                                 created_at=datetime.now(UTC), attempts=0))
+        seed(gw, gw.tenant_id, 2)
+        await _session(gw)
+        page = (await gw.client.get("/admin?shown=1")).text
+        assert f'data-tenant="{gw.tenant_id}"' in page and f'data-tenant="{alerted}"' in page  # top spender, flagged
+        assert f'data-tenant="{quiet}"' not in page and "2 of 3" in page and 'data-testid="all-tenants"' in page
+        page = (await gw.client.get("/admin?shown=3")).text
+        assert f'data-tenant="{quiet}"' in page and 'data-testid="all-tenants"' not in page
+        assert len((await gw.client.get("/admin/api/overview", headers=BEARER)).json()["tenants"]) == 3
+
+
+async def test_csv_exports_equal_the_database(tmp_path: Path, upstream: ScriptedUpstream) -> None:
+    import csv
+    import io
+
+    from tests.gateway.admin.admin_support import db_sums
+
+    async with gateway(tmp_path, upstream) as gw:
+        with gw.session_factory.begin() as s:
+            s.execute(sa.update(Tenant).where(Tenant.id == gw.tenant_id).values(name="=HYPERLINK(1)"))
+        seed(gw, gw.tenant_id, 30)
+        r = await gw.client.get("/admin/api/export/spend.csv?days=7", headers=BEARER)
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/csv")
+        rows = list(csv.DictReader(io.StringIO(r.text)))
+        assert sum(Decimal(x["cost_usd"]) for x in rows) == db_sums(gw)[0]
+        assert {x["tier"] for x in rows} == {"low", "high"} and len({x["day"] for x in rows}) == 2
+        assert all(x["tenant"] == "'=HYPERLINK(1)" for x in rows)  # never a formula in a spreadsheet
+        r = await gw.client.get(f"/admin/api/export/tenants/{gw.tenant_id}/keys.csv?days=7", headers=BEARER)
+        keys = list(csv.DictReader(io.StringIO(r.text)))
+        assert sum(Decimal(x["cost_usd"]) for x in keys) == db_sums(gw)[0]
+        assert (await gw.client.get("/admin/api/export/spend.csv")).status_code == 401
+        assert (await gw.client.get("/admin/api/export/tenants/ten_x/keys.csv", headers=BEARER)).status_code == 404
