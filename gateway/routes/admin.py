@@ -131,8 +131,7 @@ def _totals_json(t: aq.SpendTotals) -> dict[str, Any]:
 def _overview(state: Runtime, days: int, mix_hours: int) -> dict[str, Any]:
     since, until = _window(days)
     with state.session_factory() as s:
-        tenants = aq.spend_by_tenant(s, since, until)
-        day_tier = aq.spend_by_day_tier(s, since, until)  # per day and the total follow from it: one scan
+        tenants, day_tier = aq.overview_spend(s, since, until)  # per day and the total follow from day_tier
         per_day, total = aq.days_and_total(day_tier)
         mixes = aq.tier_mix_by_tenant(s, [t.tenant_id for t in tenants],
                                       datetime.now(UTC) - timedelta(hours=mix_hours))
