@@ -38,6 +38,7 @@ from gateway.db.models import BudgetPolicyRow
 from gateway.db.queries import SpendTotals
 from gateway.errors import InvalidRequest, NotFound, PermissionDenied, RateLimited
 from gateway.ids import Identifier, check_identifier
+from gateway.jobs import store as jobs_store
 from gateway.routes.admin_auth import (
     admin_json,
     admin_key,
@@ -239,12 +240,33 @@ def _tenant(state: Runtime, tenant_id: str, days: int, mix_hours: int, limit: in
                 "page": aq.recent_requests(s, tenant_id, limit=limit, before=before),
                 "alerts": recent_alerts(s, tenant_id, limit=20),
                 "audit": console.audit_log(s, tenant_id=tenant_id, limit=20),
+                "batches": _batches_view(s, tenant_id),
                 "chart_days": _day_chart(per_day, aq.spend_by_day_tier(s, since, until, tenant_id),
                                          f"Spend per day by tier ({name})"),
                 "chart_mix": charts.share_bar(mix.by_tier, label=f"Effort mix, last {mix_hours} h"),
                 "chart_latency": charts.grouped_bars(
                     {t: {f"p{round(p * 100)}": v for p, v in latency[t].items()} for t in charts.tier_sort(list(latency))},
                     label=f"Latency percentiles by tier, last {mix_hours} h")}
+
+
+def _batches_view(s: Any, tenant_id: str, limit: int = 10) -> list[dict[str, Any]]:
+    """A tenant's latest batches (read-only): status, counts, progress and a naive ETA (the rate
+    since the batch started, applied to its remaining lines)."""
+    batches = jobs_store.list_batches(s, tenant_id, limit=limit, after=None)
+    counts = jobs_store.line_counts(s, [b.id for b in batches])
+    now = datetime.now(UTC)
+    out = []
+    for b in batches:
+        c = counts.get(b.id, {"completed": 0, "failed": 0})
+        done = c["completed"] + c["failed"]
+        eta = None
+        if b.in_progress_at is not None and b.status == "in_progress" and 0 < done < b.total:
+            started = b.in_progress_at if b.in_progress_at.tzinfo else b.in_progress_at.replace(tzinfo=UTC)
+            elapsed = (now - started).total_seconds()
+            eta = f"~{max(elapsed / done * (b.total - done), 1):.0f} s"
+        out.append({"id": b.id, "status": b.status, "total": b.total, "completed": c["completed"],
+                    "failed": c["failed"], "done": done, "created_at": _when(b.created_at), "eta": eta})
+    return out
 
 
 class _Tenant:

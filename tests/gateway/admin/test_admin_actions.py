@@ -247,3 +247,21 @@ async def test_csv_exports_equal_the_database(tmp_path: Path, upstream: Scripted
         assert sum(Decimal(x["cost_usd"]) for x in keys) == db_sums(gw)[0]
         assert (await gw.client.get("/admin/api/export/spend.csv")).status_code == 401
         assert (await gw.client.get("/admin/api/export/tenants/ten_x/keys.csv", headers=BEARER)).status_code == 404
+
+
+async def test_tenant_page_lists_batches_with_progress(tmp_path: Path, upstream: ScriptedUpstream) -> None:
+    from tests.gateway.jobs_support import create_batch, jobs_gateway, jsonl, line, upload, wait_final
+
+    msgs = [{"role": "user", "content": "hi"}]
+    async with jobs_gateway(tmp_path, upstream) as gw:
+        f = (await upload(gw.client, gw.auth, jsonl([line(str(i), {"model": "low", "messages": msgs})
+                                                     for i in range(3)]))).json()
+        batch = (await create_batch(gw.client, gw.auth, f["id"])).json()
+        final = await wait_final(gw.client, gw.auth, batch["id"])
+        await _session(gw)
+        page = (await gw.client.get(f"/admin/tenants/{gw.tenant_id}")).text
+        table = page[page.index('data-testid="batches"'):]
+        table = table[:table.index("</table>")]
+        counts = final["request_counts"]
+        assert batch["id"] in table and final["status"] in table
+        assert f'<progress max="3" value="{counts["completed"] + counts["failed"]}">' in table
