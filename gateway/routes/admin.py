@@ -1,14 +1,20 @@
-"""The admin dashboard: HTML pages and JSON under ``/admin`` — spend, all-high baseline and
-savings per tenant and per day (from ``daily_spend``), effort-tier mix and pipeline share over
-a bounded window, budget status and recent alerts, and a paged recent-requests table.
+"""The admin console's pages and read-only JSON under ``/admin``: spend, all-high baseline and
+savings per tenant and per day (from ``daily_spend``; inline-SVG charts stacked by tier with the
+baseline line), each tenant's live budget (limit, spent, held, remaining, % used, reset), refused
+(429) requests, open alerts, the effort mix of requests that ran, latency percentiles, keys with
+their spend and budgets, alerts with readable names and times, read-only batches, the audit log,
+and a paged recent-requests table with the key of each request.
 
 Auth: the admin key (environment variable named by ``server.admin_key_env``) entered in a
 login form, which sets an HttpOnly, SameSite=Strict, expiring session cookie signed with a key
 derived from it; the JSON endpoints also take ``Authorization: Bearer <admin key>``. With no
-admin key configured every page answers 403. Only POSTs change state (login, logout) and a
-POST whose Origin is another site is refused; every admin key a client sends (login form or
-bearer) is checked through one throttle per client address (gateway.routes.admin_auth).
-Templates are autoescaped. Imports the db query helpers, budgets' read side, gateway.admin and
+admin key configured every page answers 403. Pages only read; state changes are POSTs (login,
+logout here; the console's actions in gateway.routes.admin_forms and gateway.routes.admin_api,
+CSRF-checked and audited), and a POST whose Origin is another site is refused; every admin key a
+client sends (login form or bearer) is checked through one throttle per client address
+(gateway.routes.admin_auth). Templates are autoescaped. Every query is an index range scan or an
+aggregate (``tiergate bench dashboard`` times them at 1M rows). Imports the db query helpers,
+budgets' read side, the jobs store (read-only), gateway.console's read helpers, gateway.admin and
 admin_auth; never the pipeline or providers.
 """
 

@@ -265,3 +265,29 @@ async def test_tenant_page_lists_batches_with_progress(tmp_path: Path, upstream:
         counts = final["request_counts"]
         assert batch["id"] in table and final["status"] in table
         assert f'<progress max="3" value="{counts["completed"] + counts["failed"]}">' in table
+
+
+def test_svg_charts_escape_labels_and_scale_to_the_data() -> None:
+    from gateway.admin import charts
+
+    svg = charts.stacked_days(["2026-11-30", "2026-12-01"], {"high": [3.0, 0.0], "<x>": [1.0, 2.0]}, [8.0, 4.0],
+                              label="a <b> chart")
+    assert "<b>" not in svg and "a &lt;b&gt; chart" in svg and "&lt;x&gt;" in svg
+    assert "<script" not in svg and "style=" not in svg  # the CSP allows neither
+    bars = re.findall(r'<rect x="[\d.]+" y="([\d.]+)" width="[\d.]+" height="([\d.]+)" fill', svg)
+    heights = sorted(float(h) for _, h in bars)
+    assert heights[-1] == pytest.approx(3 * heights[0], rel=0.02)  # 3 vs 1 on one scale
+    assert 'data-testid="baseline-line"' in svg
+    assert charts.tier_sort(["xhigh", "high", "low", "medium", "zz"]) == ["low", "medium", "high", "xhigh", "zz"]
+    assert "no spend" in charts.stacked_days([], {}, [], label="x")
+    mix = charts.share_bar({"high": 1, "low": 3}, label="mix")
+    widths = [float(w) for w in re.findall(r'<rect x="[\d.]+" y="0" width="([\d.]+)"', mix)]
+    assert widths == pytest.approx([360.0, 120.0])  # low first, 75% of 480 px
+
+
+def test_csrf_tokens_are_per_session() -> None:
+    signer = SessionSigner("k")
+    a, b = signer.issue(), signer.issue()
+    assert signer.csrf_valid(a, signer.csrf_token(a)) and not signer.csrf_valid(b, signer.csrf_token(a))
+    assert not SessionSigner("k2").csrf_valid(a, signer.csrf_token(a)) and not signer.csrf_valid(a, "")
+    assert SessionSigner.session_id(a) != SessionSigner.session_id(b) and SessionSigner.session_id(a) not in a[-64:]
