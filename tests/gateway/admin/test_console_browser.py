@@ -3,7 +3,8 @@ uvicorn): create a tenant, create and revoke a key, set and raise a budget, set 
 each through the page's forms — then check the database and a following API call reflect it.
 Then every page at 390, 1024 and 1440 px: the page never scrolls sideways
 (``document.documentElement.scrollWidth <= innerWidth``); a full-page screenshot of each at
-1440 px goes to ``$TIERGATE_SCREENSHOTS`` or ``var/screenshots/console`` (printed)."""
+1440 px goes to ``$TIERGATE_SCREENSHOTS`` or ``var/screenshots/console`` (printed); with
+``TIERGATE_SCREENSHOTS_ALL_WIDTHS=1`` also at 390 and 1024 px."""
 
 from __future__ import annotations
 
@@ -52,6 +53,8 @@ def check_layout(page: Any, name: str, shots: Path) -> None:
         page.set_viewport_size({"width": width, "height": 900})
         scroll, inner = page.evaluate("[document.documentElement.scrollWidth, window.innerWidth]")
         assert scroll <= inner, f"{name} overflows at {width} px: scrollWidth {scroll} > {inner}"
+        if width != 1440 and os.environ.get("TIERGATE_SCREENSHOTS_ALL_WIDTHS"):
+            page.screenshot(path=str(shots / f"{name}-{width}.png"), full_page=True)
     page.screenshot(path=str(shots / f"{name}-1440.png"), full_page=True)
 
 
