@@ -38,7 +38,7 @@ from fastapi.responses import HTMLResponse, RedirectResponse
 from gateway import console
 from gateway.admin import SESSION_COOKIE, SessionSigner, charts
 from gateway.budgets.alerts import recent_alerts
-from gateway.budgets.policies import tenant_policies
+from gateway.budgets.policies import default_tenant_policy, tenant_policies
 from gateway.db import admin_queries as aq
 from gateway.db.models import BudgetPolicyRow
 from gateway.db.queries import SpendTotals
@@ -168,8 +168,14 @@ async def _budgets_of(state: Runtime) -> dict[str, dict[str, Any]]:
     budgets = state.budgets.budgets
 
     def read() -> list[Any]:
+        defaults = budgets.policies.defaults
         with state.session_factory() as s:
-            return tenant_policies(s, budgets.policies.defaults)
+            stored = tenant_policies(s, defaults)
+            if defaults.limit_usd is None:
+                return stored
+            # budgets.limit_usd gives every tenant without its own policy the configured default
+            have = {p.tenant_id for p in stored}
+            return stored + [default_tenant_policy(tid, defaults) for tid, _ in aq.list_tenants(s) if tid not in have]
 
     statuses = await budgets.statuses(await anyio.to_thread.run_sync(read))
     return {subject.removeprefix("tenant:"): _with_gauge(st.to_json()) for subject, st in statuses.items()}

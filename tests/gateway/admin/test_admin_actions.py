@@ -291,3 +291,13 @@ def test_csrf_tokens_are_per_session() -> None:
     assert signer.csrf_valid(a, signer.csrf_token(a)) and not signer.csrf_valid(b, signer.csrf_token(a))
     assert not SessionSigner("k2").csrf_valid(a, signer.csrf_token(a)) and not signer.csrf_valid(a, "")
     assert SessionSigner.session_id(a) != SessionSigner.session_id(b) and SessionSigner.session_id(a) not in a[-64:]
+
+
+async def test_overview_shows_the_configured_default_budget(tmp_path: Path, upstream: ScriptedUpstream) -> None:
+    async with gateway(tmp_path, upstream) as gw:
+        store = gw.app.state.tiergate.budgets.budgets.policies
+        store._defaults = store.defaults.model_copy(update={"limit_usd": 2.0})  # budgets.limit_usd: 2.0
+        seed(gw, gw.tenant_id, 2)
+        body = (await gw.client.get("/admin/api/overview", headers=BEARER)).json()
+        budget = body["tenants"][0]["budget"]
+        assert budget["hard_limit_usd"] == 2.0 and budget["period"] == "month" and budget["spent_usd"] > 0
