@@ -56,7 +56,19 @@ async def _http_error(_: Request, err: Exception) -> Response:
 
 def _routers(app: FastAPI) -> None:
     from gateway.routes import admin as admin_routes
-    from gateway.routes import admin_keys, batches, budgets, chat, feedback, files, health, models, openapi
+    from gateway.routes import (
+        admin_api,
+        admin_forms,
+        admin_keys,
+        batches,
+        budgets,
+        chat,
+        feedback,
+        files,
+        health,
+        models,
+        openapi,
+    )
 
     # The chat route first: routers are matched in order, each one a scan of its routes, and this is
     # the hot path (no other router has a route its path could match).
@@ -67,6 +79,8 @@ def _routers(app: FastAPI) -> None:
     app.include_router(feedback.router)
     app.include_router(admin_routes.router)
     app.include_router(admin_keys.router)
+    app.include_router(admin_api.router)
+    app.include_router(admin_forms.router)
     app.include_router(files.router)
     app.include_router(batches.router)
     app.include_router(openapi.router)

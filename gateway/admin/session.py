@@ -1,5 +1,7 @@
 """Admin session tokens: ``<expires>.<nonce>.<hmac>`` signed with a key derived from the
-admin key, so rotating the admin key logs every session out. Pure: no web framework, no
+admin key, so rotating the admin key logs every session out; each session's CSRF token is a MAC
+of its session token (``csrf_token``), checked on every console form and cookie-authenticated
+JSON write. Pure: no web framework, no
 database; the clock is passed in. Must not import the rest of the gateway.
 """
 
@@ -13,6 +15,7 @@ from collections.abc import Callable
 
 SESSION_COOKIE = "tiergate_admin"
 _CONTEXT = b"tiergate-admin-session-v1"
+_CSRF = "csrf|"
 
 
 class SessionSigner:
@@ -42,3 +45,19 @@ class SessionSigner:
         except ValueError:
             return False
         return self._clock() < expires
+
+    def csrf_token(self, token: str) -> str:
+        """The anti-forgery token of one session: a MAC of the session token, so it is tied to that
+        session (another session's, or a forged one, does not match) and needs no storage."""
+        return self._mac(_CSRF + token)
+
+    def csrf_valid(self, token: str | None, given: str | None) -> bool:
+        if not token or not given:
+            return False
+        return hmac.compare_digest(given.encode(), self.csrf_token(token).encode())
+
+    @staticmethod
+    def session_id(token: str) -> str:
+        """A short, non-secret name of a session for the audit log (from its nonce, not its MAC)."""
+        parts = token.split(".")
+        return parts[1][:8] if len(parts) == 3 else "?"

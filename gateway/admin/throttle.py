@@ -1,7 +1,10 @@
-"""Failed admin logins per client address: after ``max_failures`` inside ``window_s`` the
+"""``LoginThrottle``: failed admin logins per client address: after ``max_failures`` inside ``window_s`` the
 address is refused until the oldest failure leaves the window, so the admin key cannot be
 guessed at request speed. In-process (each replica counts its own). Pure: the clock is
 passed in; must not import the rest of the gateway.
+
+``ActionLimiter``: state-changing admin actions (console forms, admin API writes) per client
+address: at most ``max_actions`` inside ``window_s``, then 429 until the oldest leaves the window.
 """
 
 from __future__ import annotations
@@ -41,3 +44,16 @@ class LoginThrottle:
 
     def succeeded(self, client: str) -> None:
         self._failures.pop(client, None)
+
+
+class ActionLimiter:
+    def __init__(self, *, max_actions: int = 120, window_s: float = 60.0, max_clients: int = 10_000,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._log = LoginThrottle(max_failures=max_actions, window_s=window_s, max_clients=max_clients, clock=clock)
+
+    def take(self, client: str) -> float | None:
+        """Count one action of ``client``; None when allowed, else the seconds to wait (not counted)."""
+        wait = self._log.retry_after_s(client)
+        if wait is None:
+            self._log.failed(client)
+        return wait

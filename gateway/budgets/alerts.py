@@ -170,4 +170,5 @@ def recent_alerts(session: Session, tenant_id: str, limit: int = 100) -> list[di
     return [{"id": r.id, "subject": r.subject, "period": r.period_key, "threshold": r.threshold_permille / 1000,
              "spent_usd": float(r.spent_usd), "limit_usd": float(r.limit_usd),
              "created_at": r.created_at.isoformat(), "delivered_at": r.delivered_at.isoformat() if r.delivered_at else None,
-             "attempts": r.attempts, "last_error": r.last_error} for r in rows]
+             "attempts": r.attempts, "last_error": r.last_error,
+             "acknowledged_at": r.acknowledged_at.isoformat() if r.acknowledged_at else None} for r in rows]

@@ -133,6 +133,12 @@ def put_policy(session: Session, *, scope: Scope, tenant_id: str, key_id: str | 
     return row
 
 
+def tenant_policies(session: Session, defaults: BudgetDefaults) -> list[BudgetPolicy]:
+    """Every stored tenant-level policy, read in one query (the admin overview's budget column)."""
+    rows = session.scalars(select(BudgetPolicyRow).where(BudgetPolicyRow.scope == "tenant"))
+    return [_row_to_policy(row, defaults) for row in rows]
+
+
 def get_policy_rows(session: Session, tenant_id: str) -> list[BudgetPolicyRow]:
     return list(session.scalars(select(BudgetPolicyRow).where(BudgetPolicyRow.tenant_id == tenant_id)
                                 .order_by(BudgetPolicyRow.id)))

@@ -134,6 +134,17 @@ class Budgets:
         states = await self.counters.snapshot(refs, self._load)
         return self._tightest(list(zip(refs, states, strict=True)))
 
+    async def statuses(self, policies: Sequence[BudgetPolicy]) -> dict[str, BudgetStatus]:
+        """The status of each given policy on its own (by subject), read from the counters in one
+        snapshot: for views of many subjects at once (the admin overview), whose policies the
+        caller read in one query. Policies without a limit are left out."""
+        pairs = self._refs(policies, self._clock())
+        if not pairs:
+            return {}
+        refs = [r for _, r in pairs]
+        states = await self.counters.snapshot(refs, self._load)
+        return {ref.subject: self._tightest([(ref, st)]) for ref, st in zip(refs, states, strict=True)}
+
     def _tightest(self, pairs: Sequence[tuple[CounterRef, CounterState]]) -> BudgetStatus:
         if not pairs:
             return UNLIMITED

@@ -142,3 +142,18 @@ def batches_bench(
 
     typer.echo(run_batches_bench(BatchBenchArgs(lines, delay_ms, workers, concurrency, chunk_lines, broker_url,
                                                 database_url)))
+
+
+@app.command("dashboard")
+def dashboard_bench(
+    postgres_url: str = typer.Option("postgresql+psycopg://postgres@127.0.0.1:5432/test", envvar="TIERGATE_BENCH_POSTGRES_URL",
+                                     help="A PostgreSQL database to connect to; a temporary database is created beside it and dropped."),
+    tenants: int = typer.Option(1000, help="tenants seeded (3 keys each, a budget on every tenth)"),
+    rows: int = typer.Option(1_000_000, help="requests seeded (each with one ledger row) over 90 days"),
+    repeats: int = typer.Option(50, help="timed requests per page"),
+) -> None:
+    """Every admin console page at scale: p50/p99 server time, and the ratio to a page with no database."""
+    from gateway.bench.dashboard import run
+
+    for line in run(postgres_url, tenants, rows, repeats):
+        typer.echo(line)

@@ -10,6 +10,7 @@ SQLAlchemy, gateway.db.models and ``SpendTotals`` from gateway.db.queries.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import date, datetime
@@ -19,7 +20,15 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
-from gateway.db.models import DailySpend, Request, Tenant
+from gateway.db.models import (
+    ApiKey,
+    BudgetAlertRow,
+    BudgetPolicyRow,
+    DailySpend,
+    LedgerEntryRow,
+    Request,
+    Tenant,
+)
 from gateway.db.queries import SpendTotals
 
 MAX_PAGE = 200
@@ -40,11 +49,13 @@ class DaySpend:
 
 @dataclass(frozen=True)
 class TierMix:
-    """Requests of one tenant since a point in time, by effort tier, and how many ran the pipeline."""
+    """Requests of one tenant since a point in time that ran (refused ones, HTTP 429 from a budget
+    or rate limit, are only counted in ``refused``), by effort tier, and how many ran the pipeline."""
 
     total: int
     by_tier: dict[str, int]
     pipeline: int
+    refused: int = 0
 
     @property
     def pipeline_share(self) -> float | None:
@@ -55,6 +66,7 @@ class TierMix:
 class RequestRow:
     id: str
     created_at: datetime
+    key_id: str | None
     requested_model: str
     tier: str | None
     effort_source: str | None
@@ -98,13 +110,36 @@ def tenant_name(session: Session, tenant_id: str) -> str | None:
     return session.scalar(sa.select(Tenant.name).where(Tenant.id == tenant_id))
 
 
+def overview_spend(session: Session, since: date, until: date) -> tuple[list[TenantSpend],
+                                                                         dict[date, dict[str, SpendTotals]]]:
+    """``spend_by_tenant`` and ``spend_by_day_tier`` over every tenant: on PostgreSQL in one scan of
+    daily_spend's day range (GROUPING SETS), elsewhere in two."""
+    if session.get_bind().dialect.name != "postgresql":
+        return spend_by_tenant(session, since, until), spend_by_day_tier(session, since, until)
+    is_tenant = sa.func.grouping(DailySpend.day).label("is_tenant")
+    q = (sa.select(is_tenant, DailySpend.tenant_id, DailySpend.day, DailySpend.tier, *_sums())
+         .where(DailySpend.day >= since, DailySpend.day <= until)
+         .group_by(sa.func.grouping_sets(sa.tuple_(DailySpend.tenant_id), sa.tuple_(DailySpend.day, DailySpend.tier))))
+    spend: dict[str, SpendTotals] = {}
+    day_tier: dict[date, dict[str, SpendTotals]] = {}
+    for r in session.execute(q):
+        if r[0]:
+            spend[r[1]] = _totals(r[4:])
+        else:
+            day_tier.setdefault(r[2], {})[r[3]] = _totals(r[4:])
+    return _with_names(session, spend), dict(sorted(day_tier.items()))
+
+
 def spend_by_tenant(session: Session, since: date, until: date) -> list[TenantSpend]:
     """Every tenant with its spend in [since, until] (inclusive days); tenants that spent
     nothing appear with zeros, spend of deleted tenants appears under its id. Biggest first."""
     rows = session.execute(sa.select(DailySpend.tenant_id, *_sums())
                            .where(DailySpend.day >= since, DailySpend.day <= until)
                            .group_by(DailySpend.tenant_id))
-    spend = {r[0]: _totals(r[1:]) for r in rows}
+    return _with_names(session, {r[0]: _totals(r[1:]) for r in rows})
+
+
+def _with_names(session: Session, spend: dict[str, SpendTotals]) -> list[TenantSpend]:
     names = dict((tid, name) for tid, name in list_tenants(session))
     zero = _totals((0, 0, 0, 0, 0))
     out = [TenantSpend(tid, names.get(tid, tid), spend.get(tid, zero)) for tid in set(names) | set(spend)]
@@ -138,23 +173,42 @@ def spend_by_tier(session: Session, since: date, until: date, tenant_id: str) ->
 def tier_mix(session: Session, tenant_id: str, since: datetime) -> TierMix:
     """One tenant's requests created at or after ``since``: counts by tier (None → "unrouted")
     and how many ran the plan→execute→review pipeline."""
-    q = (sa.select(Request.tier, Request.pipeline, sa.func.count())
+    refused_col = sa.case((Request.http_status == 429, 1), else_=0).label("refused")
+    q = (sa.select(Request.tier, Request.pipeline, refused_col, sa.func.count())
          .where(Request.tenant_id == tenant_id, Request.created_at >= since)
-         .group_by(Request.tier, Request.pipeline))
+         .group_by(Request.tier, Request.pipeline, refused_col))
     by_tier: dict[str, int] = {}
-    total = pipeline = 0
-    for tier, ran_pipeline, n in session.execute(q):
+    total = pipeline = refused = 0
+    for tier, ran_pipeline, was_refused, n in session.execute(q):
+        if was_refused:
+            refused += int(n)
+            continue
         key = tier or "unrouted"
         by_tier[key] = by_tier.get(key, 0) + int(n)
         total += int(n)
         pipeline += int(n) if ran_pipeline else 0
-    return TierMix(total, by_tier, pipeline)
+    return TierMix(total, by_tier, pipeline, refused)
 
 
 def tier_mix_by_tenant(session: Session, tenant_ids: Sequence[str], since: datetime) -> dict[str, TierMix]:
-    """``tier_mix`` for each tenant: one index range scan per tenant, never a scan of the whole
-    requests table (its only time index leads with tenant_id)."""
-    return {tid: tier_mix(session, tid, since) for tid in tenant_ids}
+    """``tier_mix`` of every tenant in one grouped range scan of the ``(created_at)`` index
+    (revision 0006_admin_console), never one query per tenant; tenants without requests get zeros."""
+    refused_col = sa.case((Request.http_status == 429, 1), else_=0).label("refused")
+    q = (sa.select(Request.tenant_id, Request.tier, Request.pipeline, refused_col, sa.func.count())
+         .where(Request.created_at >= since)
+         .group_by(Request.tenant_id, Request.tier, Request.pipeline, refused_col))
+    acc: dict[str, tuple[dict[str, int], list[int]]] = {tid: ({}, [0, 0, 0]) for tid in tenant_ids}
+    for tid, tier, ran_pipeline, was_refused, n in session.execute(q):
+        if tid not in acc:
+            continue
+        by_tier, counts = acc[tid]
+        if was_refused:
+            counts[2] += int(n)
+            continue
+        by_tier[tier or "unrouted"] = by_tier.get(tier or "unrouted", 0) + int(n)
+        counts[0] += int(n)
+        counts[1] += int(n) if ran_pipeline else 0
+    return {tid: TierMix(c[0], by_tier, c[1], c[2]) for tid, (by_tier, c) in acc.items()}
 
 
 def combine_mixes(mixes: Sequence[TierMix]) -> TierMix:
@@ -162,7 +216,8 @@ def combine_mixes(mixes: Sequence[TierMix]) -> TierMix:
     for m in mixes:
         for tier, n in m.by_tier.items():
             by_tier[tier] = by_tier.get(tier, 0) + n
-    return TierMix(sum(m.total for m in mixes), by_tier, sum(m.pipeline for m in mixes))
+    return TierMix(sum(m.total for m in mixes), by_tier, sum(m.pipeline for m in mixes),
+                   sum(m.refused for m in mixes))
 
 
 def recent_requests(session: Session, tenant_id: str, *, limit: int = 50,
@@ -177,8 +232,137 @@ def recent_requests(session: Session, tenant_id: str, *, limit: int = 50,
         q = q.where(Request.created_at <= at, sa.or_(Request.created_at < at, Request.id < rid))
     q = q.order_by(Request.created_at.desc(), Request.id.desc()).limit(limit + 1)
     found = list(session.scalars(q))
-    rows = [RequestRow(r.id, r.created_at, r.requested_model, r.tier, r.effort_source, r.pipeline, r.status,
+    rows = [RequestRow(r.id, r.created_at, r.key_id, r.requested_model, r.tier, r.effort_source, r.pipeline, r.status,
                        r.http_status, r.latency_ms, r.prompt_tokens, r.completion_tokens,
                        Decimal(str(r.cost_usd)), Decimal(str(r.baseline_cost_usd))) for r in found[:limit]]
     nxt = (rows[-1].created_at, rows[-1].id) if len(found) > limit else None
     return RequestPage(rows, nxt)
+
+
+@dataclass(frozen=True)
+class KeyRow:
+    """One API key of a tenant with its spend since a point in time and its own budget (if any)."""
+
+    id: str
+    name: str
+    prefix: str
+    created_at: datetime
+    revoked_at: datetime | None
+    calls: int
+    cost_usd: Decimal
+    budget_period: str | None
+    budget_limit_usd: Decimal | None
+    budget_soft_limit_usd: Decimal | None
+    requests_per_min: int | None
+    tokens_per_min: int | None
+
+    def to_json(self) -> dict[str, Any]:
+        def num(v: Decimal | None) -> str | None:
+            return None if v is None else format(Decimal(v).normalize(), "f")
+
+        return {"id": self.id, "object": "api_key", "name": self.name, "prefix": self.prefix,
+                "created_at": self.created_at.isoformat(),
+                "revoked_at": None if self.revoked_at is None else self.revoked_at.isoformat(),
+                "calls": self.calls, "cost_usd": str(self.cost_usd),
+                "budget": None if self.budget_period is None else {
+                    "period": self.budget_period, "limit_usd": num(self.budget_limit_usd),
+                    "soft_limit_usd": num(self.budget_soft_limit_usd), "requests_per_min": self.requests_per_min,
+                    "tokens_per_min": self.tokens_per_min}}
+
+
+def keys_of_tenant(session: Session, tenant_id: str, since: datetime) -> list[KeyRow]:
+    """A tenant's keys (newest first) with ledger spend since ``since`` (one grouped range scan of
+    the ledger's (tenant_id, created_at) index) and key budgets (one indexed read)."""
+    keys = list(session.scalars(sa.select(ApiKey).where(ApiKey.tenant_id == tenant_id)
+                                .order_by(ApiKey.created_at.desc(), ApiKey.id)))
+    spend = {r[0]: (int(r[1]), Decimal(str(r[2] or 0))) for r in session.execute(
+        sa.select(LedgerEntryRow.key_id, sa.func.count(), sa.func.sum(LedgerEntryRow.cost_usd))
+        .where(LedgerEntryRow.tenant_id == tenant_id, LedgerEntryRow.created_at >= since)
+        .group_by(LedgerEntryRow.key_id))}
+    budgets = {r.key_id: r for r in session.scalars(sa.select(BudgetPolicyRow).where(
+        BudgetPolicyRow.tenant_id == tenant_id, BudgetPolicyRow.scope == "key"))}
+    out = []
+    for k in keys:
+        calls, cost = spend.get(k.id, (0, Decimal(0)))
+        b = budgets.get(k.id)
+        out.append(KeyRow(k.id, k.name, k.prefix, k.created_at, k.revoked_at, calls, cost,
+                          None if b is None else b.period, None if b is None else b.limit_usd,
+                          None if b is None else b.soft_limit_usd, None if b is None else b.requests_per_min,
+                          None if b is None else b.tokens_per_min))
+    return out
+
+
+def open_alerts_by_tenant(session: Session) -> dict[str, int]:
+    """Unacknowledged alerts per tenant."""
+    q = (sa.select(BudgetAlertRow.tenant_id, sa.func.count()).where(BudgetAlertRow.acknowledged_at.is_(None))
+         .group_by(BudgetAlertRow.tenant_id))
+    return {r[0]: int(r[1]) for r in session.execute(q)}
+
+
+def add_totals(items: Sequence[SpendTotals]) -> SpendTotals:
+    return SpendTotals(sum(t.calls for t in items), sum(t.prompt_tokens for t in items),
+                       sum(t.completion_tokens for t in items), sum((t.cost_usd for t in items), Decimal(0)),
+                       sum((t.baseline_cost_usd for t in items), Decimal(0)))
+
+
+def days_and_total(day_tier: dict[date, dict[str, SpendTotals]]) -> tuple[list[DaySpend], SpendTotals]:
+    """``spend_by_day`` and ``spend_total`` derived from ``spend_by_day_tier``'s rows (no second scan)."""
+    per_day = [DaySpend(d, add_totals(list(tiers.values()))) for d, tiers in sorted(day_tier.items())]
+    return per_day, add_totals([d.totals for d in per_day])
+
+
+def spend_by_day_tier(session: Session, since: date, until: date,
+                      tenant_id: str | None = None) -> dict[date, dict[str, SpendTotals]]:
+    """Spend per day and tier in [since, until] from daily_spend (the stacked chart), oldest first."""
+    q = (sa.select(DailySpend.day, DailySpend.tier, *_sums()).where(DailySpend.day >= since, DailySpend.day <= until)
+         .group_by(DailySpend.day, DailySpend.tier).order_by(DailySpend.day))
+    if tenant_id is not None:
+        q = q.where(DailySpend.tenant_id == tenant_id)
+    out: dict[date, dict[str, SpendTotals]] = {}
+    for r in session.execute(q):
+        out.setdefault(r[0], {})[r[1]] = _totals(r[2:])
+    return out
+
+
+def latency_percentiles(session: Session, tenant_id: str, since: datetime,
+                        points: Sequence[float] = (0.5, 0.9, 0.99)) -> dict[str, dict[float, float]]:
+    """Latency percentiles (ms) of one tenant's answered requests since ``since``, per tier
+    (nearest rank; read from the (tenant_id, created_at) index range, latencies only)."""
+    q = (sa.select(Request.tier, Request.latency_ms)
+         .where(Request.tenant_id == tenant_id, Request.created_at >= since, Request.http_status == 200,
+                Request.latency_ms.is_not(None)))
+    by_tier: dict[str, list[float]] = {}
+    for tier, ms in session.execute(q):
+        if ms is not None:
+            by_tier.setdefault(tier or "unrouted", []).append(float(ms))
+    out: dict[str, dict[float, float]] = {}
+    for tier, values in sorted(by_tier.items()):
+        values.sort()
+        out[tier] = {p: values[min(len(values) - 1, max(0, math.ceil(p * len(values)) - 1))] for p in points}
+    return out
+
+
+def spend_rows(session: Session, since: date, until: date) -> list[tuple[Any, ...]]:
+    """(day, tenant_id, tenant name, tier, calls, prompt, completion, cost, baseline) per tenant, day
+    and tier in [since, until], from daily_spend (a range scan of its day index), for CSV export."""
+    q = (sa.select(DailySpend.day, DailySpend.tenant_id, sa.func.coalesce(Tenant.name, DailySpend.tenant_id),
+                   DailySpend.tier, *_sums())
+         .join(Tenant, Tenant.id == DailySpend.tenant_id, isouter=True)
+         .where(DailySpend.day >= since, DailySpend.day <= until)
+         .group_by(DailySpend.day, DailySpend.tenant_id, Tenant.name, DailySpend.tier)
+         .order_by(DailySpend.day, DailySpend.tenant_id, DailySpend.tier))
+    return [tuple(r) for r in session.execute(q)]
+
+
+def key_spend_rows(session: Session, tenant_id: str, since: datetime) -> list[tuple[Any, ...]]:
+    """(day, key_id, key name, tier, calls, cost, baseline) of one tenant's ledger rows since
+    ``since`` (a range scan of the ledger's (tenant_id, created_at) index), for CSV export."""
+    day = sa.func.date(LedgerEntryRow.created_at)
+    q = (sa.select(day, LedgerEntryRow.key_id, sa.func.coalesce(ApiKey.name, ""), LedgerEntryRow.tier,
+                   sa.func.count(), sa.func.coalesce(sa.func.sum(LedgerEntryRow.cost_usd), 0),
+                   sa.func.coalesce(sa.func.sum(LedgerEntryRow.baseline_cost_usd), 0))
+         .join(ApiKey, ApiKey.id == LedgerEntryRow.key_id, isouter=True)
+         .where(LedgerEntryRow.tenant_id == tenant_id, LedgerEntryRow.created_at >= since)
+         .group_by(day, LedgerEntryRow.key_id, ApiKey.name, LedgerEntryRow.tier)
+         .order_by(day, LedgerEntryRow.key_id, LedgerEntryRow.tier))
+    return [tuple(r) for r in session.execute(q)]

@@ -6,7 +6,8 @@ update it; ``GET /admin/budgets/tenants/{tenant_id}/alerts``: the tenant's recor
 alerts (newest first) for the dashboard. Protected by the admin key: ``Authorization: Bearer
 <value of the environment variable named by server.admin_key_env>`` (gateway.routes.admin_auth:
 checked before the body is read, wrong keys throttled per client address); when that variable is
-unset every call is refused. Values are bounded (gateway.budgets.bounds). Uses the
+unset every call is refused. Values are bounded (gateway.budgets.bounds); every write is audited
+(gateway.console, ``admin_audit``). Uses the
 ``BudgetRuntime`` of the process's ``Runtime``.
 """
 
@@ -20,13 +21,14 @@ import orjson
 from fastapi import APIRouter, Depends, Request, Response
 from pydantic import BaseModel, ConfigDict, Field
 
-from gateway.budgets import BudgetRuntime, put_policy, subject_of
+from gateway import console
+from gateway.budgets import BudgetRuntime, subject_of
 from gateway.budgets.alerts import recent_alerts
 from gateway.budgets.policies import Scope
 from gateway.db.models import ApiKey, BudgetPolicyRow, Tenant
-from gateway.errors import InvalidRequest, NotFound
+from gateway.errors import NotFound
 from gateway.ids import Identifier
-from gateway.routes.admin_auth import require_admin
+from gateway.routes.admin_auth import client_address, require_admin
 from gateway.runtime import Runtime
 from gateway.web.request_body import read_model
 
@@ -91,23 +93,15 @@ async def _show(state: Runtime, scope: Scope, subject_id: str) -> Response:
     return Response(orjson.dumps(body), media_type="application/json")
 
 
-async def _update(state: Runtime, scope: Scope, subject_id: str, update: BudgetUpdate) -> Response:
-    rt = _runtime(state)
-    tenant_id = await anyio.to_thread.run_sync(_tenant_of, state, scope, subject_id)
-
-    def write() -> None:
-        with state.session_factory.begin() as session:
-            try:
-                put_policy(session, scope=scope, tenant_id=tenant_id,
-                           key_id=subject_id if scope == "key" else None, period=update.period,
-                           limit_usd=update.limit_usd, soft_limit_usd=update.soft_limit_usd,
-                           alert_thresholds=update.alert_thresholds, requests_per_min=update.requests_per_min,
-                           tokens_per_min=update.tokens_per_min, clear=update.clear)
-            except ValueError as err:  # PolicyValueError names the param
-                raise InvalidRequest(str(err), param=getattr(err, "param", None), code="invalid_value") from None
-
-    await anyio.to_thread.run_sync(write)
-    rt.budgets.policies.invalidate(subject_of(scope, subject_id))
+async def _update(request: Request, state: Runtime, scope: Scope, subject_id: str, update: BudgetUpdate) -> Response:
+    """Write through the audited console action (actor: the bearer admin key)."""
+    change = console.BudgetChange(period=update.period, limit_usd=update.limit_usd,
+                                  soft_limit_usd=update.soft_limit_usd, alert_thresholds=update.alert_thresholds,
+                                  requests_per_min=update.requests_per_min, tokens_per_min=update.tokens_per_min,
+                                  clear=tuple(update.clear))
+    out = await anyio.to_thread.run_sync(console.set_budget, state.session_factory,
+                                         console.Actor("bearer", client_address(request)), scope, subject_id, change)
+    _runtime(state).budgets.policies.invalidate(out["subject"])
     return await _show(state, scope, subject_id)
 
 
@@ -125,7 +119,7 @@ async def show_tenant(tenant_id: Identifier, state: Runtime = Depends(require_ad
 
 @router.put("/tenants/{tenant_id}")
 async def set_tenant(request: Request, tenant_id: Identifier, state: Runtime = Depends(require_admin)) -> Response:
-    return await _update(state, "tenant", tenant_id, await _read_update(request, state))
+    return await _update(request, state, "tenant", tenant_id, await _read_update(request, state))
 
 
 @router.get("/keys/{key_id}")
@@ -135,7 +129,7 @@ async def show_key(key_id: Identifier, state: Runtime = Depends(require_admin)) 
 
 @router.put("/keys/{key_id}")
 async def set_key(request: Request, key_id: Identifier, state: Runtime = Depends(require_admin)) -> Response:
-    return await _update(state, "key", key_id, await _read_update(request, state))
+    return await _update(request, state, "key", key_id, await _read_update(request, state))
 
 
 @router.get("/tenants/{tenant_id}/alerts")

@@ -4,16 +4,17 @@ Importing this package registers all tables, so ``Base.metadata`` is complete (A
 ``env.py`` and ``create_all`` need nothing else): ``core`` (tenants, API keys, requests, the
 per-call ledger and its indexes, daily spend, feedback), ``budgets`` (policies, persisted
 holds, alerts), ``jobs`` (files, batches, batch lines), ``routing`` (the classifier's logged
-decisions and the outcomes it learns from). No other package declares a table or
+decisions and the outcomes it learns from), ``audit`` (the admin audit log). No other package declares a table or
 adds to this metadata. Imports only SQLAlchemy; the bottom of the gateway's layers.
 """
 
+from gateway.db.models.audit import AdminAuditRow
 from gateway.db.models.base import ID, MONEY, Base, utcnow
 from gateway.db.models.budgets import BudgetAlertRow, BudgetPolicyRow, BudgetReservationRow
 from gateway.db.models.core import ApiKey, DailySpend, Feedback, LedgerEntryRow, Request, Tenant
 from gateway.db.models.jobs import Batch, BatchLine, FileObject
 from gateway.db.models.routing import RoutingDecision, RoutingOutcome
 
-__all__ = ["ID", "MONEY", "ApiKey", "Base", "Batch", "BatchLine", "BudgetAlertRow",
+__all__ = ["ID", "MONEY", "AdminAuditRow", "ApiKey", "Base", "Batch", "BatchLine", "BudgetAlertRow",
            "BudgetPolicyRow", "BudgetReservationRow", "DailySpend", "Feedback", "FileObject",
            "LedgerEntryRow", "Request", "RoutingDecision", "RoutingOutcome", "Tenant", "utcnow"]

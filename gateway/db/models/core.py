@@ -51,7 +51,9 @@ class Request(Base):
     """One client request (possibly several upstream calls, see ``LedgerEntryRow``)."""
 
     __tablename__ = "requests"
-    __table_args__ = (sa.Index("ix_requests_tenant_created", "tenant_id", "created_at"),)
+    # (created_at): the admin overview's effort mix of every tenant in one range scan (0006_admin_console).
+    __table_args__ = (sa.Index("ix_requests_tenant_created", "tenant_id", "created_at"),
+                      sa.Index("ix_requests_created", "created_at"))
 
     id: Mapped[str] = mapped_column(ID, primary_key=True)
     tenant_id: Mapped[str] = mapped_column(ID)
@@ -104,6 +106,8 @@ class DailySpend(Base):
     writer in the same transaction as the rows. ``requests`` counts upstream calls."""
 
     __tablename__ = "daily_spend"
+    # (day): the admin overview's window over every tenant is a range scan (0006_admin_console).
+    __table_args__ = (sa.Index("ix_daily_spend_day", "day"),)
 
     tenant_id: Mapped[str] = mapped_column(ID, primary_key=True)
     day: Mapped[date] = mapped_column(sa.Date, primary_key=True)

@@ -122,12 +122,12 @@ async def test_numbers_equal_the_database_sums(tmp_path: Path, upstream: Scripte
         assert Decimal(by_tenant["acme"]["cost_usd"]) == db_sums(gw, gw.tenant_id)[0]
         assert sum(Decimal(d["cost_usd"]) for d in body["per_day"]) == cost
         assert body["mix"] == {"hours": 24, "total": 10, "by_tier": {"low": 6, "high": 4}, "pipeline": 4,
-                               "pipeline_share": 0.4}
+                               "pipeline_share": 0.4, "refused": 0}
         assert by_tenant["other-co"]["mix"]["total"] == 3 and by_tenant["other-co"]["mix"]["pipeline"] == 1
 
         t = (await gw.client.get(f"/admin/api/tenants/{gw.tenant_id}?mix_hours=24", headers=BEARER)).json()
         assert t["mix"] == {"hours": 24, "total": 7, "by_tier": {"low": 4, "high": 3}, "pipeline": 3,
-                            "pipeline_share": 3 / 7}
+                            "pipeline_share": 3 / 7, "refused": 0}
         assert set(t["per_tier"]) == {"low", "high"} and t["per_tier"]["high"]["calls"] == 3
         narrow = (await gw.client.get(f"/admin/api/tenants/{gw.tenant_id}?mix_hours=3", headers=BEARER)).json()
         assert narrow["mix"]["total"] == 3  # the window bounds the mix (hours 0, 1, 2 ago)

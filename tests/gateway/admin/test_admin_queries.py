@@ -63,6 +63,15 @@ def _check(sf: sessionmaker[Session], journal: Path) -> None:
         assert sum(d.totals.cost_usd for d in aq.spend_by_day(s, today - timedelta(days=1), today)) == cost
         assert aq.spend_total(s, today + timedelta(days=1), today + timedelta(days=2)).calls == 0
         assert set(aq.spend_by_tier(s, today - timedelta(days=1), today, a)) == {"low", "medium", "high"}
+        # The overview's one-scan form (GROUPING SETS on PostgreSQL) equals the two plain queries.
+        window = (today - timedelta(days=1), today)
+        tenants, day_tier = aq.overview_spend(s, *window)
+        assert tenants == aq.spend_by_tenant(s, *window) and day_tier == aq.spend_by_day_tier(s, *window)
+        per_day, total2 = aq.days_and_total(day_tier)
+        assert per_day == aq.spend_by_day(s, *window) and total2 == total
+        mixes = aq.tier_mix_by_tenant(s, [a, b, "nobody"], NOW - timedelta(hours=10))
+        assert mixes == {a: aq.tier_mix(s, a, NOW - timedelta(hours=10)), b: aq.tier_mix(s, b, NOW - timedelta(hours=10)),
+                         "nobody": aq.TierMix(0, {}, 0, 0)}
 
         mix = aq.tier_mix(s, a, NOW - timedelta(hours=10))
         assert (mix.total, mix.by_tier, mix.pipeline) == (6, {"low": 2, "medium": 2, "high": 2}, 2)

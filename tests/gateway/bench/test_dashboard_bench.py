@@ -1,0 +1,37 @@
+"""`tiergate bench dashboard`, run small: it seeds a temporary PostgreSQL database, times every
+console page against the no-database baseline, prints each page's p50/p99 and ratio, and drops
+the database."""
+
+from __future__ import annotations
+
+import os
+import re
+
+import pytest
+import sqlalchemy as sa
+
+from gateway.bench.dashboard import run
+
+
+def _bench_databases(url: str) -> int:
+    engine = sa.create_engine(url)
+    with engine.connect() as conn:
+        n = conn.execute(sa.text("SELECT count(*) FROM pg_database WHERE datname LIKE 'tiergate_bench_%'")).scalar()
+    engine.dispose()
+    return int(n or 0)
+
+
+@pytest.mark.slow
+@pytest.mark.postgres
+def test_bench_dashboard_small(postgres_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("TIERGATE_ADMIN_KEY", raising=False)
+    before = _bench_databases(postgres_url)
+    lines = run(postgres_url, tenants=30, rows=3000, repeats=3)
+    text = "\n".join(lines)
+    assert "30 tenants, 3000 requests" in text
+    for page in ("overview (HTML)", "overview (JSON)", "tenant page (HTML)", "tenant (JSON)", "tenant keys (JSON)",
+                 "audit log (JSON)"):
+        assert re.search(re.escape(page) + r"\s+p50\s+[\d.]+ ms\s+p99\s+[\d.]+ ms\s+p50 x[\d.]+ of the baseline", text), page
+    assert re.search(r"worst console page p99: [\d.]+ ms", text)
+    assert _bench_databases(postgres_url) == before  # dropped
+    assert "TIERGATE_ADMIN_KEY" not in os.environ  # restored
