@@ -57,10 +57,12 @@ async def _http_error(_: Request, err: Exception) -> Response:
 def _routers(app: FastAPI) -> None:
     from gateway.routes import admin as admin_routes
     from gateway.routes import admin_keys, batches, budgets, chat, feedback, files, health, models, openapi
+    from gateway.routes import messages as anthropic_messages
 
     # The chat route first: routers are matched in order, each one a scan of its routes, and this is
     # the hot path (no other router has a route its path could match).
     app.include_router(chat.router)
+    app.include_router(anthropic_messages.router)
     app.include_router(health.router)
     app.include_router(budgets.router)
     app.include_router(models.router)
