@@ -12,16 +12,19 @@ from __future__ import annotations
 import gc
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
+from typing import Any
 
 import orjson
 from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Route
 
 from gateway.errors import GatewayError, NotFound
 from gateway.runtime import RuntimeParts, open_runtime
 from gateway.settings import Settings
 from gateway.web.edge import EdgeMiddleware
+from gateway.web.observe import ObserveMiddleware
 from gateway.web.request_body import FORM_OVERHEAD_BYTES, invalid_value
 
 
@@ -58,6 +61,7 @@ def _routers(app: FastAPI) -> None:
     from gateway.routes import admin as admin_routes
     from gateway.routes import admin_keys, batches, budgets, chat, feedback, files, health, models, openapi
     from gateway.routes import messages as anthropic_messages
+    from gateway.routes import metrics as metrics_route
 
     # The chat route first: routers are matched in order, each one a scan of its routes, and this is
     # the hot path (no other router has a route its path could match).
@@ -72,6 +76,20 @@ def _routers(app: FastAPI) -> None:
     app.include_router(files.router)
     app.include_router(batches.router)
     app.include_router(openapi.router)
+    app.include_router(metrics_route.router)
+
+
+def route_templates(routes: list[Any]) -> dict[Any, str]:
+    """Each endpoint's route template (the metrics' ``route`` label). FastAPI keeps an included
+    router as one wrapper route (``original_router``); its routes are looked at in turn."""
+    out: dict[Any, str] = {}
+    for route in routes:
+        inner = getattr(route, "original_router", None)
+        if inner is not None:
+            out.update(route_templates(inner.routes))
+        elif isinstance(route, Route):
+            out[route.endpoint] = route.path
+    return out
 
 
 GEN0_THRESHOLD = 10_000
@@ -124,5 +142,8 @@ def create_app(settings: Settings, parts: RuntimeParts = RuntimeParts(), *, free
     # Any other exception: EdgeMiddleware answers 500 and logs its type and place, never its text.
     app.add_middleware(EdgeMiddleware, max_body_bytes=max(settings.server.max_body_bytes,
                                                           settings.jobs.max_file_bytes + FORM_OVERHEAD_BYTES))
+    observe = settings.observability
     _routers(app)
+    if observe.metrics.enabled:  # outside the edge: it sees the 500 the edge answers for a failed route
+        app.add_middleware(ObserveMiddleware, paths=route_templates(app.router.routes), metrics_on=True)
     return app

@@ -32,6 +32,7 @@ from gateway.providers.openai_compat import SessionFactory
 from gateway.providers.registry import ProviderRegistry
 from gateway.routing import DecideAuto
 from gateway.settings import Settings
+from gateway.telemetry import metrics
 
 Role = Literal["gateway", "worker"]
 
@@ -99,6 +100,18 @@ async def _decide_auto(settings: Settings) -> DecideAuto | None:
     return perceiver.decide if perceiver is not None else None
 
 
+def _observe_ledger(settings: Settings, ledger: Ledger, stack: AsyncExitStack) -> None:
+    """Metrics on (``observability.metrics.enabled``): every ledger record is counted as it is
+    recorded; this process's recording switch follows the setting until the runtime closes."""
+    cfg = settings.observability.metrics
+    was_on = metrics.enabled()
+    metrics.configure(cfg.enabled)
+    stack.callback(metrics.configure, was_on)
+    if cfg.enabled:
+        ledger.observer = metrics.LedgerMetrics(tenant_label=cfg.tenant_label)
+        stack.callback(setattr, ledger, "observer", None)
+
+
 @asynccontextmanager
 async def open_runtime(settings: Settings, parts: RuntimeParts = RuntimeParts(), *,
                        role: Role = "gateway") -> AsyncIterator[Runtime]:
@@ -106,6 +119,7 @@ async def open_runtime(settings: Settings, parts: RuntimeParts = RuntimeParts(),
     async with AsyncExitStack() as stack:
         sf = parts.session_factory or _session_factory(settings, stack)
         ledger = parts.ledger or _ledger(settings, sf, stack)
+        _observe_ledger(settings, ledger, stack)
         registry = parts.registry
         if registry is None:
             registry = ProviderRegistry(settings, http_session_factory=parts.http_session_factory,

@@ -23,6 +23,7 @@ from gateway.providers.metering import StreamMeter, response_usage
 from gateway.providers.payload import provider_payload
 from gateway.providers.registry import ProviderRegistry
 from gateway.settings import Settings
+from gateway.telemetry import metrics
 
 AttemptStatus = Literal["ok", "error", "cancelled"]
 log = logging.getLogger("tiergate.providers")
@@ -102,6 +103,8 @@ async def call_models(registry: ProviderRegistry, models: Sequence[str], body: d
                       policy: RetryPolicy = DEFAULT_POLICY, sleep: Sleep = asyncio.sleep,
                       ) -> tuple[dict[str, Any], str]:
     """Non-streaming call over an ordered chain of models; returns (response, model used)."""
+    if metrics.enabled():  # every attempt counted (gateway.telemetry.metrics)
+        on_attempt = metrics.observed(on_attempt)
     last: GatewayError | None = None
     for name in models:
         model = registry.model(name)
@@ -194,6 +197,8 @@ async def stream_models(registry: ProviderRegistry, models: Sequence[str], body:
                         ) -> tuple[ChunkStream, str]:
     """Open a stream over an ordered chain of models: retries and fallbacks until the first chunk
     arrives. Returns (chunks, model used); the attempt is reported when the stream ends."""
+    if metrics.enabled():
+        on_attempt = metrics.observed(on_attempt)
     last: GatewayError | None = None
     for name in models:
         model = registry.model(name)
