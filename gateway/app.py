@@ -17,12 +17,15 @@ from typing import Any
 import orjson
 from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
+from fastapi.telemetry import TelemetryConfig
+from opentelemetry.sdk.trace import TracerProvider
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Route
 
 from gateway.errors import GatewayError, NotFound
 from gateway.runtime import RuntimeParts, open_runtime
 from gateway.settings import Settings
+from gateway.telemetry import tracing
 from gateway.web.edge import EdgeMiddleware
 from gateway.web.observe import ObserveMiddleware
 from gateway.web.request_body import FORM_OVERHEAD_BYTES, invalid_value
@@ -121,7 +124,8 @@ def _freeze_startup_heap(stack: AsyncExitStack) -> None:
     stack.callback(gc.set_threshold, *old)
 
 
-def create_app(settings: Settings, parts: RuntimeParts = RuntimeParts(), *, freeze_heap: bool = False) -> FastAPI:
+def create_app(settings: Settings, parts: RuntimeParts = RuntimeParts(), *, freeze_heap: bool = False,
+               tracer_provider: TracerProvider | None = None) -> FastAPI:
     """Build the app. Its lifespan opens the ``Runtime`` (``gateway.runtime``): the parts not
     handed in are built there and closed when the app stops. ``freeze_heap``: after startup,
     freeze the heap out of full garbage collections (see ``_freeze_startup_heap``); servers pass
@@ -135,7 +139,14 @@ def create_app(settings: Settings, parts: RuntimeParts = RuntimeParts(), *, free
                 _freeze_startup_heap(stack)
             yield
 
-    app = FastAPI(title="tiergate", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    # Traces (observability.tracing): FastAPI's own server span per request (it continues a client's
+    # traceparent), this process's tracer for the stage and upstream spans below it. Off: FastAPI's
+    # telemetry is off too, whatever global provider the environment set up.
+    provider = tracing.configure(settings.observability.tracing, tracer_provider)
+    telemetry: TelemetryConfig = {"metrics": False, "logs": False, "operation_spans": False,
+                                  "tracing": provider is not None, "tracer_provider": provider}
+    app = FastAPI(title="tiergate", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None,
+                  telemetry=telemetry)
     app.add_exception_handler(GatewayError, _gateway_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)

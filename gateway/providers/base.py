@@ -62,6 +62,7 @@ class CallOptions:
 
     experts_per_token: int | None = None
     timeout_s: float | None = None
+    trace_headers: tuple[tuple[str, str], ...] = ()  # W3C trace context for the upstream (gateway.telemetry.tracing)
 
 
 class ChunkStream(Protocol):

@@ -5,41 +5,18 @@ the scrape is admin-protected by default, open with ``auth: none``, absent when 
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.app import create_app
-from gateway.auth import KeyStore
-from gateway.ledger import Ledger
-from gateway.runtime import RuntimeParts
-from gateway.settings import settings_from_dict
-from tests.gateway.gateway_harness import Gateway, asgi_client, make_database
-from tests.gateway.scripted_upstream import Behaviour, ScriptedUpstream, config_for
+from tests.gateway.app.observe_support import app_with
+from tests.gateway.scripted_upstream import Behaviour, ScriptedUpstream
 
 ADMIN = "admin-key-for-metrics-tests"
 MSGS = [{"role": "user", "content": "hi"}]
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
-
-
-@asynccontextmanager
-async def app_with(tmp_path: Path, upstream: ScriptedUpstream, **extra: Any) -> AsyncIterator[Gateway]:
-    """The real app over a fresh database with ``extra`` config sections merged in."""
-    url, sf, tenant_id, raw = make_database(tmp_path)
-    settings = settings_from_dict({**config_for(upstream.base_url, db_url=url), **extra}, base_dir=tmp_path)
-    ledger = Ledger(sf, tmp_path / "journal", flush_interval_ms=5)
-    ledger.start()
-    app = create_app(settings, RuntimeParts(session_factory=sf, ledger=ledger, keys=KeyStore(sf)))
-    try:
-        async with asgi_client(app) as client:
-            yield Gateway(app, client, settings, upstream, ledger, sf, tenant_id, raw)
-    finally:
-        ledger.stop()
 
 
 async def scrape(client: httpx.AsyncClient, key: str | None = ADMIN) -> Samples:
