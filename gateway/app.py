@@ -26,6 +26,7 @@ from gateway.errors import GatewayError, NotFound
 from gateway.runtime import RuntimeParts, open_runtime
 from gateway.settings import Settings
 from gateway.telemetry import tracing
+from gateway.telemetry.logs import RequestLog
 from gateway.web.edge import EdgeMiddleware
 from gateway.web.observe import ObserveMiddleware
 from gateway.web.request_body import FORM_OVERHEAD_BYTES, invalid_value
@@ -155,6 +156,8 @@ def create_app(settings: Settings, parts: RuntimeParts = RuntimeParts(), *, free
                                                           settings.jobs.max_file_bytes + FORM_OVERHEAD_BYTES))
     observe = settings.observability
     _routers(app)
-    if observe.metrics.enabled:  # outside the edge: it sees the 500 the edge answers for a failed route
-        app.add_middleware(ObserveMiddleware, paths=route_templates(app.router.routes), metrics_on=True)
+    if observe.metrics.enabled or observe.logs.request_lines:  # outside the edge: it sees the edge's 500s
+        app.add_middleware(ObserveMiddleware, paths=route_templates(app.router.routes),
+                           metrics_on=observe.metrics.enabled,
+                           request_log=RequestLog() if observe.logs.request_lines else None)
     return app

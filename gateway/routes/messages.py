@@ -27,7 +27,7 @@ from gateway.chat.anthropic import (
 from gateway.errors import AuthenticationFailed, GatewayError
 from gateway.money import format_usd
 from gateway.routes.chat import SSEResponse, _client_gone, _decision_headers
-from gateway.web.observe import DECISION_KEY
+from gateway.web.observe import REQUEST_KEY
 from gateway.web.request_body import read_json
 
 if TYPE_CHECKING:
@@ -54,7 +54,7 @@ async def _messages(request: Request) -> Response:
     who = await _authenticate(rt, request)
     wire = parse_messages_request(await read_json(request, rt.settings.server), rt.settings.server.unknown_fields)
     req, stream = await rt.flow.prepare(who, to_chat_body(wire), request_id=new_message_id())
-    request.scope[DECISION_KEY] = req.decision  # the tier and model of its metrics and log line
+    request.scope[REQUEST_KEY] = req  # its id, tenant, tier and model: for its metrics and log line
     headers = {**_decision_headers(req), "request-id": req.request_id}
     if stream:
         opened = await rt.flow.open_stream(req, client_gone=_client_gone(request.receive))

@@ -2,8 +2,8 @@
 too), handed to the metrics (gateway.telemetry.metrics.record_http) and, when configured, to
 the request log line (gateway.telemetry.logs) — labelled with the route template (looked up by
 the endpoint the router chose; ``unmatched`` for a 404), and with
-the tier and routed model when a route made a routing decision (it leaves it in
-``scope["tiergate.decision"]``). A request that ends without a response started is a 499 when
+the tier and routed model when a route made a routing decision (it leaves its ``ChatRequest`` in
+``scope["tiergate.request"]``). A request that ends without a response started is a 499 when
 the client left, else 500. Pure ASGI, a few microseconds per request.
 
 Imports starlette types and gateway.telemetry only.
@@ -18,7 +18,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.telemetry import metrics
 
-DECISION_KEY = "tiergate.decision"
+REQUEST_KEY = "tiergate.request"
 UNMATCHED = "unmatched"
 
 
@@ -54,9 +54,9 @@ class ObserveMiddleware:
             if not status:
                 status = 500 if failed else 499
             path = self.paths.get(scope.get("endpoint"), UNMATCHED)
-            decision = scope.get(DECISION_KEY)
-            tier, model = (decision.tier, decision.models[0]) if decision is not None else ("", "")
+            req = scope.get(REQUEST_KEY)
+            tier, model = (req.decision.tier, req.decision.models[0]) if req is not None else ("", "")
             if self.metrics_on:
                 metrics.record_http(path, tier, model, status, seconds)
             if self.request_log is not None:
-                self.request_log.write(scope, path, tier, model, status, seconds)
+                self.request_log.write(scope, path, tier, model, status, seconds, req)
