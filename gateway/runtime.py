@@ -100,9 +100,11 @@ async def _decide_auto(settings: Settings) -> DecideAuto | None:
     return perceiver.decide if perceiver is not None else None
 
 
-def _observe_ledger(settings: Settings, ledger: Ledger, stack: AsyncExitStack) -> None:
+def _observe(settings: Settings, ledger: Ledger, stack: AsyncExitStack, role: Role) -> None:
     """Metrics on (``observability.metrics.enabled``): every ledger record is counted as it is
-    recorded; this process's recording switch follows the setting until the runtime closes."""
+    recorded, and a single-process gateway serves ``metrics.port`` if one is set (under several
+    workers the supervising process does); this process's recording switch follows the setting
+    until the runtime closes."""
     cfg = settings.observability.metrics
     was_on = metrics.enabled()
     metrics.configure(cfg.enabled)
@@ -110,6 +112,8 @@ def _observe_ledger(settings: Settings, ledger: Ledger, stack: AsyncExitStack) -
     if cfg.enabled:
         ledger.observer = metrics.LedgerMetrics(tenant_label=cfg.tenant_label)
         stack.callback(setattr, ledger, "observer", None)
+        if cfg.port is not None and not metrics.multiprocess() and role == "gateway":
+            stack.callback(metrics.serve_port(cfg.address, cfg.port))  # one process: it serves its own port
 
 
 @asynccontextmanager
@@ -119,7 +123,7 @@ async def open_runtime(settings: Settings, parts: RuntimeParts = RuntimeParts(),
     async with AsyncExitStack() as stack:
         sf = parts.session_factory or _session_factory(settings, stack)
         ledger = parts.ledger or _ledger(settings, sf, stack)
-        _observe_ledger(settings, ledger, stack)
+        _observe(settings, ledger, stack, role)
         registry = parts.registry
         if registry is None:
             registry = ProviderRegistry(settings, http_session_factory=parts.http_session_factory,

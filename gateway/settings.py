@@ -253,12 +253,17 @@ class MetricsSettings(_Strict):
     (``Authorization: Bearer``, as the admin API); ``none``: open, for a port only the scraper
     reaches. ``tenant_label``: per-tenant token and cost series too (one series per tenant: off
     by default to bound cardinality). ``multiprocess_dir``: where ``tiergate serve --workers N``
-    keeps the workers' samples (emptied at start; default a fresh temporary directory per run)."""
+    keeps the workers' samples (emptied at start; default a fresh temporary directory per run).
+    ``port``: a separate listener (on ``address``) with the same samples and no authentication,
+    for a port only the scraper can reach (served by the supervising process under several
+    workers; the scrape-time database and engine gauges are on ``/metrics`` only)."""
 
     enabled: bool = True
     auth: Literal["admin", "none"] = "admin"
     tenant_label: bool = False
     multiprocess_dir: str | None = None
+    port: int | None = Field(None, ge=1, le=65535)  # also serve the exposition here, unauthenticated
+    address: str = "127.0.0.1"  # where ``port`` listens
 
 
 class TracingSettings(_Strict):

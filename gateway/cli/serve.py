@@ -121,7 +121,11 @@ def register(app: typer.Typer) -> None:
         # Several workers: each writes its samples to a directory they share, and a scrape
         # answered by any of them merges them all. Set before the workers start (they inherit it).
         directory = metrics.prepare_multiprocess(metrics_cfg.multiprocess_dir)
+        # The separate metrics port, if any, is this supervising process's: it outlives any worker.
+        stop = (metrics.serve_port(metrics_cfg.address, metrics_cfg.port) if metrics_cfg.port is not None
+                else (lambda: None))
         try:
             run(uv_config)
         finally:
+            stop()
             metrics.cleanup_multiprocess(directory, metrics_cfg.multiprocess_dir)

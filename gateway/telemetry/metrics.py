@@ -201,12 +201,38 @@ def cleanup_multiprocess(path: Path, configured: str | None) -> None:
         shutil.rmtree(path, ignore_errors=True)
 
 
+def multiprocess() -> bool:
+    """Whether this process writes its samples for a multiprocess scrape (several workers)."""
+    return bool(os.environ.get(MULTIPROC_ENV))
+
+
 def mark_dead(pid: int) -> None:
     """Drop a dead worker's live gauges (its counters stay in the sums)."""
     if os.environ.get(MULTIPROC_ENV):
         from prometheus_client import multiprocess
 
         multiprocess.mark_process_dead(pid)
+
+
+def serve_port(address: str, port: int) -> Callable[[], None]:
+    """Serve the exposition (this process's samples, or every worker's under multiprocess mode)
+    on ``address:port`` from a daemon thread; returns the function that stops it."""
+    from prometheus_client import start_http_server
+
+    registry = CollectorRegistry(auto_describe=False)
+    if os.environ.get(MULTIPROC_ENV):
+        from prometheus_client import multiprocess
+
+        multiprocess.MultiProcessCollector(registry)
+    else:
+        registry.register(_Default())  # type: ignore[arg-type]
+    server, thread = start_http_server(port, addr=address, registry=registry)
+
+    def stop() -> None:
+        server.shutdown()
+        server.server_close()
+        thread.join(5)
+    return stop
 
 
 class _Default:

@@ -12,6 +12,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.gateway.app.observe_support import app_with
+from tests.gateway.edge.edge_support import free_port
 from tests.gateway.scripted_upstream import Behaviour, ScriptedUpstream
 
 ADMIN = "admin-key-for-metrics-tests"
@@ -144,3 +145,18 @@ async def test_scrape_auth_and_switches(tmp_path: Path, upstream: ScriptedUpstre
         r = await gw.client.post("/v1/chat/completions", headers=gw.auth, json={"model": "low", "messages": MSGS})
         assert r.status_code == 200
     assert gw.ledger.observer is None
+
+
+@pytest.mark.integration  # a real listener on a loopback port
+@pytest.mark.slow  # ~3 s: the listener stops on its 0.5 s poll
+async def test_separate_port_serves_the_samples_unauthenticated(tmp_path: Path, upstream: ScriptedUpstream) -> None:
+    port = free_port()
+    async with app_with(tmp_path, upstream, observability={"metrics": {"port": port}}) as gw:
+        r = await gw.client.post("/v1/chat/completions", headers=gw.auth,
+                                 json={"model": "low", "messages": MSGS, "max_tokens": 2})
+        assert r.status_code == 200
+        async with httpx.AsyncClient() as plain:
+            scraped = (await plain.get(f"http://127.0.0.1:{port}/metrics")).text
+        assert "tiergate_http_requests_total" in scraped and "tiergate_ledger_calls_total" in scraped
+    with pytest.raises(httpx.ConnectError):  # stopped with the app
+        httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=2)

@@ -13,7 +13,7 @@ import pytest
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.gateway.edge.edge_support import ADMIN, Served, serve_subprocess
+from tests.gateway.edge.edge_support import ADMIN, Served, free_port, serve_subprocess
 from tests.gateway.scripted_upstream import UPSTREAM_KEY, UPSTREAM_KEY_ENV, Behaviour, ScriptedUpstream
 
 pytestmark = [pytest.mark.process, pytest.mark.slow]  # two uvicorn workers start: ~10 s
@@ -22,13 +22,14 @@ ROUTE = "/v1/chat/completions"
 
 
 @pytest.fixture
-def served(tmp_path: Path) -> Iterator[tuple[Served, Path]]:
-    samples = tmp_path / "metrics"
+def served(tmp_path: Path) -> Iterator[tuple[Served, Path, int]]:
+    samples, port = tmp_path / "metrics", free_port()
     with ScriptedUpstream() as upstream:
         upstream.push(*[Behaviour(hang_s=0.05)] * N_REQUESTS)  # each call takes a while: both workers get some
         with serve_subprocess(tmp_path, upstream, env={UPSTREAM_KEY_ENV: UPSTREAM_KEY}, args=("--workers", "2"),
-                              sections={"observability": {"metrics": {"multiprocess_dir": str(samples)}}}) as s:
-            yield s, samples
+                              sections={"observability": {"metrics": {"multiprocess_dir": str(samples),
+                                                                      "port": port}}}) as s:
+            yield s, samples, port
 
 
 def _chat_count(text: str) -> float:
@@ -46,8 +47,8 @@ def _per_worker(samples: Path) -> dict[str, float]:
     return out
 
 
-def test_two_workers_samples_are_merged(served: tuple[Served, Path]) -> None:
-    srv, samples = served
+def test_two_workers_samples_are_merged(served: tuple[Served, Path, int]) -> None:
+    srv, samples, port = served
 
     def one(_: int) -> int:
         with httpx.Client(base_url=srv.base, timeout=30) as client:  # a new connection each: any worker takes it
@@ -69,3 +70,5 @@ def test_two_workers_samples_are_merged(served: tuple[Served, Path]) -> None:
         pids |= {s.labels["pid"] for f in text_string_to_metric_families(r.text) for s in f.samples
                  if s.name == "tiergate_worker_up"}
     assert len(pids) == 2
+    # the separate metrics port is the supervisor's: the same merged samples, no key
+    assert _chat_count(httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text) == N_REQUESTS
