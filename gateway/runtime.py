@@ -106,9 +106,9 @@ def _observe(settings: Settings, ledger: Ledger, stack: AsyncExitStack, role: Ro
     workers the supervising process does); this process's recording switch follows the setting
     until the runtime closes."""
     cfg = settings.observability.metrics
-    was_on = metrics.enabled()
-    metrics.configure(cfg.enabled)
-    stack.callback(metrics.configure, was_on)
+    was_on, was_labelled = metrics.enabled(), metrics.budget_series()
+    metrics.configure(cfg.enabled, cfg.tenant_label)
+    stack.callback(metrics.configure, was_on, was_labelled)
     if cfg.enabled:
         ledger.observer = metrics.LedgerMetrics(tenant_label=cfg.tenant_label)
         stack.callback(setattr, ledger, "observer", None)

@@ -73,19 +73,24 @@ FLUSHED = Counter("tiergate_ledger_db_flushed_records", "Ledger records written 
 FLUSH_FAILURES = Counter("tiergate_ledger_db_flush_failures", "Failed database writes of ledger batches (retried).")
 PENDING = Gauge("tiergate_ledger_pending_records", "Ledger records not yet journaled (stage=journal) or not yet in "
                 "the database (stage=db), summed over live processes.", ["stage"], multiprocess_mode="livesum")
+BUDGET_UTILISATION = Gauge("tiergate_budget_utilisation_ratio", "Spend in the current period over the hard limit "
+                           "(or the soft one when it is the only limit), per budget subject "
+                           "(observability.metrics.tenant_label).", ["scope", "subject"],
+                           multiprocess_mode="mostrecent")
 WORKER = Gauge("tiergate_worker_up", "1 per live gateway process (with a pid label under several workers).",
                multiprocess_mode="liveall")
 
-_state = {"on": True}
+_state = {"on": True, "tenant_label": False}
 
 
 def enabled() -> bool:
     return _state["on"]
 
 
-def configure(on: bool) -> None:
-    """Turn recording on or off in this process (``observability.metrics.enabled``)."""
-    _state["on"] = on
+def configure(on: bool, tenant_label: bool = False) -> None:
+    """Turn recording on or off in this process (``observability.metrics.enabled``), and the
+    per-tenant series (``tenant_label``)."""
+    _state["on"], _state["tenant_label"] = on, on and tenant_label
     if on:
         WORKER.set(1)
 
@@ -136,6 +141,18 @@ def observed(on_attempt: Callable[[Any], None]) -> Callable[[Any], None]:
         record_attempt(attempt)
         on_attempt(attempt)
     return both
+
+
+def budget_series() -> bool:
+    """Whether per-subject budget utilisation is recorded (metrics on, ``tenant_label`` on)."""
+    return _state["tenant_label"]
+
+
+def observe_budget(scope: str, subject: str, spent_nanos: int, limit_nanos: int | None,
+                   soft_limit_nanos: int | None) -> None:
+    base = limit_nanos if limit_nanos is not None else soft_limit_nanos
+    if base and _state["tenant_label"]:
+        _child(BUDGET_UTILISATION, scope, subject).set(spent_nanos / base)
 
 
 class LedgerMetrics:

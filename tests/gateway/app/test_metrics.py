@@ -160,3 +160,29 @@ async def test_separate_port_serves_the_samples_unauthenticated(tmp_path: Path, 
         assert "tiergate_http_requests_total" in scraped and "tiergate_ledger_calls_total" in scraped
     with pytest.raises(httpx.ConnectError):  # stopped with the app
         httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=2)
+
+
+async def test_tenant_series_only_when_asked(tmp_path: Path, upstream: ScriptedUpstream,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TIERGATE_ADMIN_KEY", ADMIN)
+    body = {"model": "low", "messages": MSGS, "max_tokens": 3}
+    async with app_with(tmp_path / "on", upstream, budgets={"limit_usd": 1.0},
+                        observability={"metrics": {"tenant_label": True}}) as gw:
+        before = await scrape(gw.client)
+        for _ in range(2):
+            assert (await gw.client.post("/v1/chat/completions", headers=gw.auth, json=body)).status_code == 200
+        after = await scrape(gw.client)
+        rows = gw.ledger_rows()
+    spent = sum(float(r.cost_usd) for r in rows)
+    tenant = (("tenant", gw.tenant_id),)
+    assert delta(after, before, "tiergate_tenant_cost_usd_total")[tenant] == pytest.approx(spent)
+    assert delta(after, before, "tiergate_tenant_tokens_total", type="completion") == {
+        (("tenant", gw.tenant_id), ("type", "completion")): sum(r.completion_tokens for r in rows)}
+    ratio = after[("tiergate_budget_utilisation_ratio", (("scope", "tenant"), ("subject", f"tenant:{gw.tenant_id}")))]
+    assert ratio == pytest.approx(spent / 1.0)
+
+    async with app_with(tmp_path / "off", upstream, budgets={"limit_usd": 1.0}) as gw:
+        before = await scrape(gw.client)
+        assert (await gw.client.post("/v1/chat/completions", headers=gw.auth, json=body)).status_code == 200
+        after = await scrape(gw.client)
+    assert not any(gw.tenant_id in str(labels) for (_, labels) in after)
