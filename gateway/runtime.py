@@ -10,6 +10,7 @@ Imports the gateway's building blocks; no FastAPI, no Celery.
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
@@ -114,6 +115,8 @@ def _observe(settings: Settings, ledger: Ledger, stack: AsyncExitStack, role: Ro
         stack.callback(setattr, ledger, "observer", None)
         if cfg.port is not None and not metrics.multiprocess() and role == "gateway":
             stack.callback(metrics.serve_port(cfg.address, cfg.port))  # one process: it serves its own port
+        if metrics.multiprocess():  # a worker that stops drops its live gauges (its counters stay summed)
+            stack.callback(metrics.mark_dead, os.getpid())
 
 
 @asynccontextmanager

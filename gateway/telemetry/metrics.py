@@ -224,7 +224,8 @@ def multiprocess() -> bool:
 
 
 def mark_dead(pid: int) -> None:
-    """Drop a dead worker's live gauges (its counters stay in the sums)."""
+    """Drop a stopping worker's live gauges (its counters stay in the sums). A worker killed
+    outright keeps its ``tiergate_worker_up`` / pending-records series until the next run."""
     if os.environ.get(MULTIPROC_ENV):
         from prometheus_client import multiprocess
 
