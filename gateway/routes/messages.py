@@ -3,11 +3,12 @@ thin HTTP shell over gateway.chat.anthropic and the same ``ChatFlow`` as the cha
 routing, budgets, ledger). The key comes in ``x-api-key`` (Anthropic's SDKs) or
 ``Authorization: Bearer``; every error is in Anthropic's shape
 (``{"type": "error", "error": {"type", "message"}}``) with the same status and headers the chat
-route would send.
+route would send — an unexpected failure too (a 500 ``api_error``, logged as the edge logs it).
 """
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING
 
 import orjson
@@ -25,8 +26,10 @@ from gateway.chat.anthropic import (
     to_message,
 )
 from gateway.errors import AuthenticationFailed, GatewayError
+from gateway.log_safety import describe
 from gateway.money import format_usd
 from gateway.routes.chat import SSEResponse, _client_gone, _decision_headers
+from gateway.web.edge import SERVER_ERROR
 from gateway.web.observe import REQUEST_KEY
 from gateway.web.request_body import read_json
 
@@ -34,6 +37,7 @@ if TYPE_CHECKING:
     from gateway.runtime import Runtime
 
 router = APIRouter()
+log = logging.getLogger("tiergate.edge")
 
 
 def _error(err: GatewayError) -> Response:
@@ -76,6 +80,9 @@ async def messages(request: Request) -> Response:
         return await _messages(request)
     except GatewayError as err:
         return _error(err)
+    except Exception as exc:  # as gateway.web.edge does (log its type and place, never its text), in Anthropic's shape
+        log.error("unhandled %s", describe(exc))
+        return _error(SERVER_ERROR)
 
 
 async def count_tokens(request: Request) -> Response:

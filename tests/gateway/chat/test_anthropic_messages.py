@@ -164,3 +164,17 @@ async def test_count_tokens_uses_the_routed_models_tokenizer(tmp_path: Path, ups
                                  json={"model": "tier-low", "messages": MSGS, "max_tokens": 3})
         assert r.status_code == 400 and "'max_tokens'" in r.json()["error"]["message"]
         assert upstream.requests == [] and gw.ledger_rows() == []
+
+
+async def test_an_unexpected_failure_is_a_500_in_anthropics_shape(tmp_path: Path, upstream: ScriptedUpstream,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    async with gateway(tmp_path, upstream) as gw:
+        async def broken(*_: Any, **__: Any) -> Any:
+            raise RuntimeError("secret detail from deep inside")
+
+        monkeypatch.setattr(gw.app.state.tiergate.flow, "prepare", broken)
+        r = await gw.client.post("/v1/messages", headers=_key(gw), json={"model": "low", "max_tokens": 5,
+                                                                         "messages": MSGS})
+        assert r.status_code == 500
+        assert r.json()["type"] == "error" and r.json()["error"]["type"] == "api_error"
+        assert "secret detail" not in r.text
