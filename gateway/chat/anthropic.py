@@ -415,6 +415,7 @@ class _Blocks:
         self.thinking = thinking
         self.index = -1
         self.open: str | None = None  # "thinking", "text" or "tool:<n>"
+        self.tool_id: str | None = None  # the open tool_use block's id
 
     def _start(self, kind: str, block: dict[str, Any]) -> list[bytes]:
         out = self.close()
@@ -448,9 +449,11 @@ class _Blocks:
         for call in delta.get("tool_calls") or []:
             kind = f"tool:{call.get('index', 0)}"
             fn = call.get("function") or {}
-            if self.open != kind or call.get("id"):
-                out += self._start(kind, {"type": "tool_use", "id": call.get("id") or "toolu_" + fast_id(),
-                                          "name": fn.get("name") or "", "input": {}})
+            call_id = call.get("id")
+            if self.open != kind or (call_id and call_id != self.tool_id):  # a new call (some repeat the id)
+                self.tool_id = call_id or "toolu_" + fast_id()
+                out += self._start(kind, {"type": "tool_use", "id": self.tool_id, "name": fn.get("name") or "",
+                                          "input": {}})
             if fn.get("arguments"):
                 out.append(self._delta({"type": "input_json_delta", "partial_json": fn["arguments"]}))
         return out

@@ -178,3 +178,23 @@ async def test_an_unexpected_failure_is_a_500_in_anthropics_shape(tmp_path: Path
         assert r.status_code == 500
         assert r.json()["type"] == "error" and r.json()["error"]["type"] == "api_error"
         assert "secret detail" not in r.text
+
+
+def test_stream_blocks_from_chunked_tool_calls() -> None:
+    from gateway.chat.anthropic import _Blocks
+
+    blocks = _Blocks(thinking=False)
+    raw = b"".join([
+        *blocks.feed({"content": "let me look"}),
+        *blocks.feed({"tool_calls": [{"index": 0, "id": "call_1", "function": {"name": "f", "arguments": ""}}]}),
+        *blocks.feed({"tool_calls": [{"index": 0, "id": "call_1", "function": {"arguments": '{"a":'}}]}),  # id repeated
+        *blocks.feed({"tool_calls": [{"index": 0, "function": {"arguments": "1}"}}]}),
+        *blocks.feed({"tool_calls": [{"index": 1, "id": "call_2", "function": {"name": "g", "arguments": "{}"}}]}),
+        *blocks.close()])
+    evs = events(raw)
+    starts = [d["content_block"] for n, d in evs if n == "content_block_start"]
+    assert [b["type"] for b in starts] == ["text", "tool_use", "tool_use"]
+    assert [(b["id"], b["name"]) for b in starts[1:]] == [("call_1", "f"), ("call_2", "g")]
+    args = "".join(d["delta"]["partial_json"] for n, d in evs if n == "content_block_delta" and d["index"] == 1)
+    assert args == '{"a":1}'
+    assert [d["index"] for n, d in evs if n == "content_block_stop"] == [0, 1, 2]
