@@ -12,16 +12,23 @@ from __future__ import annotations
 import gc
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
+from typing import Any
 
 import orjson
 from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
+from fastapi.telemetry import TelemetryConfig
+from opentelemetry.sdk.trace import TracerProvider
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Route
 
 from gateway.errors import GatewayError, NotFound
 from gateway.runtime import RuntimeParts, open_runtime
 from gateway.settings import Settings
+from gateway.telemetry import tracing
+from gateway.telemetry.logs import RequestLog
 from gateway.web.edge import EdgeMiddleware
+from gateway.web.observe import ObserveMiddleware
 from gateway.web.request_body import FORM_OVERHEAD_BYTES, invalid_value
 
 
@@ -69,10 +76,13 @@ def _routers(app: FastAPI) -> None:
         models,
         openapi,
     )
+    from gateway.routes import messages as anthropic_messages
+    from gateway.routes import metrics as metrics_route
 
     # The chat route first: routers are matched in order, each one a scan of its routes, and this is
     # the hot path (no other router has a route its path could match).
     app.include_router(chat.router)
+    app.include_router(anthropic_messages.router)
     app.include_router(health.router)
     app.include_router(budgets.router)
     app.include_router(models.router)
@@ -84,6 +94,20 @@ def _routers(app: FastAPI) -> None:
     app.include_router(files.router)
     app.include_router(batches.router)
     app.include_router(openapi.router)
+    app.include_router(metrics_route.router)
+
+
+def route_templates(routes: list[Any]) -> dict[Any, str]:
+    """Each endpoint's route template (the metrics' ``route`` label). FastAPI keeps an included
+    router as one wrapper route (``original_router``); its routes are looked at in turn."""
+    out: dict[Any, str] = {}
+    for route in routes:
+        inner = getattr(route, "original_router", None)
+        if inner is not None:
+            out.update(route_templates(inner.routes))
+        elif isinstance(route, Route):
+            out[route.endpoint] = route.path
+    return out
 
 
 GEN0_THRESHOLD = 10_000
@@ -115,7 +139,8 @@ def _freeze_startup_heap(stack: AsyncExitStack) -> None:
     stack.callback(gc.set_threshold, *old)
 
 
-def create_app(settings: Settings, parts: RuntimeParts = RuntimeParts(), *, freeze_heap: bool = False) -> FastAPI:
+def create_app(settings: Settings, parts: RuntimeParts = RuntimeParts(), *, freeze_heap: bool = False,
+               tracer_provider: TracerProvider | None = None) -> FastAPI:
     """Build the app. Its lifespan opens the ``Runtime`` (``gateway.runtime``): the parts not
     handed in are built there and closed when the app stops. ``freeze_heap``: after startup,
     freeze the heap out of full garbage collections (see ``_freeze_startup_heap``); servers pass
@@ -129,12 +154,24 @@ def create_app(settings: Settings, parts: RuntimeParts = RuntimeParts(), *, free
                 _freeze_startup_heap(stack)
             yield
 
-    app = FastAPI(title="tiergate", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    # Traces (observability.tracing): FastAPI's own server span per request (it continues a client's
+    # traceparent), this process's tracer for the stage and upstream spans below it. Off: FastAPI's
+    # telemetry is off too, whatever global provider the environment set up.
+    provider = tracing.configure(settings.observability.tracing, tracer_provider)
+    telemetry: TelemetryConfig = {"metrics": False, "logs": False, "operation_spans": False,
+                                  "tracing": provider is not None, "tracer_provider": provider}
+    app = FastAPI(title="tiergate", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None,
+                  telemetry=telemetry)
     app.add_exception_handler(GatewayError, _gateway_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)
     # Any other exception: EdgeMiddleware answers 500 and logs its type and place, never its text.
     app.add_middleware(EdgeMiddleware, max_body_bytes=max(settings.server.max_body_bytes,
                                                           settings.jobs.max_file_bytes + FORM_OVERHEAD_BYTES))
+    observe = settings.observability
     _routers(app)
+    if observe.metrics.enabled or observe.logs.request_lines:  # outside the edge: it sees the edge's 500s
+        app.add_middleware(ObserveMiddleware, paths=route_templates(app.router.routes),
+                           metrics_on=observe.metrics.enabled,
+                           request_log=RequestLog() if observe.logs.request_lines else None)
     return app

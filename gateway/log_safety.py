@@ -54,21 +54,26 @@ class RedactExceptions(logging.Filter):
         return True
 
 
-def log_config(level: str = "info") -> dict[str, Any]:
-    """A ``logging.config.dictConfig`` for uvicorn (``log_config=``): uvicorn's formats, the
-    root logger on stderr too (tiergate's own loggers at ``level``, libraries
-    at warning), every handler redacting exceptions."""
+def log_config(level: str = "info", fmt: str = "text") -> dict[str, Any]:
+    """A ``logging.config.dictConfig`` for uvicorn (``log_config=``): uvicorn's formats (or, with
+    ``fmt="json"``, one JSON object per line: gateway.telemetry.logs.JsonFormatter), the root
+    logger on stderr too (tiergate's own loggers at ``level``, libraries at warning), every
+    handler redacting exceptions."""
     redact = {"()": f"{__name__}.RedactExceptions"}
+    formatters: dict[str, Any] = {
+        "default": {"()": "uvicorn.logging.DefaultFormatter", "fmt": "%(levelprefix)s %(name)s: %(message)s",
+                    "use_colors": None},
+        "access": {"()": "uvicorn.logging.AccessFormatter",
+                   "fmt": '%(levelprefix)s %(client_addr)s - "%(request_line)s" %(status_code)s'},
+    }
+    if fmt == "json":
+        json_formatter = {"()": "gateway.telemetry.logs.JsonFormatter"}
+        formatters = {"default": json_formatter, "access": json_formatter}
     return {
         "version": 1,
         "disable_existing_loggers": False,
         "filters": {"redact": redact},
-        "formatters": {
-            "default": {"()": "uvicorn.logging.DefaultFormatter", "fmt": "%(levelprefix)s %(name)s: %(message)s",
-                        "use_colors": None},
-            "access": {"()": "uvicorn.logging.AccessFormatter",
-                       "fmt": '%(levelprefix)s %(client_addr)s - "%(request_line)s" %(status_code)s'},
-        },
+        "formatters": formatters,
         "handlers": {
             "default": {"class": "logging.StreamHandler", "formatter": "default", "filters": ["redact"],
                         "stream": "ext://sys.stderr"},

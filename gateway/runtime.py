@@ -10,6 +10,7 @@ Imports the gateway's building blocks; no FastAPI, no Celery.
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
@@ -32,6 +33,7 @@ from gateway.providers.openai_compat import SessionFactory
 from gateway.providers.registry import ProviderRegistry
 from gateway.routing import DecideAuto
 from gateway.settings import Settings
+from gateway.telemetry import metrics
 
 Role = Literal["gateway", "worker"]
 
@@ -99,6 +101,24 @@ async def _decide_auto(settings: Settings) -> DecideAuto | None:
     return perceiver.decide if perceiver is not None else None
 
 
+def _observe(settings: Settings, ledger: Ledger, stack: AsyncExitStack, role: Role) -> None:
+    """Metrics on (``observability.metrics.enabled``): every ledger record is counted as it is
+    recorded, and a single-process gateway serves ``metrics.port`` if one is set (under several
+    workers the supervising process does); this process's recording switch follows the setting
+    until the runtime closes."""
+    cfg = settings.observability.metrics
+    was_on, was_labelled = metrics.enabled(), metrics.budget_series()
+    metrics.configure(cfg.enabled, cfg.tenant_label)
+    stack.callback(metrics.configure, was_on, was_labelled)
+    if cfg.enabled:
+        ledger.observer = metrics.LedgerMetrics(tenant_label=cfg.tenant_label)
+        stack.callback(setattr, ledger, "observer", None)
+        if cfg.port is not None and not metrics.multiprocess() and role == "gateway":
+            stack.callback(metrics.serve_port(cfg.address, cfg.port))  # one process: it serves its own port
+        if metrics.multiprocess():  # a worker that stops drops its live gauges (its counters stay summed)
+            stack.callback(metrics.mark_dead, os.getpid())
+
+
 @asynccontextmanager
 async def open_runtime(settings: Settings, parts: RuntimeParts = RuntimeParts(), *,
                        role: Role = "gateway") -> AsyncIterator[Runtime]:
@@ -106,6 +126,7 @@ async def open_runtime(settings: Settings, parts: RuntimeParts = RuntimeParts(),
     async with AsyncExitStack() as stack:
         sf = parts.session_factory or _session_factory(settings, stack)
         ledger = parts.ledger or _ledger(settings, sf, stack)
+        _observe(settings, ledger, stack, role)
         registry = parts.registry
         if registry is None:
             registry = ProviderRegistry(settings, http_session_factory=parts.http_session_factory,

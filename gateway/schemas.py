@@ -20,7 +20,7 @@ Imports only pydantic and gateway.errors; must not import fastapi, the db or pro
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
 from annotated_types import Ge, Le
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator
@@ -49,6 +49,9 @@ _WHY_REFUSED: dict[str, str] = {
 }
 
 
+_MODEL_NAMES: set[str] = set()  # every wire model's class name (filled as they are declared)
+
+
 def _integral(value: Any) -> Any:
     """JSON has one number type: 2.0 is the integer 2 (JSON Schema agrees); 2.5 stays a float and
     fails, and strings never become numbers."""
@@ -69,6 +72,14 @@ class _Wire(BaseModel):
     """Strict: declared fields only, exact JSON types (ints are accepted where floats are)."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
+
+    @classmethod
+    def __pydantic_init_subclass__(cls, **kwargs: Any) -> None:
+        super().__pydantic_init_subclass__(**kwargs)
+        _MODEL_NAMES.add(cls.__name__)  # union members' names are left out of error params
+
+
+WireModel = _Wire  # the base of every wire allow-list (gateway.chat.anthropic declares Anthropic's)
 
 
 # -- message content --------------------------------------------------------------------------
@@ -351,7 +362,6 @@ def _data_path(data: Any, loc: tuple[int | str, ...]) -> tuple[int | str, ...]:
     return tuple(out)
 
 
-_MODEL_NAMES = frozenset(cls.__name__ for cls in _Wire.__subclasses__())
 
 
 def param_name(path: tuple[int | str, ...]) -> str | None:
@@ -396,10 +406,10 @@ def _has(node: dict[str, Any] | list[Any], part: int | str) -> bool:
     return part in node if isinstance(node, dict) else isinstance(part, int) and 0 <= part < len(node)
 
 
-def _invalid(path: tuple[int | str, ...], first: Any) -> InvalidRequest:
+def _invalid(path: tuple[int | str, ...], first: Any, api: str = "Chat Completions") -> InvalidRequest:
     param = param_name(path)
     if first["type"] == "extra_forbidden":
-        why = _WHY_REFUSED.get(str(path[-1]), "it is not a Chat Completions parameter tiergate accepts")
+        why = _WHY_REFUSED.get(str(path[-1]), f"it is not a {api} parameter tiergate accepts")
         return InvalidRequest(f"Unrecognized request argument supplied: '{param}' ({why})", param=param,
                               code="unsupported_parameter")
     if first["type"] == "missing":
@@ -409,15 +419,26 @@ def _invalid(path: tuple[int | str, ...], first: Any) -> InvalidRequest:
     return InvalidRequest(f"invalid value for '{param}': {msg}", param=param, code="invalid_value")
 
 
-def parse_chat_request(data: Any, unknown_fields: UnknownFields = "reject") -> ChatCompletionRequest:
-    """Validate a decoded JSON body; raise ``InvalidRequest`` naming the first bad ``param``.
-    ``unknown_fields="drop"``: undeclared fields are removed from ``data`` (in place) instead."""
+W = TypeVar("W", bound=_Wire)
+
+
+def parse_wire(model: type[W], data: Any, unknown_fields: UnknownFields = "reject", *,
+               api: str = "Chat Completions") -> W:
+    """Validate a decoded JSON body into ``model``; raise ``InvalidRequest`` naming the first bad
+    ``param``. ``unknown_fields="drop"``: undeclared fields are removed from ``data`` (in place)
+    instead. ``api`` names the API in the message refusing an unknown field."""
     if not isinstance(data, dict):
         raise InvalidRequest("request body must be a JSON object")
     try:
-        return ChatCompletionRequest.model_validate(data)
+        return model.model_validate(data)
     except ValidationError as err:
         errors = _errors(data, err)
         if unknown_fields == "drop" and _drop_unknown(data, errors):
-            return parse_chat_request(data, unknown_fields)
-        raise _invalid(*errors[0]) from None
+            return parse_wire(model, data, unknown_fields, api=api)
+        raise _invalid(*errors[0], api=api) from None
+
+
+def parse_chat_request(data: Any, unknown_fields: UnknownFields = "reject") -> ChatCompletionRequest:
+    """Validate a decoded JSON body; raise ``InvalidRequest`` naming the first bad ``param``.
+    ``unknown_fields="drop"``: undeclared fields are removed from ``data`` (in place) instead."""
+    return parse_wire(ChatCompletionRequest, data, unknown_fields)

@@ -122,9 +122,19 @@ class BenchArgs:
     litellm_venv: Path = Path(".venv-litellm-proxy")
     nowait_variant: bool = True
     rounds: int = 3
+    observability_variants: bool = True
 
 
-def _tiergate_config(work: Path, upstream: str, durability: str = "process") -> Path:
+# The default tiergate target runs the default observability: Prometheus metrics on, tracing off.
+OBSERVABILITY: dict[str, dict[str, Any]] = {
+    "tiergate-no-metrics": {"metrics": {"enabled": False}},
+    # every span created and recorded, then dropped (exporter none): the in-process cost of tracing
+    "tiergate-traced": {"metrics": {"enabled": True}, "tracing": {"enabled": True, "exporter": "none"}},
+}
+
+
+def _tiergate_config(work: Path, upstream: str, durability: str = "process",
+                     observability: dict[str, Any] | None = None) -> Path:
     model = {"provider": "openai", "model": "mock", "api_base": upstream, "context_window": 8192,
              "price": {"input": 0.5, "output": 1.5}}
     cfg = {"server": {"log_level": "warning"},
@@ -132,6 +142,8 @@ def _tiergate_config(work: Path, upstream: str, durability: str = "process") -> 
            "ledger": {"journal_dir": "journal", "durability": durability},
            "models": {"mock": model},
            "tiers": {t: {"model": "mock"} for t in ("none", "minimal", "low", "medium", "high", "xhigh")}}
+    if observability is not None:
+        cfg["observability"] = observability
     path = work / "config.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return path
@@ -201,10 +213,10 @@ def _median_phase(phases: list[Phase]) -> Phase:
 
 
 def _tiergate_target(stack: ExitStack, work: Path, name: str, upstream: str, durability: str, args: BenchArgs,
-                     env: dict[str, str]) -> tuple[Target, Path]:
+                     env: dict[str, str], observability: dict[str, Any] | None = None) -> tuple[Target, Path]:
     home = work / name
     home.mkdir()
-    config = _tiergate_config(home, upstream, durability=durability)
+    config = _tiergate_config(home, upstream, durability=durability, observability=observability)
     key, port = _tiergate_key(config), _free_port()
     cmd = [*_pin(args.server_core), sys.executable, "-c", "from gateway.cli import main; main()",
            "serve", "--config", str(config), "--port", str(port)]
@@ -244,6 +256,12 @@ def run_gateway_bench(args: BenchArgs) -> str:
                          "rows are written to the journal: kill -9 safe; fdatasync follows in the background); "
                          "tiergate-fsync: durability=fsync (responses wait for the fdatasync); tiergate-nowait: "
                          "durability=none (rows journaled within ms but not awaited)")
+        if args.observability_variants:
+            for name, observability in OBSERVABILITY.items():
+                targets.append(_tiergate_target(stack, work, name, upstream, "process", args, env, observability)[0])
+            notes.append("tiergate: Prometheus metrics on (the default), tracing off; tiergate-no-metrics: metrics "
+                         "off; tiergate-traced: metrics and OpenTelemetry tracing on (every span recorded, exporter "
+                         "none: the in-process cost, without an exporter's network I/O)")
         litellm_bin = args.litellm_venv / "bin" / "litellm"
         if litellm_bin.exists():
             ll_port = _free_port()
@@ -306,5 +324,12 @@ def _report(results: dict[str, tuple[Phase, Phase]], notes: list[str], args: Ben
                 nw_add = max(nw[0].p50_ms - direct_lat.p50_ms, 1e-3)
                 lines.append(f"{variant} / LiteLLM RPS: {nw[1].rps / max(ll[1].rps, 1e-9):.2f}x; added p50 "
                              f"ratio {nw_add / max(ll_add, 1e-9):.3f}")
+    base = results.get("tiergate-no-metrics")
+    if base is not None:
+        for variant in ("tiergate", "tiergate-traced"):
+            v = results[variant]
+            lines.append(f"observability cost, {variant} vs tiergate-no-metrics: RPS ratio "
+                         f"{v[1].rps / max(base[1].rps, 1e-9):.3f} (target >= 0.95), added p50 "
+                         f"{v[0].p50_ms - base[0].p50_ms:+.3f} ms (target <= 0.1)")
     lines += ["", *("note: " + n for n in notes)]
     return "\n".join(lines)

@@ -29,6 +29,7 @@ from gateway.budgets.spend import SpendSource
 from gateway.errors import BudgetExceeded
 from gateway.ids import fast_id
 from gateway.money import format_usd
+from gateway.telemetry import metrics
 
 # The counter of a soft-only budget (a soft limit without a hard one) holds against this: it is
 # counted and alerted on like any budget, and never refuses (about 4.6 billion USD).
@@ -111,6 +112,12 @@ class Budgets:
                 policy = self._policy_by_subject.get(ref.subject)
                 if policy is not None:
                     self._alerts.observe(policy, ref.window.key, s.spent_nanos)
+        if metrics.budget_series():  # per-subject utilisation (observability.metrics.tenant_label)
+            for ref, s in zip(hold.counters, states, strict=True):
+                policy = self._policy_by_subject.get(ref.subject)
+                if policy is not None:
+                    metrics.observe_budget(policy.scope, policy.subject, s.spent_nanos, policy.limit_nanos,
+                                           policy.soft_limit_nanos)
         return self._tightest(list(zip(hold.counters, states, strict=True)))
 
     async def release_hold(self, hold: Hold) -> None:

@@ -44,6 +44,7 @@ from gateway.providers.metering import count_prompt_tokens
 from gateway.routing import DecideAuto, RouteDecision, RoutingPrefs, decide
 from gateway.schemas import parse_chat_request
 from gateway.settings import Settings
+from gateway.telemetry import tracing
 
 if TYPE_CHECKING:
     from gateway.chat.sse import ChatStream
@@ -144,6 +145,7 @@ class ChatFlow:
         req = ChatRequest(request_id=request_id or new_request_id(), tenant_id=principal.tenant_id,
                           key_id=principal.key_id, decision=decision, options=options,
                           include_usage=wire.include_usage, allow_prompt_storage=principal.allow_prompt_storage)
+        tracing.annotate_request(decision, body["messages"])
         if decision.verdict is not None and self.decisions is not None:  # routed by the classifier: learnable
             self.decisions.log(req.request_id, req.tenant_id, decision.verdict, body["messages"],
                                principal.allow_prompt_storage)
@@ -173,6 +175,7 @@ class ChatFlow:
             for entry in parked:  # back to back with the request record: one journal batch, one fsync
                 self.ledger.record(entry)
         self.ledger.record_request(record)
+        tracing.annotate_outcome(record)
         level = self.settings.ledger.durability
         if level != "none":  # this record and every call row before it: written (process) / fsync'd
             await self.ledger.wait_durable(level)
@@ -214,6 +217,7 @@ class ChatFlow:
         if not response.get("usage"):
             response["usage"] = rows.spend.usage.to_openai()
         await self.finish(req, rows, "ok", 200)
+        tracing.annotate_completion(response)
         return ChatOutcome(response, rows.spend, req.decision, admitted.headers)
 
     async def _open(self, rows: RequestRows, req: ChatRequest) -> tuple[AdmittedStream, dict[str, Any] | None]:

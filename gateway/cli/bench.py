@@ -53,6 +53,8 @@ def gateway_bench(
     server_core: int = typer.Option(0, help="core the server under test is pinned to (taskset; -1: no pinning)"),
     load_core: int = typer.Option(1, help="core for the load generator and the mock upstream (-1: no pinning)"),
     litellm_venv: str = typer.Option(".venv-litellm-proxy", help="venv with litellm[proxy] (make bench-venv)"),
+    rounds: int = typer.Option(3, min=1, help="interleaved rounds (median of them)"),
+    observability: bool = typer.Option(True, help="also measure metrics off and metrics + tracing on"),
 ) -> None:
     """Gateway overhead: direct-to-mock vs tiergate (auth + ledger on) vs the LiteLLM proxy."""
     from pathlib import Path
@@ -60,7 +62,7 @@ def gateway_bench(
     from gateway.bench.gateway import BenchArgs, run_gateway_bench
 
     typer.echo(run_gateway_bench(BenchArgs(concurrency, duration, latency_requests, server_core, load_core,
-                                           Path(litellm_venv))))
+                                           Path(litellm_venv), rounds=rounds, observability_variants=observability)))
 
 
 @app.command("engine")

@@ -134,5 +134,22 @@ def register(app: typer.Typer) -> None:
         bind_host, bind_port = host or settings.server.host, port or settings.server.port
         if demo:
             _print_demo(bind_host, bind_port, _demo_key(config), settings.server.admin_key_env)
-        run(uvicorn_config(settings, app="gateway.cli.serve:app_from_env", host=bind_host, port=bind_port,
-                           workers=workers, access_log=access_log))
+        uv_config = uvicorn_config(settings, app="gateway.cli.serve:app_from_env", host=bind_host, port=bind_port,
+                                   workers=workers, access_log=access_log)
+        metrics_cfg = settings.observability.metrics
+        if workers == 1 or not metrics_cfg.enabled:
+            run(uv_config)
+            return
+        from gateway.telemetry import metrics
+
+        # Several workers: each writes its samples to a directory they share, and a scrape
+        # answered by any of them merges them all. Set before the workers start (they inherit it).
+        directory = metrics.prepare_multiprocess(metrics_cfg.multiprocess_dir)
+        # The separate metrics port, if any, is this supervising process's: it outlives any worker.
+        stop = (metrics.serve_port(metrics_cfg.address, metrics_cfg.port) if metrics_cfg.port is not None
+                else (lambda: None))
+        try:
+            run(uv_config)
+        finally:
+            stop()
+            metrics.cleanup_multiprocess(directory, metrics_cfg.multiprocess_dir)

@@ -36,9 +36,10 @@ import asyncio
 import functools
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Literal, Protocol
 
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -54,7 +55,17 @@ log = logging.getLogger("tiergate.ledger")
 Durability = Literal["process", "fsync", "none"]
 DURABILITY_LEVELS: tuple[Durability, ...] = ("process", "fsync", "none")
 
-__all__ = ["DURABILITY_LEVELS", "Durability", "Ledger", "LedgerError", "LedgerHealth"]
+__all__ = ["DURABILITY_LEVELS", "Durability", "Ledger", "LedgerError", "LedgerHealth", "LedgerObserver"]
+
+
+class LedgerObserver(Protocol):
+    """Told of every record as it is recorded, and of every database batch
+    (gateway.telemetry.metrics.LedgerMetrics). Must be cheap and must not raise."""
+
+    def entry(self, e: LedgerEntry) -> None: ...
+    def request(self, r: RequestRecord) -> None: ...
+    def flush(self, seconds: float, records: int, pending_journal: int, pending_db: int) -> None: ...
+    def flush_failed(self) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -81,7 +92,9 @@ class Ledger:
         self._dir_lock: int | None = None
         self._journal_dir: Path | None = None
         self.segments = SegmentTracker(lambda seq: None)
-        self.syncer = JournalSyncer(functools.partial(write_batch, session_factory), self.segments,
+        self.observer: LedgerObserver | None = None  # set by the runtime when metrics are on
+        self._write_batch = functools.partial(write_batch, session_factory)
+        self.syncer = JournalSyncer(self._apply, self.segments,
                                     batch_size=batch_size, flush_interval_ms=flush_interval_ms,
                                     retry_max_s=retry_max_s)
         self.writer = JournalWriter(self.segments, self.syncer.enqueue, self.syncer.journal_finished,
@@ -129,14 +142,35 @@ class Ledger:
     async def astop(self, timeout_s: float = 10.0) -> bool:
         return await asyncio.to_thread(self.stop, timeout_s)
 
+    def _apply(self, records: Sequence[Record]) -> object:
+        """One database batch (the syncer's thread), timed for the observer."""
+        observer = self.observer
+        if observer is None:
+            return self._write_batch(records)
+        started = time.perf_counter()
+        try:
+            out = self._write_batch(records)
+        except Exception:
+            observer.flush_failed()
+            raise
+        seconds = time.perf_counter() - started
+        buffered, _, _ = self.writer.counts()
+        pending, _ = self.syncer.counts()
+        observer.flush(seconds, len(records), buffered, max(pending - len(records), 0))
+        return out
+
     # ---------------------------------------------------------------- recording
     def record(self, entry: LedgerEntry) -> None:
         """Queue one upstream call. Never blocks on I/O; raises LedgerError if not running."""
         self._append(entry, LedgerEntry)
+        if self.observer is not None:
+            self.observer.entry(entry)
 
     def record_request(self, rec: RequestRecord) -> None:
         """Queue a request record (upsert by id; a final status overwrites in_progress)."""
         self._append(rec, RequestRecord)
+        if self.observer is not None:
+            self.observer.request(rec)
 
     def _append(self, rec: Record, kind: type) -> None:
         if not isinstance(rec, kind):

@@ -25,6 +25,7 @@ from gateway.pipeline.types import CallBudget, CallModel, Stage, StageCall, Stre
 from gateway.providers.base import CallOptions, Usage
 from gateway.providers.router import Attempt, OnAttempt
 from gateway.settings import Settings
+from gateway.telemetry import tracing
 
 
 @dataclass(frozen=True)
@@ -144,8 +145,10 @@ class StageCaller:
         ticket = await self.ticket(stage, tier, messages, max_tokens)
         on_attempt, calls = self._billing(stage, tier, step_id=step_id, path=path, round=round)
         try:
-            response, model = await self.call_model(tier, self.body(messages, max_tokens, **extra),
-                                                    self.options(tier), on_attempt=on_attempt)
+            with tracing.stage(stage, tier, **{"tiergate.step": step_id, "tiergate.path": path,
+                                               "tiergate.round": round}):
+                response, model = await self.call_model(tier, self.body(messages, max_tokens, **extra),
+                                                        self.options(tier), on_attempt=on_attempt)
             ok = [c for c in calls if c.status == "ok"]
             if not ok:  # a caller that did not report its attempt: bill what the response says
                 ok = [self.accountant.record(stage, tier, model, Usage.from_openai(response.get("usage")),
@@ -166,9 +169,14 @@ class StageCaller:
         ticket.opened = True
         on_attempt, calls = self._billing(stage, tier, step_id=step_id, path=path, round=round)
         body = self.body(messages, max_tokens, **extra)
+        span = tracing.open_stage(stage, tier, **{"tiergate.step": step_id, "tiergate.path": path,
+                                                  "tiergate.round": round})  # ends with the stream's attempt
         try:
-            chunks, _model = await self.stream_model(tier, body, self.options(tier), on_attempt=on_attempt)
-        except BaseException:
+            with tracing.use(span):
+                chunks, _model = await self.stream_model(tier, body, self.options(tier),
+                                                         on_attempt=tracing.end_on_attempt(span, on_attempt))
+        except BaseException as err:
+            tracing.end(span, err)
             await ticket.close(calls)
             raise
         return HeldStream(chunks, ticket, calls)

@@ -66,6 +66,7 @@ class CallOptions:
     timeout_s: float | None = None
     speculative: str | None = None
     cache_salt: str | None = None
+    trace_headers: tuple[tuple[str, str], ...] = ()  # W3C trace context for the upstream (gateway.telemetry.tracing)
 
 
 class ChunkStream(Protocol):

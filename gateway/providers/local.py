@@ -85,6 +85,11 @@ class LocalEngineProvider:
                 self._engines[key] = engine
             return engine
 
+    def loaded_engines(self) -> dict[str, AsyncLLMEngine]:
+        """The engines loaded so far, by model directory name (for the metrics)."""
+        with self._lock:
+            return {path.name: engine for path, engine in self._engines.items()}
+
     async def engine_for(self, model: ModelSettings) -> AsyncLLMEngine:
         """The model's engine, loading it on a worker thread the first time."""
         return await asyncio.to_thread(self._engine_sync, model)

@@ -37,8 +37,9 @@ def default_session_factory() -> aiohttp.ClientSession:
                                  auto_decompress=True, trust_env=False)
 
 
-def _headers(model: ModelSettings) -> dict[str, str]:
+def _headers(model: ModelSettings, options: CallOptions) -> dict[str, str]:
     headers = {"Content-Type": "application/json", "Accept": "application/json"}
+    headers.update(options.trace_headers)  # traceparent (tracing on): the upstream continues the trace
     key = model.api_key()
     if key:
         headers["Authorization"] = f"Bearer {key}"
@@ -156,7 +157,7 @@ class OpenAICompatProvider:
                        options: CallOptions = CallOptions()) -> dict[str, Any]:
         payload = {**_allowed(model, body), "model": model.model, "stream": False}
         try:
-            async with self._client().post(self._url(model), data=orjson.dumps(payload), headers=_headers(model),
+            async with self._client().post(self._url(model), data=orjson.dumps(payload), headers=_headers(model, options),
                                            timeout=self._timeout(model, options, streaming=False)) as resp:
                 raw = await resp.read()
                 if resp.status >= 400:
@@ -182,7 +183,7 @@ class OpenAICompatProvider:
         try:
             try:
                 resp = await self._client().post(self._url(model), data=orjson.dumps(payload),
-                                                 headers=_headers(model),
+                                                 headers=_headers(model, options),
                                                  timeout=self._timeout(model, options, streaming=True))
                 if resp.status >= 400:
                     raw = await resp.read()

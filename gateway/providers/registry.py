@@ -40,6 +40,11 @@ class ProviderRegistry:
             return self._litellm
         return self._local_provider()
 
+    @property
+    def loaded_local(self) -> ChatProvider | None:
+        """The local engine provider if one has been built (the metrics read its engines)."""
+        return self._local
+
     def _local_provider(self) -> ChatProvider:
         if self._local is None:
             try:

@@ -23,6 +23,7 @@ from gateway.providers.metering import StreamMeter, response_usage
 from gateway.providers.payload import provider_payload
 from gateway.providers.registry import ProviderRegistry
 from gateway.settings import Settings
+from gateway.telemetry import metrics, tracing
 
 AttemptStatus = Literal["ok", "error", "cancelled"]
 log = logging.getLogger("tiergate.providers")
@@ -102,6 +103,8 @@ async def call_models(registry: ProviderRegistry, models: Sequence[str], body: d
                       policy: RetryPolicy = DEFAULT_POLICY, sleep: Sleep = asyncio.sleep,
                       ) -> tuple[dict[str, Any], str]:
     """Non-streaming call over an ordered chain of models; returns (response, model used)."""
+    if metrics.enabled():  # every attempt counted (gateway.telemetry.metrics)
+        on_attempt = metrics.observed(on_attempt)
     last: GatewayError | None = None
     for name in models:
         model = registry.model(name)
@@ -109,19 +112,19 @@ async def call_models(registry: ProviderRegistry, models: Sequence[str], body: d
         payload = provider_payload(name, model, body)  # a 400 here is raised before any call
         for attempt in range(model.max_retries + 1):
             start = time.perf_counter()
+            report, call_options = tracing.attempt(name, model, options, on_attempt)  # a client span when on
             try:
-                response = await provider.complete(model, payload, options)
+                response = await provider.complete(model, payload, call_options)
             except GatewayError as err:
-                on_attempt(Attempt(name, Usage(), "error", _ms(start), err))
+                report(Attempt(name, Usage(), "error", _ms(start), err))
                 last = err
                 if await _wait_to_retry(name, attempt, model.max_retries, err, policy, sleep):
                     continue
                 break
             except asyncio.CancelledError:
-                on_attempt(Attempt(name, Usage(), "cancelled", _ms(start)))
+                report(Attempt(name, Usage(), "cancelled", _ms(start)))
                 raise
-            on_attempt(Attempt(name, response_usage(model, payload.get("messages") or [], response), "ok",
-                               _ms(start)))
+            report(Attempt(name, response_usage(model, payload.get("messages") or [], response), "ok", _ms(start)))
             return response, name
     assert last is not None
     raise last
@@ -194,6 +197,8 @@ async def stream_models(registry: ProviderRegistry, models: Sequence[str], body:
                         ) -> tuple[ChunkStream, str]:
     """Open a stream over an ordered chain of models: retries and fallbacks until the first chunk
     arrives. Returns (chunks, model used); the attempt is reported when the stream ends."""
+    if metrics.enabled():
+        on_attempt = metrics.observed(on_attempt)
     last: GatewayError | None = None
     for name in models:
         model = registry.model(name)
@@ -201,26 +206,27 @@ async def stream_models(registry: ProviderRegistry, models: Sequence[str], body:
         payload = provider_payload(name, model, body)  # a 400 here is raised before any call
         for attempt in range(model.max_retries + 1):
             start = time.perf_counter()
-            chunks = provider.stream(model, payload, options)
+            report, call_options = tracing.attempt(name, model, options, on_attempt)  # a client span when on
+            chunks = provider.stream(model, payload, call_options)
             meter = StreamMeter(model, payload.get("messages") or [])
             try:
                 first = await chunks.__anext__()
             except StopAsyncIteration:
                 # Nothing at all came back: bill the prompt, hand back an empty stream.
-                on_attempt(Attempt(name, meter.usage(), "ok", _ms(start)))
+                report(Attempt(name, meter.usage(), "ok", _ms(start)))
                 return _empty(), name
             except GatewayError as err:
-                on_attempt(Attempt(name, Usage(), "error", _ms(start), err))
+                report(Attempt(name, Usage(), "error", _ms(start), err))
                 last = err
                 if await _wait_to_retry(name, attempt, model.max_retries, err, policy, sleep):
                     continue
                 break
             except asyncio.CancelledError:
                 await chunks.aclose()
-                on_attempt(Attempt(name, meter.usage(), "cancelled", _ms(start)))
+                report(Attempt(name, meter.usage(), "cancelled", _ms(start)))
                 raise
             meter.observe(first)
-            return MeteredStream(first, chunks, meter, name, start, on_attempt), name
+            return MeteredStream(first, chunks, meter, name, start, report), name
     assert last is not None
     raise last
 

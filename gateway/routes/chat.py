@@ -15,6 +15,7 @@ from starlette.types import Receive, Scope, Send
 from gateway.chat.request import ChatRequest
 from gateway.chat.sse import ChatStream
 from gateway.money import format_usd
+from gateway.web.observe import REQUEST_KEY
 from gateway.web.request_body import read_json
 
 if TYPE_CHECKING:  # the route takes its collaborators from app.state; it imports none of them
@@ -73,6 +74,7 @@ async def chat_completions(request: Request) -> Response:
     who = await rt.keys.authenticate(request.headers.get("authorization"))
     data = await read_json(request, rt.settings.server)
     req, stream = await rt.flow.prepare(who, data)
+    request.scope[REQUEST_KEY] = req  # its id, tenant, tier and model: for its metrics and log line
     headers = _decision_headers(req)
     if stream:
         chat_stream = await rt.flow.open_stream(req, client_gone=_client_gone(request.receive))

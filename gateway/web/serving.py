@@ -96,7 +96,7 @@ def uvicorn_config(settings: Settings, *, app: Any, host: str, port: int, worker
     kwargs: dict[str, Any] = dict(
         host=host, port=port, workers=workers, factory=factory, loop="uvloop",
         http=f"{__name__}:HeaderTimeoutHttpTools", access_log=access_log, log_level=server.log_level,
-        log_config=log_config(server.log_level), timeout_graceful_shutdown=10,
+        log_config=log_config(server.log_level, settings.observability.logs.format), timeout_graceful_shutdown=10,
         timeout_keep_alive=server.keep_alive_timeout_s, limit_concurrency=server.limit_concurrency,
         forwarded_allow_ips=server.forwarded_allow_ips,
     )

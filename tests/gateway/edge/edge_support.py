@@ -134,11 +134,14 @@ class Served:
 
 @contextmanager
 def serve_subprocess(tmp_path: Path, upstream: ScriptedUpstream, *, server: dict[str, Any] | None = None,
-                     env: dict[str, str] | None = None) -> Iterator[Served]:
-    """`tiergate serve` on a fresh migrated SQLite database and a free port, stderr to a file."""
+                     env: dict[str, str] | None = None, args: tuple[str, ...] = (),
+                     sections: dict[str, Any] | None = None) -> Iterator[Served]:
+    """`tiergate serve` on a fresh migrated SQLite database and a free port, stderr to a file
+    (``args``: more command-line options; ``sections``: more config.yaml sections)."""
     db_url = f"sqlite:///{tmp_path / 'served.db'}"
     cfg = batch_config(upstream.base_url, db_url, journal_dir=str(tmp_path / "journal"))
     cfg["server"].update(server or {})
+    cfg.update(sections or {})
     config = tmp_path / "config.yaml"
     config.write_text(yaml.safe_dump(cfg))
     migrate.upgrade(db_url)
@@ -147,7 +150,7 @@ def serve_subprocess(tmp_path: Path, upstream: ScriptedUpstream, *, server: dict
     engine.dispose()
     port, stderr = free_port(), tmp_path / "serve.stderr"
     proc = subprocess.Popen([sys.executable, "-c", "from gateway.cli import main; main()", "serve",
-                             "--config", str(config), "--port", str(port)],
+                             "--config", str(config), "--port", str(port), *args],
                             env={**os.environ, "TIERGATE_CONFIG": str(config), "TIERGATE_ADMIN_KEY": ADMIN_KEY,
                                  **(env or {})},
                             stdout=subprocess.DEVNULL, stderr=stderr.open("wb"))

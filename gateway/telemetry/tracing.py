@@ -1,0 +1,199 @@
+"""OpenTelemetry traces (``observability.tracing``, off by default).
+
+The span tree of one request:
+
+* the HTTP server span — FastAPI's own (``create_app`` hands it this module's tracer
+  provider): it continues a W3C ``traceparent`` the client sent, and carries ``http.route``;
+  the chat flow adds the routing decision (``tiergate.tier``, ``tiergate.effort``,
+  ``tiergate.effort_source``, ``gen_ai.request.model``) and, when the request ends, its usage
+  and cost (``gen_ai.usage.input_tokens`` / ``output_tokens``, ``tiergate.cost_usd``);
+* ``tiergate.stage <name>`` spans, one per pipeline stage call (plan, execute, review…);
+* ``chat <upstream model>`` client spans, one per upstream attempt (retries and fallbacks
+  each their own), with the GenAI semantic conventions (``gen_ai.operation.name``,
+  ``gen_ai.system``, ``gen_ai.request.model``, ``gen_ai.usage.*``, ``error.type``); their
+  context goes upstream as ``traceparent`` (OpenAI-compatible upstreams).
+
+Prompt and completion text are never put on a span unless ``capture_content`` is set. With
+tracing off every helper here is one check of a module global.
+
+Imports opentelemetry and settings only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
+from typing import Any
+
+import orjson
+from opentelemetry import propagate, trace
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
+from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
+from opentelemetry.trace import SpanKind, StatusCode
+
+from gateway.settings import TracingSettings
+
+NANOS_PER_USD = 1_000_000_000
+_state: dict[str, Any] = {"tracer": None, "capture": False}
+
+
+def enabled() -> bool:
+    return _state["tracer"] is not None
+
+
+def build_provider(cfg: TracingSettings) -> TracerProvider:
+    """A tracer provider for ``cfg``: sampled by ``sample_ratio`` (a sampled parent's choice is
+    kept), exporting in batches over OTLP/HTTP, to the console, or nowhere (``none``: tests
+    add their own processor)."""
+    provider = TracerProvider(resource=Resource.create({"service.name": cfg.service_name}),
+                              sampler=ParentBased(TraceIdRatioBased(cfg.sample_ratio)))
+    if cfg.exporter == "otlp":
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+        endpoint = cfg.endpoint.rstrip("/") + "/v1/traces" if cfg.endpoint else None
+        provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint)))
+    elif cfg.exporter == "console":
+        provider.add_span_processor(BatchSpanProcessor(ConsoleSpanExporter()))
+    return provider
+
+
+def configure(cfg: TracingSettings, provider: TracerProvider | None = None) -> TracerProvider | None:
+    """Turn tracing on (``cfg.enabled``; ``provider``: use this one, e.g. a test's) or off in
+    this process. Returns the provider in use, or None when off."""
+    if not cfg.enabled:
+        _state["tracer"], _state["capture"] = None, False
+        return None
+    provider = provider or build_provider(cfg)
+    _state["tracer"] = provider.get_tracer("tiergate")
+    _state["capture"] = cfg.capture_content
+    return provider
+
+
+# -- the request span (FastAPI's server span, current in the request's context) ------------------
+def annotate_request(decision: Any, messages: list[dict[str, Any]] | None = None) -> None:
+    """The routing decision on the current request span (``decision``: a RouteDecision)."""
+    if _state["tracer"] is None:
+        return
+    span = trace.get_current_span()
+    if not span.is_recording():
+        return
+    span.set_attributes({"gen_ai.operation.name": "chat", "gen_ai.request.model": decision.requested_model,
+                         "tiergate.tier": decision.tier, "tiergate.effort": decision.tier,
+                         "tiergate.effort_source": decision.effort_source, "tiergate.pipeline": decision.uses_pipeline,
+                         "tiergate.model": decision.models[0]})
+    if _state["capture"] and messages is not None:
+        span.set_attribute("gen_ai.input.messages", orjson.dumps(messages).decode())
+
+
+def annotate_outcome(record: Any) -> None:
+    """A finished request's usage, cost and status on the current request span (``record``: a
+    RequestRecord)."""
+    if _state["tracer"] is None:
+        return
+    span = trace.get_current_span()
+    if not span.is_recording():
+        return
+    span.set_attributes({"tiergate.request_id": record.id, "gen_ai.response.id": record.id,
+                         "gen_ai.usage.input_tokens": record.prompt_tokens,
+                         "gen_ai.usage.output_tokens": record.completion_tokens,
+                         "tiergate.cost_usd": record.cost_nanos / NANOS_PER_USD, "tiergate.status": record.status})
+    if record.error_code:
+        span.set_attribute("error.type", record.error_code)
+
+
+def annotate_completion(response: dict[str, Any]) -> None:
+    """The answer's messages on the current request span — only with ``capture_content``."""
+    if _state["tracer"] is None or not _state["capture"]:
+        return
+    span = trace.get_current_span()
+    if span.is_recording():
+        span.set_attribute("gen_ai.output.messages", orjson.dumps(
+            [c.get("message") for c in response.get("choices") or ()]).decode())
+
+
+# -- pipeline stages ------------------------------------------------------------------------------
+@contextmanager
+def _stage(name: str, tier: str, attributes: dict[str, Any]) -> Iterator[trace.Span]:
+    tracer: trace.Tracer = _state["tracer"]
+    with tracer.start_as_current_span(f"tiergate.stage {name}", attributes={
+            "tiergate.stage": name, "tiergate.tier": tier, **attributes}) as span:
+        yield span
+
+
+def stage(name: str, tier: str, **attributes: Any) -> Any:
+    """A span around one pipeline stage call (current while it runs), or nothing when off."""
+    if _state["tracer"] is None:
+        return nullcontext()
+    return _stage(name, tier, {k: v for k, v in attributes.items() if v is not None})
+
+
+def open_stage(name: str, tier: str, **attributes: Any) -> Any:
+    """A stage span for a streamed stage (ended by ``end_on_attempt``), or None when off."""
+    if _state["tracer"] is None:
+        return None
+    return _state["tracer"].start_span(f"tiergate.stage {name}", attributes={
+        "tiergate.stage": name, "tiergate.tier": tier, **{k: v for k, v in attributes.items() if v is not None}})
+
+
+def use(span: Any) -> Any:
+    """``span`` current for a block (nothing when None)."""
+    return nullcontext() if span is None else trace.use_span(span, end_on_exit=False)
+
+
+def end_on_attempt(span: Any, on_attempt: Callable[[Any], None]) -> Callable[[Any], None]:
+    """``on_attempt`` that also ends ``span`` with the attempt that produced the stream (a
+    failed attempt is retried within the stage); ``end(span)`` ends it if none did."""
+    if span is None:
+        return on_attempt
+
+    def report(attempt: Any) -> None:
+        try:
+            on_attempt(attempt)
+        finally:
+            if attempt.status != "error":
+                end(span)
+    return report
+
+
+def end(span: Any, error: BaseException | None = None) -> None:
+    """End ``span`` once (None and an ended span: nothing)."""
+    if span is None or not span.is_recording():
+        return
+    if error is not None:
+        span.set_attribute("error.type", type(error).__name__)
+        span.set_status(StatusCode.ERROR)
+    span.end()
+
+
+# -- upstream calls -------------------------------------------------------------------------------
+def attempt(name: str, model: Any, options: Any, on_attempt: Callable[[Any], None]
+            ) -> tuple[Callable[[Any], None], Any]:
+    """One upstream attempt about to be made: (its reporter, its options). With tracing on a
+    client span is started (a child of whatever is current: the request or a stage), its
+    context put in ``options.trace_headers`` for the provider to send upstream, and the
+    reporter ends it with the attempt's usage and status before passing the attempt on."""
+    tracer = _state["tracer"]
+    if tracer is None:
+        return on_attempt, options
+    span = tracer.start_span(f"chat {model.model}", kind=SpanKind.CLIENT, attributes={
+        "gen_ai.operation.name": "chat", "gen_ai.system": model.provider, "gen_ai.request.model": model.model,
+        "tiergate.model": name})
+    carrier: dict[str, str] = {}
+    propagate.inject(carrier, context=trace.set_span_in_context(span))
+    options = dataclasses.replace(options, trace_headers=tuple(carrier.items()))
+
+    def report(a: Any) -> None:
+        try:
+            span.set_attributes({"gen_ai.usage.input_tokens": a.usage.prompt_tokens,
+                                 "gen_ai.usage.output_tokens": a.usage.completion_tokens,
+                                 "tiergate.attempt_status": a.status})
+            if a.status == "error":
+                span.set_attribute("error.type", str(getattr(a.error, "code", None) or "error"))
+                span.set_status(StatusCode.ERROR)
+            span.end()
+        finally:
+            on_attempt(a)
+    return report, options

@@ -1,0 +1,109 @@
+"""OpenTelemetry traces through the real app, collected by an in-memory span exporter: the span
+tree of a direct and of a pipelined request with the GenAI attributes, a client's traceparent
+continued and the trace propagated upstream, no prompt text unless asked for, nothing when off."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind
+
+from tests.gateway.app.observe_support import app_with
+from tests.gateway.scripted_upstream import ScriptedUpstream
+
+MSGS = [{"role": "user", "content": "a secret prompt"}]
+TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
+PARENT_ID = "00f067aa0ba902b7"
+ON = {"observability": {"tracing": {"enabled": True, "exporter": "none"}}}
+
+
+@pytest.fixture
+def exported() -> Iterator[tuple[TracerProvider, InMemorySpanExporter]]:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    yield provider, exporter
+    provider.shutdown()
+
+
+def _children(spans: list[ReadableSpan], parent: ReadableSpan) -> list[ReadableSpan]:
+    return [s for s in spans if s.parent is not None and s.parent.span_id == parent.context.span_id]
+
+
+def _server(spans: list[ReadableSpan]) -> ReadableSpan:
+    (server,) = [s for s in spans if s.kind == SpanKind.SERVER]
+    return server
+
+
+async def test_direct_request_continues_the_clients_trace(tmp_path: Path, upstream: ScriptedUpstream,
+                                                          exported: tuple[TracerProvider, InMemorySpanExporter]) -> None:
+    provider, exporter = exported
+    async with app_with(tmp_path, upstream, tracer_provider=provider, **ON) as gw:
+        r = await gw.client.post("/v1/chat/completions", json={"model": "tier-low", "messages": MSGS, "max_tokens": 3},
+                                 headers={**gw.auth, "traceparent": f"00-{TRACE_ID}-{PARENT_ID}-01"})
+        assert r.status_code == 200, r.text
+        (row,) = gw.ledger_rows()
+    spans = list(exporter.get_finished_spans())
+    server = _server(spans)
+    assert format(server.context.trace_id, "032x") == TRACE_ID and server.parent is not None
+    assert format(server.parent.span_id, "016x") == PARENT_ID  # the client's span is the parent
+    a = dict(server.attributes or {})
+    assert a["http.route"] == "/v1/chat/completions" and a["http.response.status_code"] == 200
+    assert (a["tiergate.tier"], a["tiergate.effort"], a["gen_ai.request.model"]) == ("low", "low", "tier-low")
+    assert (a["gen_ai.usage.input_tokens"], a["gen_ai.usage.output_tokens"]) == (row.prompt_tokens, row.completion_tokens)
+    assert a["tiergate.cost_usd"] == pytest.approx(float(row.cost_usd)) and a["tiergate.request_id"] == r.json()["id"]
+    (client,) = _children(spans, server)
+    c = dict(client.attributes or {})
+    assert client.kind == SpanKind.CLIENT and client.name == "chat upstream-a"
+    assert (c["gen_ai.system"], c["gen_ai.request.model"], c["gen_ai.operation.name"]) == ("openai", "upstream-a", "chat")
+    assert (c["gen_ai.usage.input_tokens"], c["gen_ai.usage.output_tokens"]) == (11, 3)
+    # the upstream continues the trace under the client span
+    sent = upstream.requests[-1].headers["traceparent"]
+    assert sent.split("-")[1] == TRACE_ID and sent.split("-")[2] == format(client.context.span_id, "016x")
+    assert "secret prompt" not in repr([s.attributes for s in spans])  # no content without the switch
+
+
+async def test_pipeline_request_has_a_span_per_stage(tmp_path: Path, upstream: ScriptedUpstream,
+                                                     exported: tuple[TracerProvider, InMemorySpanExporter]) -> None:
+    provider, exporter = exported
+    async with app_with(tmp_path, upstream, tracer_provider=provider, **ON) as gw:
+        r = await gw.client.post("/v1/chat/completions", headers=gw.auth, json={
+            "model": "auto", "reasoning_effort": "high", "messages": MSGS, "max_tokens": 200, "stream": True})
+        assert r.status_code == 200, r.text
+        rows = gw.ledger_rows()
+    spans = list(exporter.get_finished_spans())
+    server = _server(spans)
+    assert dict(server.attributes or {})["tiergate.pipeline"] is True
+    stages = _children(spans, server)
+    assert stages and all(s.name.startswith("tiergate.stage ") for s in stages)
+    names = {dict(s.attributes or {})["tiergate.stage"] for s in stages}
+    # the scripted upstream writes no valid plan: plan (and its repair), then the direct answer, streamed
+    assert "plan" in names and "direct" in names, names
+    clients = [s for s in spans if s.kind == SpanKind.CLIENT]
+    assert len(clients) == len(rows) > 1  # one client span per upstream call, each under its stage
+    stage_ids = {s.context.span_id for s in stages}
+    assert all(c.parent is not None and c.parent.span_id in stage_ids for c in clients)
+    assert sum(dict(c.attributes or {})["gen_ai.usage.output_tokens"] for c in clients) == sum(
+        row.completion_tokens for row in rows) == dict(server.attributes or {})["gen_ai.usage.output_tokens"]
+    assert len({s.context.trace_id for s in spans}) == 1
+
+
+async def test_content_only_with_the_switch_and_nothing_when_off(
+        tmp_path: Path, upstream: ScriptedUpstream, exported: tuple[TracerProvider, InMemorySpanExporter]) -> None:
+    provider, exporter = exported
+    body: dict[str, Any] = {"model": "low", "messages": MSGS, "max_tokens": 2}
+    on = {"observability": {"tracing": {"enabled": True, "exporter": "none", "capture_content": True}}}
+    async with app_with(tmp_path / "a", upstream, tracer_provider=provider, **on) as gw:
+        assert (await gw.client.post("/v1/chat/completions", headers=gw.auth, json=body)).status_code == 200
+    a = dict(_server(list(exporter.get_finished_spans())).attributes or {})
+    assert "a secret prompt" in str(a["gen_ai.input.messages"]) and "w0 w1" in str(a["gen_ai.output.messages"])
+    exporter.clear()
+    async with app_with(tmp_path / "b", upstream, tracer_provider=provider) as gw:  # tracing off (the default)
+        assert (await gw.client.post("/v1/chat/completions", headers=gw.auth, json=body)).status_code == 200
+    assert exporter.get_finished_spans() == () and "traceparent" not in upstream.requests[-1].headers
