@@ -96,6 +96,7 @@ from classifier.train import (
     TrainResult,
     cross_validate,
     outcome_cross_validate,
+    quality_curve,
     train,
 )
 from classifier.types import (
@@ -196,6 +197,7 @@ __all__ = [
     "promotion_guard",
     "publish_artifact",
     "quality_at",
+    "quality_curve",
     "read_metadata",
     "routing_bench",
     "routing_curve",

@@ -23,9 +23,10 @@ import numpy as np
 from classifier.cues import CREATIVE, CUE_NAMES, PROOF, SOLVE, difficulty_cues
 from classifier.reasoning import COUNT_Q, REASONING_NAMES, STATE_CHANGE, STYLE, reasoning_cues
 from classifier.scan import HEAD_CHARS, TAIL_CHARS, Scan, capped, lexicon, tokens
+from classifier.structure import STRUCTURE_NAMES, structure_cues
 from classifier.types import Message, SparseFeatures
 
-FEATURE_VERSION = "f3"
+FEATURE_VERSION = "f4"
 N_HASH = 1 << 18
 SYSTEM_CHARS = 400
 CONTEXT_CHARS = 400
@@ -37,6 +38,7 @@ DENSE_NAMES: tuple[str, ...] = (
     "latex", "code_markers", "currency", "reasoning_cues", "constraints", "prior_user_turns",
     "assistant_turns", "system_present", "log_system_chars", "cjk_share", "newlines", "sentences",
     "choices", "truncated", "list_items", "log_context_chars", *CONTEXT_NAMES, *CUE_NAMES, *REASONING_NAMES,
+    *STRUCTURE_NAMES,
 )
 N_DENSE = len(DENSE_NAMES)
 N_FEATURES = N_DENSE + N_HASH
@@ -177,6 +179,7 @@ def _dense(prompt: str, scan: Scan, system: str, context: str, prior_users: int,
         *_context_cues(context),
         *difficulty_cues(scan),
         *reasoning_cues(scan),
+        *structure_cues(text),
     ]
 
 

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
+from classifier.gain import GainHead, combine_scale, fit_gain_head, fold_gain
 from classifier.heads import TrainConfig, TrainingRows, featurize_messages, fit_heads
 from classifier.model import squash_score
 from classifier.outcomes import CHEAP_ARM, KNOWN_MAPPINGS, STRONG_ARM, OutcomeItem, load_outcome_items
@@ -76,22 +77,53 @@ def group_folds(groups: Sequence[str] | np.ndarray, k: int | None, seed: int = 0
     return [np.isin(g, perm[f::k]) for f in range(k)]
 
 
+def gain_of_rows(rows: TrainingRows, cfg: TrainConfig) -> np.ndarray:
+    """The measured gain (strong − cheap) of outcome rows, back from their score target."""
+    return (rows.s - cfg.outcome_center) / cfg.outcome_scale
+
+
+def with_gain_head(coef: np.ndarray, intercept: float, rows: TrainingRows | None,
+                   cfg: TrainConfig, head: GainHead | None = None) -> tuple[np.ndarray, float, GainHead | None, float]:
+    """Score coefficients plus the gain head fitted on the outcome ``rows`` (classifier.gain), the
+    head and its scale; unchanged (head None) without rows, with fewer than two groups, or with
+    ``gain_weight`` 0. The targets are clipped to [0, 1] only beyond |gain| > 1.29, which a gain in
+    [−1, 1] never reaches, so the gain read back is exact. A ``head`` already fitted on these rows
+    is reused (only its scale against this score is recomputed)."""
+    if rows is None or not len(rows) or cfg.gain_weight <= 0 or len(set(rows.groups.tolist())) < 2:
+        return coef, intercept, None, 0.0
+    if head is None:
+        head = fit_gain_head(rows.X, np.zeros(len(rows)), gain_of_rows(rows, cfg), rows.groups, cfg.gain_alphas)
+    base = np.asarray(rows.X @ coef).ravel() + intercept
+    scale = combine_scale(base, head.predict(rows.X), cfg.gain_weight)
+    new_coef, new_intercept = fold_gain(coef, intercept, head, scale)
+    return new_coef, new_intercept, head, scale
+
+
 def grouped_outcome_scores(source: TrainingRows, rows: TrainingRows, cfg: TrainConfig, n_classes: int,
                            folds: Sequence[np.ndarray], *, other: TrainingRows | None = None,
                            progress: Callable[[int, int], None] | None = None) -> np.ndarray:
-    """Held-out scores of ``rows``: for each fold, the score heads are refitted on the source rows
-    plus the outcome rows outside the fold and the ``other`` outcome rows (unscaled weights, as
-    ``outcome_rows`` makes them; together rescaled to ``outcome_share``)."""
+    """Held-out scores of ``rows``: for each fold, the score is rebuilt from the source rows plus
+    the outcome rows outside the fold and the ``other`` outcome rows, exactly as ``train`` builds it:
+    the ridge heads (refitted per fold only when outcome rows are mixed into them, ``outcome_share``
+    > 0; otherwise they never see an outcome row and are fitted once) and the gain head (always
+    refitted per fold, its L2 strength chosen inside the fold's training groups)."""
     out = np.full(len(rows), np.nan)
     total = float(source.w.sum())
+    shared = None if cfg.outcome_share > 0 else fit_heads(source, n_classes, cfg, tier_head=False)
     for k, test in enumerate(folds):
         outcome_train = TrainingRows.stack([rows.take(~test), *([other] if other is not None and len(other) else [])])
-        train_rows = TrainingRows.stack([source, scale_weights(outcome_train, total, cfg.outcome_share)])
-        heads = fit_heads(train_rows, n_classes, cfg, tier_head=False)
-        out[test] = squash_score(heads.raw(rows.X[test], cfg.within_weight))
+        if shared is None:
+            train_rows = TrainingRows.stack([source, scale_weights(outcome_train, total, cfg.outcome_share)])
+            heads = fit_heads(train_rows, n_classes, cfg, tier_head=False)
+        else:
+            heads = shared
+        coef, intercept = heads.combined(cfg.within_weight)
+        coef, intercept, _, _ = with_gain_head(coef, intercept, outcome_train, cfg)
+        out[test] = squash_score(np.asarray(rows.X[test] @ coef).ravel() + intercept)
         if progress is not None:
             progress(k + 1, len(folds))
     return out
+
 
 
 def load_outcome_sets(data_dir: str | Path) -> dict[str, list[OutcomeItem]]:

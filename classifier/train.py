@@ -33,12 +33,13 @@ from sklearn.model_selection import GroupKFold
 
 from classifier.calibrate import expected_calibration_error, fit_temperature
 from classifier.data import dataset_hash
-from classifier.evaluate import auroc, metrics
+from classifier.evaluate import auroc, metrics, routing_curve
+from classifier.gain import GainHead
 from classifier.heads import TrainConfig, TrainingRows, featurize, fit_heads, sample_weights, softmax
 from classifier.model import EffortModel, squash_score
 from classifier.ordinal import SMOOTHING_GRID, fit_ordinal, log_loss, ordinal_probs
 from classifier.outcomes import CHEAP_ARM, STRONG_ARM, OutcomeItem
-from classifier.payoff import group_folds, grouped_outcome_scores, outcome_rows, scale_weights
+from classifier.payoff import group_folds, grouped_outcome_scores, outcome_rows, scale_weights, with_gain_head
 from classifier.proxy import cheap_outcome, family, proxy_apgr, proxy_oracle
 from classifier.thresholds import full_mix
 from classifier.types import TIER_INDEX, TIERS, ClassifierError, LabelledExample
@@ -116,6 +117,8 @@ class OutcomeCV:
     cpt80: float
     length_apgr: float  # the prompt-length router on the same items
     scores: np.ndarray = field(repr=False, default_factory=lambda: np.zeros(0))
+    # PGR of the held-out scores at strong shares 0, 0.1, ..., 1 (what a quality target aims on)
+    pgr_at_shares: tuple[float, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         return {"items": self.n_items, "groups": self.n_groups, "folds": self.folds, "apgr": self.apgr,
@@ -131,6 +134,15 @@ class TrainResult:
     seconds: float
     outcome_cv: dict[str, OutcomeCV] = field(default_factory=dict)
     n_outcome_rows: int = 0
+    gain: dict[str, Any] | None = None  # the gain head's summary (gain_summary), None without one
+
+
+def gain_summary(head: GainHead | None, scale: float, cfg: TrainConfig) -> dict[str, Any] | None:
+    """What the artifact's metadata says of the gain head: data, chosen L2 strength, scale, weight."""
+    if head is None:
+        return None
+    return {"rows": head.n_rows, "groups": head.n_groups, "alpha": head.alpha, "scale": round(scale, 6),
+            "weight": cfg.gain_weight, "inner_logo_apgr": {str(a): round(v, 4) for a, v in head.inner_apgr.items()}}
 
 
 def source_rows(examples: Sequence[LabelledExample], X: sp.csr_matrix | None = None) -> TrainingRows:
@@ -151,9 +163,14 @@ def outcome_training_rows(outcomes: Mapping[str, Sequence[OutcomeItem]], cfg: Tr
 
 
 def cross_validate(examples: Sequence[LabelledExample], X: sp.csr_matrix, cfg: TrainConfig,
-                   extra: TrainingRows | None = None) -> tuple[CVReport, np.ndarray]:
+                   extra: TrainingRows | None = None,
+                   gain_rows: TrainingRows | None = None) -> tuple[CVReport, np.ndarray]:
     """Grouped-by-source CV; returns the report and the out-of-fold scores. ``extra`` rows (outcome
-    sets, already weighted) are in every fold's training data and never scored."""
+    sets, already weighted) are in every fold's training data and never scored; ``gain_rows``
+    (unweighted outcome rows) train the gain head that every fold's score gets, as the model's does."""
+    head = None
+    if gain_rows is not None and len(gain_rows) and cfg.gain_weight > 0:
+        _, _, head, _ = with_gain_head(np.zeros(X.shape[1], dtype=np.float32), 0.0, gain_rows, cfg)
     rows = source_rows(examples, X)
     classes = sorted({TIER_INDEX[ex.tier] for ex in examples})
     y, s, w, groups = rows.y, rows.s, rows.w, rows.fams
@@ -162,7 +179,7 @@ def cross_validate(examples: Sequence[LabelledExample], X: sp.csr_matrix, cfg: T
     if folds < 2:
         raise ClassifierError("grouped cross-validation needs examples from at least two sources")
     oof_logits = np.zeros((len(y), len(classes)))
-    oof_cross, oof_within = np.zeros(len(y)), np.zeros(len(y))
+    oof_cross, oof_within, oof_gain = np.zeros(len(y)), np.zeros(len(y)), np.zeros(len(y))
     fold_of = np.zeros(len(y), dtype=np.int64)
     for k, (train_idx, test_idx) in enumerate(GroupKFold(n_splits=folds).split(X, y, groups)):
         mask = np.zeros(len(y), dtype=bool)
@@ -172,9 +189,13 @@ def cross_validate(examples: Sequence[LabelledExample], X: sp.csr_matrix, cfg: T
         oof_logits[test_idx] = heads.logits(X[test_idx])
         oof_cross[test_idx] = heads.raw(X[test_idx], 0.0)
         oof_within[test_idx] = np.asarray(X[test_idx] @ heads.within_coef).ravel() - heads.within_offset
+        if head is not None:
+            coef, intercept = heads.combined(cfg.within_weight)
+            _, _, _, scale = with_gain_head(coef, intercept, gain_rows, cfg, head)
+            oof_gain[test_idx] = scale * head.predict(X[test_idx])
         fold_of[test_idx] = k
-    blend = {lam: proxy_apgr(examples, oof_cross + lam * oof_within) for lam in WITHIN_GRID}
-    oof_raw = oof_cross + cfg.within_weight * oof_within
+    blend = {lam: proxy_apgr(examples, oof_cross + lam * oof_within + oof_gain) for lam in WITHIN_GRID}
+    oof_raw = oof_cross + cfg.within_weight * oof_within + oof_gain
     oof_scores = np.asarray(squash_score(oof_raw))
     # Ordinal probabilities, cross-fitted: each fold's are fitted on the other folds' held-out scores.
     # The uniform share mixed in is the one scalar chosen on these cross-fitted probabilities.
@@ -246,9 +267,25 @@ def outcome_cross_validate(examples: Sequence[LabelledExample], outcomes: Mappin
         m = metrics(scores, cheap, strong)
         length = metrics(np.asarray([len(str(it.messages[-1].get("content", ""))) for it in items], dtype=float),
                          cheap, strong)
+        curve = routing_curve(scores, cheap, strong)
+        pgr = np.maximum.accumulate(np.clip(np.interp(QUALITY_SHARES, curve.shares, curve.pgr()), 0.0, 1.0))
         out[name] = OutcomeCV(name, len(items), len(set(groups.tolist())), len(test_folds), m.apgr, m.cpt50,
-                              m.cpt80, length.apgr, scores)
+                              m.cpt80, length.apgr, scores, tuple(float(p) for p in pgr))
     return out
+
+
+QUALITY_SHARES = np.linspace(0.0, 1.0, 11)
+
+
+def quality_curve(per_set: Mapping[str, OutcomeCV]) -> dict[str, list[float]] | None:
+    """(strong share → PGR) of the held-out scores, averaged over the outcome sets by size: the
+    artifact's routing curve, which a quality target ("keep ≥ X of the all-strong quality") reads
+    until the gateway's own learning publishes one measured on its traffic."""
+    sets = [o for o in per_set.values() if len(o.pgr_at_shares) == len(QUALITY_SHARES)]
+    if not sets:
+        return None
+    pgr = np.average([o.pgr_at_shares for o in sets], axis=0, weights=[o.n_items for o in sets])
+    return {"shares": [float(q) for q in QUALITY_SHARES], "pgr": [round(float(p), 4) for p in pgr]}
 
 
 def _within_source(groups: np.ndarray, scores: np.ndarray, targets: np.ndarray) -> dict[str, float]:
@@ -296,8 +333,9 @@ def train(examples: Sequence[LabelledExample], cfg: TrainConfig | None = None, *
     classes = sorted({TIER_INDEX[ex.tier] for ex in examples})
     extra = outcome_training_rows(outcomes or {}, cfg, float(source.w.sum()))
     report: CVReport | None = None
+    gain_rows = outcome_rows(outcomes, cfg) if outcomes else None
     if cv:
-        report, _ = cross_validate(examples, X, cfg, extra)
+        report, _ = cross_validate(examples, X, cfg, extra, gain_rows)
     per_set = outcome_cross_validate(examples, outcomes, cfg, X=X, folds=cfg.outcome_folds) \
         if outcome_cv and outcomes else {}
     all_rows = TrainingRows.stack([source, *([extra] if extra is not None else [])])
@@ -311,9 +349,12 @@ def train(examples: Sequence[LabelledExample], cfg: TrainConfig | None = None, *
         smoothing = float(ordinal[2]) if len(ordinal) > 2 else 0.0
     else:
         slope, cuts = fit_ordinal(raw, source.y, len(classes), source.w)
-    all_raw = heads.raw(all_rows.X, cfg.within_weight)
-    quantiles = reference_quantiles(np.asarray(squash_score(all_raw)), all_rows.fams)
     coef, intercept = heads.combined(cfg.within_weight)
+    coef, intercept, gain_head, gain_scale = with_gain_head(coef, intercept, gain_rows, cfg)
+    reference = TrainingRows.stack([all_rows, *([gain_rows] if gain_rows is not None and cfg.outcome_share <= 0
+                                                 else [])])
+    all_raw = np.asarray(reference.X @ coef).ravel() + intercept
+    quantiles = reference_quantiles(np.asarray(squash_score(all_raw)), reference.fams)
     model = EffortModel(
         classes=tuple(TIERS[c] for c in classes), tier_coef=heads.tier_coef, tier_intercept=heads.tier_intercept,
         temperature=report.temperature if report is not None else (temperature or 1.0),
@@ -321,7 +362,9 @@ def train(examples: Sequence[LabelledExample], cfg: TrainConfig | None = None, *
         ordinal_slope=slope, ordinal_cuts=cuts, ordinal_smoothing=smoothing, score_quantiles=quantiles,
         tier_shares=full_mix(cfg.target_mix)).with_target_mix(cfg.target_mix)
     return TrainResult(model=model, data_hash=dataset_hash(list(examples)), n_examples=len(examples), cv=report,
-                       seconds=time.perf_counter() - t0, outcome_cv=per_set, n_outcome_rows=len(extra or ()))
+                       seconds=time.perf_counter() - t0, outcome_cv=per_set,
+                       n_outcome_rows=len(gain_rows) if gain_rows is not None else 0,
+                       gain=gain_summary(gain_head, gain_scale, cfg))
 
 
 def fit_score_model(examples: Sequence[LabelledExample], outcomes: Mapping[str, Sequence[OutcomeItem]],
@@ -333,6 +376,9 @@ def fit_score_model(examples: Sequence[LabelledExample], outcomes: Mapping[str, 
     rows = TrainingRows.stack([source, *([extra] if extra is not None else [])])
     heads = fit_heads(rows, len(set(source.y.tolist())), cfg, tier_head=False)
     coef, intercept = heads.combined(cfg.within_weight)
-    quantiles = reference_quantiles(np.asarray(squash_score(heads.raw(rows.X, cfg.within_weight))), rows.fams)
+    gain_rows = outcome_rows(outcomes, cfg) if outcomes else None
+    coef, intercept, _, _ = with_gain_head(coef, intercept, gain_rows, cfg)
+    quantiles = reference_quantiles(np.asarray(squash_score(np.asarray(rows.X @ coef).ravel() + intercept)),
+                                    rows.fams)
     return dataclasses.replace(like, score_coef=coef, score_intercept=intercept, score_quantiles=quantiles,
                                version=version, traffic=None).with_shares(like.tier_shares)

@@ -109,11 +109,13 @@ def _train_and_save(examples: list[Any], out: Path, target_mix: dict[str, float]
                               temperature=temperature, ordinal=ordinal, outcomes=outcomes, outcome_cv=outcome_cv)
     metrics = {"cv": result.cv.to_json() if result.cv else None, "n_examples": result.n_examples,
                "n_outcome_rows": result.n_outcome_rows, "train_seconds": round(result.seconds, 1),
-               "outcome_cv": {k: v.to_json() for k, v in result.outcome_cv.items()}}
+               "outcome_cv": {k: v.to_json() for k, v in result.outcome_cv.items()}, "gain_head": result.gain}
     sets = {name: {"items": len(items), "sha256": classifier.outcome_set_hash(items)}
             for name, items in (outcomes or {}).items()}
+    curve = classifier.quality_curve(result.outcome_cv)
     classifier.save_artifact(result.model, out, data_hash=data_hash, metrics=metrics,
-                             extra={"target_mix": target_mix, "outcome_sets": sets, **extra})
+                             extra={"target_mix": target_mix, "outcome_sets": sets,
+                                    **({"quality_curve": curve} if curve else {}), **extra})
     return result
 
 
@@ -162,6 +164,7 @@ def cv(config: Path | None = ConfigOption, data: Path | None = DataOption,
        as_json: bool = typer.Option(False, "--json")) -> None:
     """Grouped-by-source cross-validation table: per-tier precision/recall, AUROC, calibration error."""
     import classifier
+    from classifier.payoff import outcome_rows
     from classifier.train import outcome_training_rows, source_rows
 
     settings = _settings(config)
@@ -171,7 +174,7 @@ def cv(config: Path | None = ConfigOption, data: Path | None = DataOption,
     cfg = classifier.TrainConfig(cv_folds=folds)
     sets = classifier.load_outcome_sets(data_dir) if outcomes else {}
     extra = outcome_training_rows(sets, cfg, float(source_rows(examples, X).w.sum()))
-    report, _ = classifier.cross_validate(examples, X, cfg, extra)
+    report, _ = classifier.cross_validate(examples, X, cfg, extra, outcome_rows(sets, cfg) if sets else None)
     typer.echo(json.dumps(report.to_json(), indent=2) if as_json else _cv_table(report))
 
 
