@@ -81,6 +81,12 @@ class LedgerSettings(_Strict):
     # fsync: its rows fdatasync'd in the journal (survives power loss; ~one fsync of latency).
     # none: no wait; rows are journaled within milliseconds, a kill -9 may lose that window.
     durability: Literal["process", "fsync", "none"] = "process"
+    # An upstream call whose gateway (or worker) died mid-call has a journaled intent and no
+    # finishing row; the next process on this journal settles it as status ``interrupted``:
+    # estimate: its prompt tokens + ``interrupted_output_fraction`` of its output cap;
+    # reserved: its prompt tokens + its whole output cap (the worst case its budget hold covered).
+    interrupted_billing: Literal["estimate", "reserved"] = "estimate"
+    interrupted_output_fraction: float = Field(0.5, ge=0, le=1)
 
     @model_validator(mode="before")
     @classmethod

@@ -37,7 +37,7 @@ from gateway.chat.request import CallContext, ChatRequest, Executor
 from gateway.chat.spend import Completion, RequestRows, Spend
 from gateway.errors import ClientClosedRequest, GatewayError, InvalidRequest
 from gateway.ids import fast_id
-from gateway.ledger.entries import LedgerEntry, RequestRecord
+from gateway.ledger.entries import CallIntent, LedgerEntry, RequestRecord
 from gateway.log_safety import describe
 from gateway.providers.base import CallOptions
 from gateway.providers.metering import count_prompt_tokens
@@ -74,6 +74,7 @@ class DecisionSink(Protocol):
 
 class RequestLedger(Protocol):
     def record(self, entry: LedgerEntry) -> None: ...
+    async def begin(self, intent: CallIntent) -> None: ...
     def record_request(self, rec: RequestRecord) -> None: ...
     async def wait_durable(self, level: Literal["process", "fsync", "none"] = ...) -> None: ...
 

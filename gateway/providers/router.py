@@ -15,14 +15,14 @@ import random
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from gateway.errors import GatewayError, UpstreamError
 from gateway.providers.base import CallOptions, ChunkStream, Usage
-from gateway.providers.metering import StreamMeter, response_usage
+from gateway.providers.metering import StreamMeter, count_prompt_tokens, response_usage
 from gateway.providers.payload import provider_payload
 from gateway.providers.registry import ProviderRegistry
-from gateway.settings import Settings
+from gateway.settings import ModelSettings, Settings
 
 AttemptStatus = Literal["ok", "error", "cancelled"]
 log = logging.getLogger("tiergate.providers")
@@ -37,9 +37,45 @@ class Attempt:
     status: AttemptStatus
     latency_ms: int
     error: GatewayError | None = None
+    call_id: str | None = None  # what ``begin`` returned for this call (its ledger row's id)
+
+
+@dataclass(frozen=True)
+class CallStart:
+    """An upstream call about to be made: what its intent records (see ``Billing``)."""
+
+    model_name: str
+    prompt_tokens: int
+    max_output_tokens: int  # every choice at the output cap sent upstream (else the context window)
 
 
 OnAttempt = Callable[[Attempt], None]
+
+
+class Billing(Protocol):
+    """An ``on_attempt`` that also journals each call before it is made: ``begin`` returns once
+    the call's intent is written (or raises, and the call is not made) and gives the call id the
+    ``Attempt`` then carries. The router calls it when ``on_attempt`` has it."""
+
+    def __call__(self, attempt: Attempt) -> None: ...
+
+    async def begin(self, start: CallStart) -> str: ...
+
+
+def call_start(name: str, model: ModelSettings, payload: dict[str, Any]) -> CallStart:
+    prompt = count_prompt_tokens(model, payload.get("messages") or [])
+    cap = payload.get("max_completion_tokens") or payload.get("max_tokens")
+    out = int(cap) if isinstance(cap, int) and cap > 0 else max(model.context_window - prompt, 0)
+    n = payload.get("n")
+    return CallStart(name, prompt, out * (n if isinstance(n, int) and n > 1 else 1))
+
+
+async def _begin(on_attempt: OnAttempt, name: str, model: ModelSettings, payload: dict[str, Any]) -> str | None:
+    begin = getattr(on_attempt, "begin", None)
+    if begin is None:
+        return None
+    call_id: str = await begin(call_start(name, model, payload))
+    return call_id
 Sleep = Callable[[float], Awaitable[None]]
 
 
@@ -108,20 +144,21 @@ async def call_models(registry: ProviderRegistry, models: Sequence[str], body: d
         provider = registry.for_model(name)
         payload = provider_payload(name, model, body)  # a 400 here is raised before any call
         for attempt in range(model.max_retries + 1):
+            call_id = await _begin(on_attempt, name, model, payload)  # raises: no call is made
             start = time.perf_counter()
             try:
                 response = await provider.complete(model, payload, options)
             except GatewayError as err:
-                on_attempt(Attempt(name, Usage(), "error", _ms(start), err))
+                on_attempt(Attempt(name, Usage(), "error", _ms(start), err, call_id))
                 last = err
                 if await _wait_to_retry(name, attempt, model.max_retries, err, policy, sleep):
                     continue
                 break
             except asyncio.CancelledError:
-                on_attempt(Attempt(name, Usage(), "cancelled", _ms(start)))
+                on_attempt(Attempt(name, Usage(), "cancelled", _ms(start), call_id=call_id))
                 raise
             on_attempt(Attempt(name, response_usage(model, payload.get("messages") or [], response), "ok",
-                               _ms(start)))
+                               _ms(start), call_id=call_id))
             return response, name
     assert last is not None
     raise last
@@ -141,7 +178,8 @@ class MeteredStream:
     is closed first so it stops generating, then what was generated is billed)."""
 
     def __init__(self, first: dict[str, Any], rest: AsyncGenerator[dict[str, Any], None], meter: StreamMeter,
-                 name: str, start: float, on_attempt: OnAttempt) -> None:
+                 name: str, start: float, on_attempt: OnAttempt, call_id: str | None = None) -> None:
+        self.call_id = call_id
         self._first: dict[str, Any] | None = first
         self._rest = rest
         self.meter = meter
@@ -177,7 +215,8 @@ class MeteredStream:
     def _report(self, status: AttemptStatus, error: GatewayError | None = None) -> None:
         if not self._reported:
             self._reported = True
-            self._on_attempt(Attempt(self.model_name, self.meter.usage(), status, _ms(self._start), error))
+            self._on_attempt(Attempt(self.model_name, self.meter.usage(), status, _ms(self._start), error,
+                                     self.call_id))
 
     async def aclose(self) -> None:
         if self._reported:
@@ -200,6 +239,7 @@ async def stream_models(registry: ProviderRegistry, models: Sequence[str], body:
         provider = registry.for_model(name)
         payload = provider_payload(name, model, body)  # a 400 here is raised before any call
         for attempt in range(model.max_retries + 1):
+            call_id = await _begin(on_attempt, name, model, payload)  # raises: no call is made
             start = time.perf_counter()
             chunks = provider.stream(model, payload, options)
             meter = StreamMeter(model, payload.get("messages") or [])
@@ -207,20 +247,20 @@ async def stream_models(registry: ProviderRegistry, models: Sequence[str], body:
                 first = await chunks.__anext__()
             except StopAsyncIteration:
                 # Nothing at all came back: bill the prompt, hand back an empty stream.
-                on_attempt(Attempt(name, meter.usage(), "ok", _ms(start)))
+                on_attempt(Attempt(name, meter.usage(), "ok", _ms(start), call_id=call_id))
                 return _empty(), name
             except GatewayError as err:
-                on_attempt(Attempt(name, Usage(), "error", _ms(start), err))
+                on_attempt(Attempt(name, Usage(), "error", _ms(start), err, call_id))
                 last = err
                 if await _wait_to_retry(name, attempt, model.max_retries, err, policy, sleep):
                     continue
                 break
             except asyncio.CancelledError:
                 await chunks.aclose()
-                on_attempt(Attempt(name, meter.usage(), "cancelled", _ms(start)))
+                on_attempt(Attempt(name, meter.usage(), "cancelled", _ms(start), call_id=call_id))
                 raise
             meter.observe(first)
-            return MeteredStream(first, chunks, meter, name, start, on_attempt), name
+            return MeteredStream(first, chunks, meter, name, start, on_attempt, call_id), name
     assert last is not None
     raise last
 
