@@ -34,7 +34,11 @@ def _db_ok(state: Runtime) -> bool:
 @router.get("/readyz")
 async def readyz(state: Runtime = Depends(get_runtime)) -> Response:
     db = await anyio.to_thread.run_sync(_db_ok, state)
-    ledger = state.ledger.health().ok
+    health = state.ledger.health()
+    ledger = health.ok
     ok = db and ledger
-    body = {"status": "ok" if ok else "unavailable", "database": db, "ledger": ledger}
+    body = {"status": "ok" if ok else "unavailable", "database": db, "ledger": ledger,
+            "ledger_state": {"pending_db": health.pending_db, "open_intents": health.open_intents,
+                             "owners_to_settle": health.owners_to_settle,
+                             "interrupted_settled": health.interrupted_settled}}
     return Response(orjson.dumps(body), status_code=200 if ok else 503, media_type="application/json")
