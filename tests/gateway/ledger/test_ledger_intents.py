@@ -109,7 +109,7 @@ async def test_a_ledger_stopped_with_a_call_open_leaves_it_to_the_next_start(
     assert b.wait_settled(10)
     assert b.health().interrupted_settled == 1
     assert b.stop()
-    rows, intents, cost, calls = _state(db)
+    rows, intents, _, calls = _state(db)
     assert sorted((r.id, r.status) for r in rows) == sorted([(call, "interrupted"), (done, "ok")])
     assert intents == 0 and calls == 2
     assert list((root / ".owners").iterdir()) == []
