@@ -65,6 +65,7 @@ class DatabaseSettings(_Strict):
 class RedisSettings(_Strict):
     url_env: str = "TIERGATE_REDIS_URL"
     key_prefix: str = "tiergate:"  # budget counters / rate limits live under this prefix
+    timeout_s: float = Field(2.0, gt=0)  # connect and command timeout: a hung Redis is an outage, not a hang
 
     def resolved_url(self) -> str | None:
         return os.environ.get(self.url_env) or None
@@ -183,6 +184,11 @@ class BudgetDefaults(_Strict):
     alert_webhook_env: str | None = None
     requests_per_min: int | None = Field(None, gt=0)  # per-tenant default rate limits
     tokens_per_min: int | None = Field(None, gt=0)
+    # While Redis is unreachable (gateway/budgets/outage.py): fail_closed refuses what needs the
+    # shared counters with a 503 + retry-after; fail_open_to_local counts in each replica, which
+    # enforces redis_outage_local_share of every limit (1/N with N replicas: no joint overshoot).
+    redis_outage: Literal["fail_closed", "fail_open_to_local"] = "fail_closed"
+    redis_outage_local_share: float = Field(1.0, gt=0, le=1)
 
 
 class RoutingSettings(_Strict):
