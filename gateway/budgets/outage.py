@@ -9,10 +9,11 @@
   replica may spend what the database says is left; 1/N with N replicas: together they cannot
   overshoot). Holds taken locally are settled locally.
 
-Holds taken in Redis whose settlement or release fails (Redis went away mid-request) are not
+A hold taken locally is also settled in Redis when Redis answers by then (logged there like any
+settlement, so a rebuild counts it once). Holds taken in Redis whose settlement or release fails (Redis went away mid-request) are not
 lost money: the call's ledger row is the truth, and their reservations expire with their lease.
-When Redis answers again, every active counter is rebuilt from the database at once
-(``RedisCounters.reconcile``; also after a Redis restart, which loses the counters: they are
+When Redis answers again, every active counter is rebuilt from the database at once and again
+``RECOVERY_REBUILD_AGAIN_S`` later (``RedisCounters.reconcile``; also after a Redis restart, which loses the counters: they are
 cold-loaded from the database on first use). Must not import routes, the app, the pipeline,
 providers or the ledger.
 """
@@ -38,6 +39,7 @@ log = logging.getLogger(__name__)
 
 OutagePolicy = Literal["fail_closed", "fail_open_to_local"]
 RETRY_AFTER_S = 2
+RECOVERY_REBUILD_AGAIN_S = 1.0
 
 
 class CountersUnavailable(ServiceUnavailable):
@@ -99,11 +101,16 @@ class GuardedCounters:
             self._rebuild = asyncio.ensure_future(self._reconcile())
 
     async def _reconcile(self) -> int:
-        try:
-            return await self.redis.reconcile()
-        except Exception as exc:  # the periodic reconciler retries; logged, not raised into a request
-            log.error("rebuilding budget counters after the Redis outage failed: %s", describe(exc))
-            return 0
+        """Rebuild every active counter from the database now, and once more a little later:
+        the ledger rows of the last local settlements may still be on their way to the database."""
+        n = 0
+        for delay in (0.0, RECOVERY_REBUILD_AGAIN_S):
+            await asyncio.sleep(delay)
+            try:
+                n = await self.redis.reconcile()
+            except Exception as exc:  # the periodic reconciler retries; logged, not raised into a request
+                log.error("rebuilding budget counters after the Redis outage failed: %s", describe(exc))
+        return n
 
     def _scaled(self, hold: Hold) -> Hold:
         refs = tuple(dataclasses.replace(r, limit_nanos=int(r.limit_nanos * self._share)) for r in hold.counters)
@@ -128,7 +135,14 @@ class GuardedCounters:
     async def settle(self, hold: Hold, actual_nanos: int) -> tuple[CounterState, ...]:
         if hold.id in self._local_holds:
             self._local_holds.discard(hold.id)
-            return await self.local.settle(hold, actual_nanos)
+            states = await self.local.settle(hold, actual_nanos)
+            try:  # Redis may be back: count it there too (and log it, so a rebuild counts it once)
+                await self.redis.settle(hold, actual_nanos)
+            except RedisError:
+                pass  # still down: the ledger row carries it into the rebuild at recovery
+            else:
+                self._ok()
+            return states
         try:
             states = await self.redis.settle(hold, actual_nanos)
         except RedisError as exc:
