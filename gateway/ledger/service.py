@@ -215,10 +215,14 @@ class Ledger:
         """Journal ``intent`` (stamped with this process as its owner) and return once it is
         written with write(2): from then on a kill -9 of this process cannot lose the call. Call
         before the call's first byte goes upstream; its ``LedgerEntry`` (same id) finishes it.
-        Raises ``LedgerError`` when the journal cannot take it: then do not make the call (the
-        intent is voided, nothing is billed)."""
+        Raises ``LedgerError`` when the journal cannot take it — at once while its writes are
+        failing (a full disk): then do not make the call (the intent is voided, nothing is
+        billed). Calls are taken again once a retried write succeeds (within ``retry_max_s``)."""
         if not self._started:
             raise LedgerError("ledger is not running")
+        if self.writer.journal_failures:  # failing (e.g. the disk is full): refuse at once, start nothing
+            raise LedgerError(f"ledger journal is not writable ({self.writer.journal_failures} failed write(s), "
+                              "retrying)")
         self._append(dataclasses.replace(intent, owner=self.owner), CallIntent)
         self._open_intents.add(intent.id)
         try:
