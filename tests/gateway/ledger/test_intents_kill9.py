@@ -83,21 +83,28 @@ def test_kill9_mid_call_bills_each_upstream_call_exactly_once(tmp_path: Path, up
                                                            "stream": i == 1})
                 assert r.status_code == 200, r.text
         answered = len(upstream.requests)
-        # In flight at the kill: blocked non-streamed calls, a stream blocked before its first
-        # chunk and one that stalls after streaming a few words.
-        upstream.push(Behaviour(block=True), Behaviour(block=True), Behaviour(block=True),
-                      Behaviour(stall_after=3))
-        bodies: list[dict[str, object]] = [
-            {"model": "low", "messages": MSGS, "max_tokens": CAP},
-            {"model": "medium", "messages": MSGS, "max_tokens": CAP},
-            {"model": "low", "messages": MSGS, "max_tokens": CAP, "stream": True},
-            {"model": "low", "messages": MSGS, "max_tokens": CAP, "stream": True},
+        # In flight at the kill, each started once the one before reached the upstream: blocked
+        # non-streamed calls, a stream blocked before its first chunk, one that stalls after
+        # streaming a few words, and a pipeline's stage call.
+        plan: list[tuple[Behaviour, dict[str, object]]] = [
+            (Behaviour(block=True), {"model": "low", "messages": MSGS, "max_tokens": CAP}),
+            (Behaviour(block=True), {"model": "medium", "messages": MSGS, "max_tokens": CAP}),
+            (Behaviour(block=True), {"model": "low", "messages": MSGS, "max_tokens": CAP, "stream": True}),
+            (Behaviour(stall_after=3), {"model": "low", "messages": MSGS, "max_tokens": CAP, "stream": True}),
+            (Behaviour(block=True), {"model": "low", "messages": MSGS, "max_tokens": CAP,
+                                     "tiergate": {"pipeline": "on"}}),
         ]
+        bodies = [b for _, b in plan]
+        direct = 4
         errors: list[BaseException] = []
-        threads = [threading.Thread(target=_post, args=(base, auth, b, errors), daemon=True) for b in bodies]
-        for t in threads:
+        threads = []
+        for behaviour, body in plan:
+            upstream.push(behaviour)
+            seen = len(upstream.requests)
+            t = threading.Thread(target=_post, args=(base, auth, body, errors), daemon=True)
             t.start()
-        assert upstream.wait_for(lambda up: len(up.requests) == answered + len(bodies), 30), log.read_text()[-3000:]
+            threads.append(t)
+            assert upstream.wait_for(lambda up, n=seen: len(up.requests) == n + 1, 30), log.read_text()[-3000:]
         time.sleep(0.2)  # the stalled stream's first words reach the gateway
     finally:
         proc.send_signal(signal.SIGKILL)
@@ -137,9 +144,14 @@ def test_kill9_mid_call_bills_each_upstream_call_exactly_once(tmp_path: Path, up
     model = ModelSettings.model_validate(cfg["models"]["up-a"])
     prompt = count_prompt_tokens(model, MSGS)
     out = CAP if policy == "reserved" else math.ceil(CAP * 0.5)
-    for row in (r for r in rows if r.status == "interrupted"):
+    cut = [r for r in rows if r.status == "interrupted"]
+    assert sorted(r.stage for r in cut) != ["direct"] * len(bodies)  # the pipeline's stage call too
+    assert [r.stage for r in cut].count("direct") == direct
+    for row in (r for r in cut if r.stage == "direct"):
         assert (row.prompt_tokens, row.completion_tokens) == (prompt, out)
         assert row.cost_usd == (Decimal(prompt) * 1 + Decimal(out) * 2) / 1_000_000  # up-a: $1 / $2 per 1M
+    for row in (r for r in cut if r.stage != "direct"):  # priced from its own intent: its stage's cap
+        assert row.prompt_tokens > 0 and row.completion_tokens > 0 and row.cost_usd > 0
     ledger_sum = sum((r.cost_usd for r in rows), Decimal(0))
     assert daily == ledger_sum and daily_calls == calls
     assert Decimal(str(status["spent_usd"])) == ledger_sum  # the budget counter: the ledger's sum
