@@ -130,5 +130,5 @@ async def open_runtime(settings: Settings, parts: RuntimeParts = RuntimeParts(),
                                     decide_auto=decide, ledger=ledger, pipelined=parts.pipelined,
                                     decisions=decisions)
         yield Runtime(settings=settings, session_factory=sf, ledger=ledger, keys=parts.keys or KeyStore(
-            sf, ttl_s=settings.server.key_cache_ttl_s), registry=registry, budgets=budgets, decide_auto=decide, decisions=decisions,
+            sf, ttl_s=settings.server.key_cache_ttl_s, stale_s=settings.server.key_cache_stale_s), registry=registry, budgets=budgets, decide_auto=decide, decisions=decisions,
             flow=flow, jobs=jobs, admin_throttle=LoginThrottle())

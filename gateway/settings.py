@@ -49,6 +49,9 @@ class ServerSettings(_Strict):
     forwarded_allow_ips: str | None = None
     # A revoked API key is refused by every replica at most this long after the revocation commits.
     key_cache_ttl_s: float = Field(1.0, gt=0, le=60)
+    # While the database is unreachable, a key looked up less than this long ago is still
+    # accepted from the cache (nothing can be revoked meanwhile); other keys get a 503.
+    key_cache_stale_s: float = Field(300.0, ge=0, le=86400)
     # A chat request field tiergate does not know: "reject" (400 naming it, the default) or
     # "drop" (removed before validation; never forwarded either way).
     unknown_fields: Literal["reject", "drop"] = "reject"

@@ -75,6 +75,7 @@ class LedgerHealth:
     open_intents: int = 0         # upstream calls started and not finished (their intents journaled)
     owners_to_settle: int = 0     # dead processes whose interrupted calls are not settled yet
     interrupted_settled: int = 0  # interrupted rows this process wrote for dead processes
+    journal_ok: bool = True       # the journal takes writes (and syncs): new calls can be recorded
 
 
 class Ledger:
@@ -285,4 +286,5 @@ class Ledger:
                             consecutive_failures=failures, last_error=max(errors)[1] if errors else None,
                             records_durable=synced, records_committed=committed, records_written=written,
                             open_intents=len(self._open_intents), owners_to_settle=len(self._dead_owners),
-                            interrupted_settled=self.interrupted_settled)
+                            interrupted_settled=self.interrupted_settled,
+                            journal_ok=w.running and w.journal_failures == 0 and w.sync_failures == 0)
