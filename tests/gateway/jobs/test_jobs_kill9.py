@@ -122,11 +122,13 @@ def test_kill9_mid_batch_runs_every_line_exactly_once(tmp_path: Path, upstream: 
 
 
 def _journaled(journal: Path, request_id: str) -> bool:
-    """Whether a ledger row of ``request_id`` is in a journal segment, polled every 20 ms (1500 times at most)."""
+    """Whether a ledger row (not just the call's intent) of ``request_id`` is in a journal segment,
+    polled every 20 ms (1500 times at most)."""
     needle = f'"request_id":"{request_id}"'.encode()
     for _ in range(1500):
-        if any(needle in p.read_bytes() for p in journal.rglob("*.jsonl")):
-            return True
+        for p in journal.rglob("*.jsonl"):
+            if any(needle in line and b'{"t":"e",' in line for line in p.read_bytes().splitlines()):
+                return True
         time.sleep(0.02)
     return False
 
