@@ -13,6 +13,12 @@ A façade over three parts, each in its own module:
 A journal segment is deleted only once it is sealed and every record in it is committed
 (``SegmentTracker``, segments.py). Money in the records is integer nano-USD.
 
+Intents: ``await begin(intent)`` journals a ``CallIntent`` before an upstream call (written with
+write(2) when it returns; refused at once while journal writes fail); the call's ``LedgerEntry``
+(same id) supersedes it. Each ledger holds an owner lock (owners.py); ``start()`` settles the
+open intents of owners whose process died as ``interrupted`` rows (interrupted.py), after the
+replayed journal is committed, on its own thread (``wait_settled``).
+
 Durability levels (``Durability``; ``await wait_durable(level)`` after ``record(...)``, or
 ``await record_durable(entry, level)``), from cheapest to safest:
 
