@@ -8,7 +8,14 @@ record_durable, record_request, wait_durable(level), flush, wait_settled, health
 ``LedgerHealth``. Must not import web frameworks, the pipeline, routes or the app.
 """
 
-from gateway.ledger.entries import IN_PROGRESS, INTERRUPTED, CallIntent, LedgerEntry, RequestRecord, new_entry_id
+from gateway.ledger.entries import (
+           IN_PROGRESS,
+           INTERRUPTED,
+           CallIntent,
+           LedgerEntry,
+           RequestRecord,
+           new_entry_id,
+)
 from gateway.ledger.pricing import cost_nanos_for, preload_prices, price_for
 from gateway.ledger.service import DURABILITY_LEVELS, Durability, Ledger, LedgerError, LedgerHealth
 
