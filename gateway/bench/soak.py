@@ -4,7 +4,7 @@ for leaks and lag, ending with the money invariant.
 A counting mock upstream runs in this process (aiohttp, its own thread: JSON answers and SSE
 streams, ``--upstream-ms`` of latency each). `tiergate serve` runs in a subprocess (SQLite, the
 journaled ledger, one worker, a budget on the tenant, the embedded batch runner). First the
-gateway's closed-loop max RPS is measured (non-streamed, ``--probe-concurrency``, 5 s); then an
+gateway's closed-loop max RPS is measured (the same mix, 16 connections, 5 s); then an
 open-loop load at ``--load`` (0.7) of it runs for N minutes: 55% non-streamed, 25% streamed, 10%
 streams the client cuts after the first chunk, 10% forced through the pipeline, and one 5-line
 batch per sample interval. Every ``--sample-s`` seconds a line: the server's RSS and open fds
@@ -242,22 +242,28 @@ async def _batch(client: httpx.AsyncClient, counts: _Counts) -> None:
         counts.failed += 1
 
 
-async def _probe(base: str, key: str, concurrency: int, seconds: float) -> float:
-    done = 0
+def _kind(rng: random.Random) -> str:
+    """The soak's traffic mix: 55% JSON, 25% streams, 10% streams the client cuts, 10% pipeline."""
+    u = rng.random()
+    return "json" if u < 0.55 else "stream" if u < 0.80 else "cut" if u < 0.90 else "pipeline"
+
+
+async def _probe(base: str, key: str, concurrency: int, seconds: float, seed: int) -> float:
+    """Closed-loop max RPS of the soak's own mix (batches aside)."""
+    rng = random.Random(seed)
+    counts = _Counts()
     stop = time.monotonic() + seconds
 
     async def worker(client: httpx.AsyncClient) -> None:
-        nonlocal done
         while time.monotonic() < stop:
-            r = await client.post("/v1/chat/completions", json={"model": "low", "messages": MSGS, "max_tokens": WORDS})
-            done += r.status_code == 200
+            await _one(client, _kind(rng), counts)
 
     limits = httpx.Limits(max_connections=concurrency)
     async with httpx.AsyncClient(base_url=base, headers={"Authorization": f"Bearer {key}"}, timeout=30,
                                  limits=limits) as client:
         start = time.monotonic()
         await asyncio.gather(*(worker(client) for _ in range(concurrency)))
-        return done / (time.monotonic() - start)
+        return counts.done / (time.monotonic() - start)
 
 
 async def _soak(base: str, key: str, pid: int, rate: float, args: SoakArgs, out: list[str]) -> tuple[list[Sample], _Counts]:
@@ -308,9 +314,7 @@ async def _soak(base: str, key: str, pid: int, rate: float, args: SoakArgs, out:
         interval = 1.0 / rate
         next_at = time.monotonic()
         while time.monotonic() - start < duration:
-            u = rng.random()
-            kind = "json" if u < 0.55 else "stream" if u < 0.80 else "cut" if u < 0.90 else "pipeline"
-            task = asyncio.create_task(_one(client, kind, counts))
+            task = asyncio.create_task(_one(client, _kind(rng), counts))
             pending.add(task)
             task.add_done_callback(pending.discard)
             next_at += rng.expovariate(1.0 / interval)
@@ -351,9 +355,9 @@ def run_soak(args: SoakArgs) -> str:
                f"{args.upstream_ms:g} ms (numbers taken on a shared, busy machine: noisy)"]
         with _process(cmd, base + "/readyz", work / "serve.log", env=env):
             pid = _serve_pid(port)
-            max_rps = asyncio.run(_probe(base, key, args.probe_concurrency, 5.0))
+            max_rps = asyncio.run(_probe(base, key, args.probe_concurrency, 5.0, args.seed + 1))
             rate = max(args.load * max_rps, 1.0)
-            out.append(f"  max RPS (non-streamed, {args.probe_concurrency} connections): {max_rps:.1f}; "
+            out.append(f"  max RPS (the mix below, {args.probe_concurrency} connections): {max_rps:.1f}; "
                        f"soak at {args.load:.0%} = {rate:.1f} req/s (55% JSON, 25% streams, 10% cut streams, "
                        "10% pipeline, a 5-line batch per sample)")
             samples, counts = asyncio.run(_soak(base, key, pid, rate, args, out))
