@@ -27,6 +27,7 @@ from collections.abc import Sequence
 from typing import Literal
 
 from redis.exceptions import RedisError
+from sqlalchemy.exc import DBAPIError
 
 from gateway.budgets.holds import CounterRef, CounterState, Hold, ReserveOutcome, SpentLoader
 from gateway.budgets.memory_backend import MemoryCounters
@@ -49,6 +50,11 @@ class CountersUnavailable(ServiceUnavailable):
 def _refused() -> CountersUnavailable:
     return CountersUnavailable("Budget counters are unavailable (Redis cannot be reached); the request was not "
                                "started. Retry later.", retry_after_s=RETRY_AFTER_S)
+
+
+def _db_refused() -> ServiceUnavailable:
+    return ServiceUnavailable("Budgets cannot be read right now (the database is unreachable). Retry later.",
+                              retry_after_s=5)
 
 
 class OutageGuard:
@@ -119,6 +125,8 @@ class GuardedCounters:
     async def reserve(self, hold: Hold, load: SpentLoader) -> ReserveOutcome:
         try:
             outcome = await self.redis.reserve(hold, load)
+        except DBAPIError as exc:  # a counter to cold-load while the database is away: never guessed
+            raise _db_refused() from exc
         except RedisError as exc:
             self.guard.failed("reserve", exc)
             if self.guard.policy == "fail_closed":
@@ -168,6 +176,8 @@ class GuardedCounters:
     async def snapshot(self, refs: Sequence[CounterRef], load: SpentLoader) -> tuple[CounterState, ...]:
         try:
             states = await self.redis.snapshot(refs, load)
+        except DBAPIError as exc:
+            raise _db_refused() from exc
         except RedisError as exc:
             self.guard.failed("status", exc)
             if self.guard.policy == "fail_closed":
