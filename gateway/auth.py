@@ -23,10 +23,11 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, sessionmaker
 
 from gateway.db.queries import ActiveKey, find_active_key
-from gateway.errors import AuthenticationFailed
+from gateway.errors import AuthenticationFailed, ServiceUnavailable
 from gateway.routing import NO_PREFS, RoutingPrefs
 
 KEY_PREFIX = "tg-"
@@ -80,6 +81,13 @@ class _TTLCache:
         while len(self._data) > self.max_entries:
             self._data.popitem(last=False)
 
+    def stale(self, key: str, now: float, max_stale_s: float) -> tuple[bool, Principal | None]:
+        """An entry that expired less than ``max_stale_s`` ago (the database is unreachable)."""
+        hit = self._data.get(key)
+        if hit is None or hit[0] + max_stale_s <= now:
+            return False, None
+        return True, hit[1]
+
     def pop(self, key: str) -> None:
         self._data.pop(key, None)
 
@@ -91,13 +99,16 @@ class KeyStore:
     """Resolves API keys to principals with a bounded TTL cache in front of the database.
 
     Valid and unknown keys are cached separately (an attacker spraying random keys cannot
-    evict valid ones); unknown keys for ``negative_ttl_s``."""
+    evict valid ones); unknown keys for ``negative_ttl_s``. While the database is unreachable
+    a key looked up less than ``stale_s`` ago is still accepted (nothing can be revoked meanwhile:
+    revocations go through the database); any other key gets a 503."""
 
     def __init__(self, session_factory: sessionmaker[Session], ttl_s: float = 1.0, *,
                  negative_ttl_s: float = 5.0, max_entries: int = 10_000,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, stale_s: float = 300.0) -> None:
         self._session_factory = session_factory
         self.ttl_s = ttl_s
+        self.stale_s = stale_s
         self.negative_ttl_s = negative_ttl_s
         self._clock = clock
         self._valid = _TTLCache(max_entries)
@@ -113,7 +124,15 @@ class KeyStore:
             hit, principal = cache.get(digest, now)
             if hit:
                 return self._accept(principal)
-        return self._accept(await self._lookup(digest))
+        try:
+            return self._accept(await self._lookup(digest))
+        except DBAPIError as exc:  # the database is unreachable: serve from the cache if we can
+            for cache in (self._valid, self._unknown):
+                hit, principal = cache.stale(digest, self._clock(), self.stale_s)
+                if hit:
+                    return self._accept(principal)
+            raise ServiceUnavailable("API keys cannot be checked right now (the database is unreachable). "
+                                     "Retry later.", retry_after_s=5) from exc
 
     @staticmethod
     def _accept(principal: Principal | None) -> Principal:

@@ -90,3 +90,15 @@ class UpstreamError(GatewayError):
 
 class UpstreamTimeout(UpstreamError):
     status, type, code = 504, "upstream_error", "upstream_timeout"
+
+
+class ServiceUnavailable(GatewayError):
+    """A dependency the money path needs is down (the ledger's journal cannot be written, the
+    budget counters cannot be reached under ``budgets.redis_outage: fail_closed``): nothing was
+    started or billed; the client may retry after ``retry-after`` seconds."""
+
+    status, type, code = 503, "server_error", "service_unavailable"
+
+    def __init__(self, message: str, *, retry_after_s: int = 1, **kw: Any) -> None:
+        super().__init__(message, **kw)
+        self.headers = {**self.headers, "retry-after": str(max(int(retry_after_s), 1))}

@@ -79,8 +79,9 @@ def _session_factory(settings: Settings, stack: AsyncExitStack) -> sessionmaker[
 
 def _ledger(settings: Settings, sf: sessionmaker[Session], stack: AsyncExitStack) -> Ledger:
     led = Ledger(sf, settings.resolve_path(settings.ledger.journal_dir),
-                 flush_interval_ms=settings.ledger.flush_interval_ms, batch_size=settings.ledger.batch_size)
-    led.start()  # replays what a dead process left in the journal
+                 flush_interval_ms=settings.ledger.flush_interval_ms, batch_size=settings.ledger.batch_size,
+                 interrupted_billing=settings.ledger.interrupted_billing)
+    led.start()  # replays what a dead process left in the journal, then settles its interrupted calls
     stack.push_async_callback(led.astop)  # closed last of all but the database: it drains first
     return led
 
@@ -88,6 +89,7 @@ def _ledger(settings: Settings, sf: sessionmaker[Session], stack: AsyncExitStack
 async def _budgets(settings: Settings, sf: sessionmaker[Session], ledger: Ledger,
                    stack: AsyncExitStack) -> BudgetRuntime:
     await ledger.aflush()  # the counters load spend that includes a replayed journal
+    await ledger.await_settled()  # ... and the interrupted calls of dead processes
     rt = build_budget_runtime(settings, sf)  # Redis counters when settings.redis has a URL
     await rt.start()
     stack.push_async_callback(rt.stop)
@@ -149,5 +151,5 @@ async def open_runtime(settings: Settings, parts: RuntimeParts = RuntimeParts(),
                                     decide_auto=decide, ledger=ledger, pipelined=parts.pipelined,
                                     decisions=decisions)
         yield Runtime(settings=settings, session_factory=sf, ledger=ledger, keys=parts.keys or KeyStore(
-            sf, ttl_s=settings.server.key_cache_ttl_s), registry=registry, budgets=budgets, decide_auto=decide, decisions=decisions,
+            sf, ttl_s=settings.server.key_cache_ttl_s, stale_s=settings.server.key_cache_stale_s), registry=registry, budgets=budgets, decide_auto=decide, decisions=decisions,
             flow=flow, jobs=jobs, admin_throttle=LoginThrottle())

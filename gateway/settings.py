@@ -49,6 +49,9 @@ class ServerSettings(_Strict):
     forwarded_allow_ips: str | None = None
     # A revoked API key is refused by every replica at most this long after the revocation commits.
     key_cache_ttl_s: float = Field(1.0, gt=0, le=60)
+    # While the database is unreachable, a key looked up less than this long ago is still
+    # accepted from the cache (nothing can be revoked meanwhile); other keys get a 503.
+    key_cache_stale_s: float = Field(300.0, ge=0, le=86400)
     # A chat request field tiergate does not know: "reject" (400 naming it, the default) or
     # "drop" (removed before validation; never forwarded either way).
     unknown_fields: Literal["reject", "drop"] = "reject"
@@ -65,6 +68,7 @@ class DatabaseSettings(_Strict):
 class RedisSettings(_Strict):
     url_env: str = "TIERGATE_REDIS_URL"
     key_prefix: str = "tiergate:"  # budget counters / rate limits live under this prefix
+    timeout_s: float = Field(2.0, gt=0)  # connect and command timeout: a hung Redis is an outage, not a hang
 
     def resolved_url(self) -> str | None:
         return os.environ.get(self.url_env) or None
@@ -81,6 +85,12 @@ class LedgerSettings(_Strict):
     # fsync: its rows fdatasync'd in the journal (survives power loss; ~one fsync of latency).
     # none: no wait; rows are journaled within milliseconds, a kill -9 may lose that window.
     durability: Literal["process", "fsync", "none"] = "process"
+    # An upstream call whose gateway (or worker) died mid-call has a journaled intent and no
+    # finishing row; the next process on this journal settles it as status ``interrupted``:
+    # estimate: its prompt tokens + ``interrupted_output_fraction`` of its output cap;
+    # reserved: its prompt tokens + its whole output cap (the worst case its budget hold covered).
+    interrupted_billing: Literal["estimate", "reserved"] = "estimate"
+    interrupted_output_fraction: float = Field(0.5, ge=0, le=1)
 
     @model_validator(mode="before")
     @classmethod
@@ -199,6 +209,11 @@ class BudgetDefaults(_Strict):
     alert_webhook_env: str | None = None
     requests_per_min: int | None = Field(None, gt=0)  # per-tenant default rate limits
     tokens_per_min: int | None = Field(None, gt=0)
+    # While Redis is unreachable (gateway/budgets/outage.py): fail_closed refuses what needs the
+    # shared counters with a 503 + retry-after; fail_open_to_local counts in each replica, which
+    # enforces redis_outage_local_share of every limit (1/N with N replicas: no joint overshoot).
+    redis_outage: Literal["fail_closed", "fail_open_to_local"] = "fail_closed"
+    redis_outage_local_share: float = Field(1.0, gt=0, le=1)
 
 
 class RoutingSettings(_Strict):

@@ -47,6 +47,12 @@ class NullLedger:
     def record(self, entry: Any) -> None:
         pass
 
+    async def begin(self, intent: Any) -> None:
+        pass
+
+    async def await_settled(self, timeout_s: float | None = 10.0) -> bool:
+        return True
+
     def record_request(self, rec: Any) -> None:
         pass
 

@@ -1,7 +1,8 @@
 """Builds the budgets runtime (Budgets, RateLimiter, alerts) from settings for the lifespan.
 
 ``settings.redis`` URL set → Redis counters and rate limits shared by all replicas;
-unset → in-process counters with persisted reservations (one process). Must not import
+unset → in-process counters with persisted reservations (one process). Redis counters run under
+``budgets.redis_outage`` (gateway/budgets/outage.py). Must not import
 routes, the app or the pipeline.
 """
 
@@ -19,6 +20,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from gateway.budgets.alerts import AlertNotifier
 from gateway.budgets.holds import CounterBackend
 from gateway.budgets.memory_backend import MemoryCounters
+from gateway.budgets.outage import GuardedCounters, GuardedRateStore, OutageGuard
 from gateway.budgets.periods import utc_now
 from gateway.budgets.policies import PolicyStore
 from gateway.budgets.rate_limit import MemoryRateStore, RateLimiter, RateStore, RedisRateStore
@@ -57,16 +59,19 @@ def build_budget_runtime(settings: Settings, session_factory: sessionmaker[Sessi
     prefix = settings.redis.key_prefix if redis_prefix is None else redis_prefix
     owns = False
     if redis_client is None and settings.redis.resolved_url():
-        redis_client = Redis.from_url(settings.redis.resolved_url() or "")
+        redis_client = Redis.from_url(settings.redis.resolved_url() or "", socket_timeout=settings.redis.timeout_s,
+                                      socket_connect_timeout=settings.redis.timeout_s)
         owns = True
     policies = PolicyStore(session_factory, cfg, ttl_s=policy_ttl_s)
     counters: CounterBackend
     store: RateStore
     if redis_client is not None:
-        counters = RedisCounters(redis_client, session_factory, prefix=prefix, clock=clock,
-                                 lease_ms=int(cfg.reservation_lease_s * 1000),
-                                 reconcile_interval_s=reconcile_interval_s)
-        store = RedisRateStore(redis_client, prefix=prefix)
+        guard = OutageGuard(cfg.redis_outage)
+        counters = GuardedCounters(RedisCounters(redis_client, session_factory, prefix=prefix, clock=clock,
+                                                 lease_ms=int(cfg.reservation_lease_s * 1000),
+                                                 reconcile_interval_s=reconcile_interval_s),
+                                   cfg.redis_outage, local_share=cfg.redis_outage_local_share, guard=guard)
+        store = GuardedRateStore(RedisRateStore(redis_client, prefix=prefix), guard)
     else:
         res_store = ReservationStore(session_factory) if session_factory is not None else None
         counters = MemoryCounters(res_store, clock=clock)

@@ -12,13 +12,19 @@ the app, the pipeline or Redis.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
+from sqlalchemy.exc import DBAPIError
+
 from gateway.budgets.holds import CounterRef, CounterState, Hold, ReserveOutcome, SpentLoader
 from gateway.budgets.periods import utc_now
 from gateway.budgets.reservations import ReservationStore
+from gateway.log_safety import describe
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -99,10 +105,18 @@ class MemoryCounters:
                 self._add_hold(res.id, _Held(tuple(r.key for r in res.counters), res.amount_nanos, None))
                 outcome = ReserveOutcome(True, tuple(self._state(r.key) for r in res.counters))
         if self._store is not None:
-            await self._store.expire(expired)
+            try:
+                await self._store.expire(expired)
+            except DBAPIError as exc:  # the database is away: the rows stay 'held' until their lease
+                log.warning("budget holds: marking %d expired hold(s) failed (%s)", len(expired), describe(exc))
             if outcome.ok:
                 try:
                     await self._store.insert(res)
+                except DBAPIError as exc:
+                    # The database is unreachable: the hold counts in this process only (a restart
+                    # before the database is back forgets it; its calls' journaled intents still
+                    # bill whatever they spent).
+                    log.warning("budget hold %s kept in memory only (%s)", res.id, describe(exc))
                 except BaseException:  # cancelled or failed: give the hold back, and mark its row
                     async with self._lock:  # released once the insert (maybe still running) lands
                         self._drop_hold(res.id)

@@ -17,11 +17,13 @@ from decimal import Decimal
 from typing import Any, Literal, Protocol, cast
 
 from sqlalchemy import select
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, sessionmaker
 
 from gateway.budgets import bounds
 from gateway.budgets.periods import PERIOD_NAMES, PeriodName
 from gateway.db.models import BudgetPolicyRow
+from gateway.errors import ServiceUnavailable
 from gateway.money import fraction_of, usd_number, usd_to_nanos
 from gateway.settings import BudgetDefaults
 
@@ -209,7 +211,13 @@ class PolicyStore:
         if task is None:  # concurrent misses for one subject share a single DB read
             task = self._loading[subject] = asyncio.ensure_future(asyncio.to_thread(self._load, subject))
             task.add_done_callback(lambda _t: self._loading.pop(subject, None))
-        policy = await asyncio.shield(task)
+        try:
+            policy = await asyncio.shield(task)
+        except DBAPIError as exc:  # the database is unreachable: the last policy read, however old
+            if hit is not None:
+                return hit[1]
+            raise ServiceUnavailable("Budgets cannot be read right now (the database is unreachable). "
+                                     "Retry later.", retry_after_s=5) from exc
         self._cache[subject] = (now, policy)
         return policy
 

@@ -332,4 +332,7 @@ def _begin_snapshot(session: Session) -> None:
     if session.get_bind().dialect.name == "postgresql":
         session.connection(execution_options={"isolation_level": "REPEATABLE READ"})
     else:
-        session.connection()
+        # pysqlite opens no transaction for SELECTs, so each read would see a newer database: the
+        # spend and the ledger-row check of one rebuild could then disagree (a row flushed between
+        # them was counted in neither). An explicit BEGIN makes them one WAL snapshot.
+        session.connection().exec_driver_sql("BEGIN")

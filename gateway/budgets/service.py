@@ -23,6 +23,7 @@ from gateway.budgets.holds import (
     CounterState,
     Hold,
 )
+from gateway.budgets.outage import CountersUnavailable
 from gateway.budgets.periods import utc_now, window_for
 from gateway.budgets.policies import BudgetPolicy, PolicyStore, PrincipalLike
 from gateway.budgets.spend import SpendSource
@@ -106,7 +107,12 @@ class Budgets:
         """Replace ``hold`` by ``cost_nanos`` of spend (call ``hold.settle``, which calls this once)."""
         if not hold.counters:
             return UNLIMITED
-        states = await self.counters.settle(hold, max(cost_nanos, 0))
+        try:
+            states = await self.counters.settle(hold, max(cost_nanos, 0))
+        except CountersUnavailable:
+            # Redis went away after the work was done: the ledger row is the spend (the counter is
+            # rebuilt from the database when Redis is back); no remaining-budget header this time.
+            return UNLIMITED
         if self._alerts is not None:
             for ref, s in zip(hold.counters, states, strict=True):
                 policy = self._policy_by_subject.get(ref.subject)

@@ -14,10 +14,12 @@ from collections.abc import Sequence
 from typing import Any
 
 from sqlalchemy import Table, func, select, text
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, sessionmaker
 
 from gateway.budgets.periods import PeriodWindow
 from gateway.db.models import Base
+from gateway.errors import ServiceUnavailable
 from gateway.money import decimal_to_nanos
 
 
@@ -78,7 +80,11 @@ class SpendSource:
     async def spent(self, scope: str, subject_id: str, window: PeriodWindow) -> int:
         if self._sf is None:
             return 0
-        return await asyncio.to_thread(self._spent, scope, subject_id, window)
+        try:
+            return await asyncio.to_thread(self._spent, scope, subject_id, window)
+        except DBAPIError as exc:  # a counter never loaded cannot be checked: refuse, never guess
+            raise ServiceUnavailable("Budgets cannot be read right now (the database is unreachable). "
+                                     "Retry later.", retry_after_s=5) from exc
 
     def _spent(self, scope: str, subject_id: str, window: PeriodWindow) -> int:
         assert self._sf is not None

@@ -13,32 +13,40 @@ from gateway.chat.request import CallContext, ChatRequest
 from gateway.chat.spend import NOTHING, Completion, Spend
 from gateway.ids import fast_id
 from gateway.ledger.entries import LedgerEntry
-from gateway.ledger.pricing import baseline_nanos, cost_nanos_for, model_price
+from gateway.ledger.pricing import build_intent, call_cost_nanos
 from gateway.providers.base import ChunkStream, Usage
 from gateway.providers.registry import ProviderRegistry
-from gateway.providers.router import Attempt, call_models, stream_models
+from gateway.providers.router import Attempt, CallStart, call_models, stream_models
 from gateway.settings import Settings
 
 
 def cost_nanos_of(settings: Settings, tier: str | None, model_name: str, usage: Usage) -> tuple[int, int]:
     """(cost, baseline) of one call in nano-USD at ``tier``'s prices; a model called by its own
     name (``tier`` None, see ``RouteDecision.price_tier``) at its own price."""
-    if tier is not None and tier in settings.tiers:
-        return cost_nanos_for(settings, tier, model_name, usage)
-    return model_price(settings.models[model_name]).cost_nanos(usage), baseline_nanos(settings, usage)
+    return call_cost_nanos(settings, tier, model_name, usage)
 
 
 class _Attempts:
-    """Prices each attempt the router reports, hands its row to the sink and sums it."""
+    """Journals each call's intent before the router makes it (``begin``), prices each attempt
+    the router reports, hands its row (the intent's id) to the sink and sums it."""
 
     def __init__(self, settings: Settings, req: ChatRequest, calls: CallContext) -> None:
         self.settings, self.req, self.calls = settings, req, calls
         self.spend = NOTHING
 
+    async def begin(self, start: CallStart) -> str:
+        req, d = self.req, self.req.decision
+        call_id = fast_id()
+        await self.calls.sink.begin(build_intent(
+            self.settings, call_id=call_id, request_id=req.request_id, tenant_id=req.tenant_id, key_id=req.key_id,
+            stage="direct", tier=d.tier, price_tier=d.price_tier(self.settings), model_name=start.model_name,
+            prompt_tokens=start.prompt_tokens, max_output_tokens=start.max_output_tokens))
+        return call_id
+
     def __call__(self, attempt: Attempt) -> None:
         req, d = self.req, self.req.decision
         cost, baseline = cost_nanos_of(self.settings, d.price_tier(self.settings), attempt.model_name, attempt.usage)
-        entry = LedgerEntry(id=fast_id(), request_id=req.request_id, tenant_id=req.tenant_id, key_id=req.key_id,
+        entry = LedgerEntry(id=attempt.call_id or fast_id(), request_id=req.request_id, tenant_id=req.tenant_id, key_id=req.key_id,
                             stage="direct", tier=d.tier, model=attempt.model_name, usage=attempt.usage,
                             cost_nanos=cost, baseline_cost_nanos=baseline, status=attempt.status)
         self.calls.sink.record(entry)

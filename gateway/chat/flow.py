@@ -35,9 +35,10 @@ import orjson
 from gateway.chat.admission import Admission, Admitted, AdmittedStream
 from gateway.chat.request import CallContext, ChatRequest, Executor
 from gateway.chat.spend import Completion, RequestRows, Spend
-from gateway.errors import ClientClosedRequest, GatewayError, InvalidRequest
+from gateway.errors import ClientClosedRequest, GatewayError, InvalidRequest, ServiceUnavailable
 from gateway.ids import fast_id
-from gateway.ledger.entries import LedgerEntry, RequestRecord
+from gateway.ledger.entries import CallIntent, LedgerEntry, RequestRecord
+from gateway.ledger.journal_writer import LedgerError
 from gateway.log_safety import describe
 from gateway.providers.base import CallOptions
 from gateway.providers.metering import count_prompt_tokens
@@ -75,6 +76,7 @@ class DecisionSink(Protocol):
 
 class RequestLedger(Protocol):
     def record(self, entry: LedgerEntry) -> None: ...
+    async def begin(self, intent: CallIntent) -> None: ...
     def record_request(self, rec: RequestRecord) -> None: ...
     async def wait_durable(self, level: Literal["process", "fsync", "none"] = ...) -> None: ...
 
@@ -178,7 +180,22 @@ class ChatFlow:
         tracing.annotate_outcome(record)
         level = self.settings.ledger.durability
         if level != "none":  # this record and every call row before it: written (process) / fsync'd
-            await self.ledger.wait_durable(level)
+            try:
+                await self.ledger.wait_durable(level)
+            except LedgerError as exc:  # the journal cannot take them now: they stay queued, retried
+                raise ServiceUnavailable("The gateway could not record this request's spend durably (its "
+                                         "ledger journal is not writable); it is retried in the background.",
+                                         retry_after_s=5) from exc
+
+    async def finish_failed(self, req: ChatRequest, rows: RequestRows, status: str, http_status: int,
+                             code: str | None) -> None:
+        """``finish`` for a request that failed: the client gets the original error even when the
+        journal cannot take the record right now (the record stays queued and is retried; the
+        journal writer logs and reports the failure)."""
+        try:
+            await self.finish(req, rows, status, http_status, code)
+        except ServiceUnavailable:
+            log.warning("request %s: its %s record waits for the ledger journal", req.request_id, status)
 
     async def _recorded_on_failure(self, req: ChatRequest, rows: RequestRows,
                                    run: Callable[[], Awaitable[T]]) -> T:
@@ -187,10 +204,10 @@ class ChatFlow:
             return await run()
         except GatewayError as err:
             status = "cancelled" if isinstance(err, ClientClosedRequest) else "error"
-            await self.finish(req, rows, status, err.status, err.code)
+            await self.finish_failed(req, rows, status, err.status, err.code)
             raise
         except Exception:
-            await self.finish(req, rows, "error", 500, "internal_error")
+            await self.finish_failed(req, rows, "error", 500, "internal_error")
             raise
         except BaseException:  # cancelled (shutdown): no answer to send, but the calls are billed
             for entry in rows.take_parked():

@@ -15,7 +15,7 @@ from typing import Any
 
 from gateway.chat.request import CallContext, ChatRequest
 from gateway.chat.spend import NOTHING, CallSink, Completion, Spend
-from gateway.ledger.entries import LedgerEntry
+from gateway.ledger.entries import CallIntent, LedgerEntry
 from gateway.pipeline.runner import Pipeline
 from gateway.pipeline.stream import PipelineStream
 from gateway.pipeline.types import Clock, FeedbackSink, RequestContext
@@ -33,6 +33,9 @@ class _Counted:
     def __call__(self, entry: LedgerEntry) -> None:
         self.sink.record(entry)
         self.spend = self.spend + Spend.of(entry)
+
+    async def begin(self, intent: CallIntent) -> None:
+        await self.sink.begin(intent)
 
 
 class PipelinedExecutor:

@@ -8,7 +8,7 @@ The stream contract, for every stream the chat path passes around: iterate it, a
 stops generating); after ``aclose()`` — or after the last chunk — ``spend`` covers every upstream
 call the stream made, billed.
 
-Imports the ledger's plain data and the provider contract only.
+Imports the ledger's plain data (and its ``LedgerError``), errors and the provider contract only.
 """
 
 from __future__ import annotations
@@ -16,7 +16,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from gateway.ledger.entries import LedgerEntry
+from gateway.errors import ServiceUnavailable
+from gateway.ledger.entries import CallIntent, LedgerEntry
+from gateway.ledger.journal_writer import LedgerError
 from gateway.providers.base import Usage
 
 
@@ -47,9 +49,28 @@ NOTHING = Spend()
 
 
 class CallSink(Protocol):
-    """Where an executor hands each upstream call's ledger row, as the call ends."""
+    """Where an executor journals each upstream call's intent before the call (``begin``) and
+    hands its ledger row (the same id) as the call ends (``record``)."""
 
     def record(self, entry: LedgerEntry) -> None: ...
+
+    async def begin(self, intent: CallIntent) -> None: ...
+
+
+class IntentLedger(Protocol):
+    def record(self, entry: LedgerEntry) -> None: ...
+
+    async def begin(self, intent: CallIntent) -> None: ...
+
+
+async def begin_call(ledger: IntentLedger, intent: CallIntent) -> None:
+    """``ledger.begin(intent)``; a journal that cannot take it refuses the call with a 503
+    (nothing was sent upstream, nothing is billed)."""
+    try:
+        await ledger.begin(intent)
+    except LedgerError as exc:
+        raise ServiceUnavailable("The gateway cannot record spend right now (its ledger journal is not "
+                                 "writable); no upstream call was made. Retry later.", retry_after_s=5) from exc
 
 
 @dataclass(frozen=True)
@@ -78,7 +99,7 @@ class RequestRows:
     its rows go to the journal in one write and one fsync (a direct request: its one call ends
     just before the request does); otherwise each row goes to the ledger as its call ends."""
 
-    def __init__(self, ledger: CallSink, *, park: bool) -> None:
+    def __init__(self, ledger: IntentLedger, *, park: bool) -> None:
         self._ledger = ledger
         self._parked: list[LedgerEntry] | None = [] if park else None
         self.spend = NOTHING
@@ -89,6 +110,10 @@ class RequestRows:
             self._parked.append(entry)
         else:
             self._ledger.record(entry)  # never swallowed: the money path fails loudly
+
+    async def begin(self, intent: CallIntent) -> None:
+        """Journal the call's intent now, never parked: it must be written before the call."""
+        await begin_call(self._ledger, intent)
 
     def take_parked(self) -> list[LedgerEntry]:
         """The parked rows, and stop parking (later rows go to the ledger at once)."""

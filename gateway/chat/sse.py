@@ -22,7 +22,7 @@ from gateway.chat.admission import AdmittedStream
 from gateway.chat.flow import STATUS_CLIENT_CLOSED, ChatFlow
 from gateway.chat.request import ChatRequest
 from gateway.chat.spend import RequestRows
-from gateway.errors import GatewayError
+from gateway.errors import GatewayError, ServiceUnavailable
 
 
 def _sse(obj: dict[str, Any]) -> bytes:
@@ -65,7 +65,7 @@ class ChatStream:
         except GatewayError as err:  # mid-stream upstream failure: OpenAI sends an error event
             self.finished = True
             await self.chunks.aclose()  # settles the budgets to what was billed
-            await self.flow.finish(req, self.rows, "error", err.status, err.code)
+            await self.flow.finish_failed(req, self.rows, "error", err.status, err.code)
             yield _sse(err.body())
             return
         await self.chunks.aclose()  # ended: settles the budgets to the request's rows
@@ -73,7 +73,11 @@ class ChatStream:
             yield _sse({"id": req.request_id, "object": "chat.completion.chunk", "created": self._created,
                         "model": model, "choices": [], "usage": self.rows.spend.usage.to_openai()})
         self.finished = True
-        await self.flow.finish(req, self.rows, "ok", 200)
+        try:
+            await self.flow.finish(req, self.rows, "ok", 200)
+        except ServiceUnavailable as err:  # its rows could not be journaled: no [DONE], an error event
+            yield _sse(err.body())
+            return
         yield b"data: [DONE]\n\n"
 
     async def close(self) -> None:

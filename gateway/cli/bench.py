@@ -159,3 +159,16 @@ def dashboard_bench(
 
     for line in run(postgres_url, tenants, rows, repeats):
         typer.echo(line)
+
+
+@app.command("soak")
+def soak_bench(
+    minutes: float = typer.Option(20.0, help="length of the soak"),
+    sample_s: float = typer.Option(30.0, help="seconds between samples"),
+    load: float = typer.Option(0.7, help="share of the measured max RPS to run at"),
+    upstream_ms: float = typer.Option(20.0, help="mock upstream latency per call"),
+) -> None:
+    """Mixed traffic for N minutes: RSS, fds, /healthz p99, ledger lag over time, then the invariant."""
+    from gateway.bench.soak import SoakArgs, run_soak
+
+    typer.echo(run_soak(SoakArgs(minutes=minutes, sample_s=sample_s, load=load, upstream_ms=upstream_ms)))

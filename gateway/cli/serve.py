@@ -4,16 +4,20 @@ the edge limits of ``server:`` (header/body/keep-alive timeouts, concurrency; ga
 ``--demo`` first migrates the database, creates a ``demo`` tenant with one key if none exists
 (printing the key once, never logging it) and prints a working curl and openai-SDK example.
 The app is built by ``app_from_env`` (a uvicorn factory) so several workers can each build
-their own. Nothing heavy is imported until the command runs.
+their own; ``--workers N`` (N > 1) is refused without Redis (``unshared_counters_refusal``).
+Nothing heavy is imported until the command runs.
 """
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
+
+if TYPE_CHECKING:
+    from gateway.settings import Settings
 
 DEMO_TENANT = "demo"
 SWITCH_INTERVAL_S = "0.0002"
@@ -108,6 +112,19 @@ def refuse_broken_config(settings: Any) -> None:
         raise typer.Exit(2)
 
 
+def unshared_counters_refusal(settings: Settings, workers: int) -> str | None:
+    """Why ``--workers N`` must not start, or None. Without Redis, budget counters, holds and rate
+    limits live in each process's memory: N uvicorn workers would each enforce the whole budget
+    and could spend N times it. Any tenant may be given a budget at any time (admin API, CLI), so
+    several workers without Redis are refused outright."""
+    if workers <= 1 or settings.redis.resolved_url():
+        return None
+    return (f"tiergate serve --workers {workers} refused: budgets and rate limits are shared between "
+            f"worker processes only through Redis (set ${settings.redis.url_env}). Without it each of the "
+            f"{workers} workers would keep its own counters and together they could spend {workers}x a "
+            "budget. Set Redis, or run --workers 1 (scale out with replicas that share Redis).")
+
+
 def register(app: typer.Typer) -> None:
     """Attach the `serve` command to the root app."""
 
@@ -129,6 +146,10 @@ def register(app: typer.Typer) -> None:
             typer.echo(str(err), err=True)
             raise typer.Exit(2) from None
         refuse_broken_config(settings)
+        refusal = unshared_counters_refusal(settings, workers)
+        if refusal is not None:
+            typer.echo(refusal, err=True)
+            raise typer.Exit(2)
         if config is not None:
             os.environ["TIERGATE_CONFIG"] = str(config.resolve())
         bind_host, bind_port = host or settings.server.host, port or settings.server.port

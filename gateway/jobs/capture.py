@@ -8,7 +8,8 @@ its final status (ok / error / superseded), in that commit's transaction.
 
 ``wait_durable`` never waits for less than ``process`` (rows written to the journal): a batch
 line's rows must survive a kill -9 before its result commits, whatever ``ledger.durability``
-says for live answers. Thread-safe; imports the ledger's entry types only.
+says for live answers. Thread-safe; imports the ledger's entry types and chat.spend's
+``begin_call`` only.
 """
 
 from __future__ import annotations
@@ -16,13 +17,15 @@ from __future__ import annotations
 import threading
 from typing import Literal, Protocol
 
-from gateway.ledger.entries import LedgerEntry, RequestRecord
+from gateway.chat.spend import begin_call
+from gateway.ledger.entries import CallIntent, LedgerEntry, RequestRecord
 
 
 class JournaledLedger(Protocol):
     """What ``AttemptLedger`` needs of the real ledger (``gateway.ledger.Ledger``)."""
 
     def record(self, entry: LedgerEntry) -> None: ...
+    async def begin(self, intent: CallIntent) -> None: ...
     async def wait_durable(self, level: Literal["process", "fsync", "none"] = ...) -> None: ...
 
 
@@ -35,6 +38,10 @@ class AttemptLedger:
     def record(self, entry: LedgerEntry) -> None:
         """One upstream call's row: to the ledger now (raises if the ledger cannot take it)."""
         self._ledger.record(entry)
+
+    async def begin(self, intent: CallIntent) -> None:
+        """One upstream call's intent: journaled (written) before the call is made."""
+        await begin_call(self._ledger, intent)
 
     def record_request(self, rec: RequestRecord) -> None:
         with self._lock:

@@ -18,12 +18,22 @@ from dataclasses import dataclass
 from datetime import UTC, date
 from typing import Any
 
+from sqlalchemy import delete, exists, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session, sessionmaker
 
-from gateway.db.models import DailySpend, LedgerEntryRow, Request
-from gateway.ledger.entries import IN_PROGRESS, LedgerEntry, Record, RequestRecord
-from gateway.money import nanos_to_decimal
+from gateway.db.models import DailySpend, LedgerEntryRow, LedgerIntentRow, Request
+from gateway.ledger.entries import (
+    IN_PROGRESS,
+    INTERRUPTED,
+    CallIntent,
+    IntentVoid,
+    LedgerEntry,
+    Record,
+    RequestRecord,
+)
+from gateway.money import decimal_to_nanos, nanos_to_decimal
+from gateway.providers.base import Usage
 
 _SUM_COLUMNS = ("requests", "prompt_tokens", "cached_tokens", "completion_tokens", "reasoning_tokens",
                 "cost_usd", "baseline_cost_usd")
@@ -45,6 +55,7 @@ class _Statements:
     entries: Any
     daily: Any
     requests: Any
+    intents: Any
 
 
 _STATEMENTS: dict[str, _Statements] = {}
@@ -64,7 +75,8 @@ def _build_statements(insert: Any) -> _Statements:
         index_elements=["id"],
         set_={c.name: rq.excluded[c.name] for c in rt.columns if c.name not in ("id", "created_at")},
         where=(rt.c.status == IN_PROGRESS) | (rq.excluded.status != IN_PROGRESS))
-    return _Statements(entries, up, rq)
+    intents = insert(LedgerIntentRow.__table__).on_conflict_do_nothing(index_elements=["id"])
+    return _Statements(entries, up, rq, intents)
 
 
 def _statements_for(session: Session) -> _Statements:
@@ -101,29 +113,42 @@ def _request_row(r: RequestRecord) -> dict[str, Any]:
     return row
 
 
+def _intent_row(i: CallIntent) -> dict[str, Any]:
+    return {"id": i.id, "owner": i.owner, "request_id": i.request_id, "tenant_id": i.tenant_id,
+            "key_id": i.key_id, "stage": i.stage, "tier": i.tier, "model": i.model,
+            "prompt_tokens": i.prompt_tokens, "max_output_tokens": i.max_output_tokens,
+            "estimate_output_tokens": i.estimate_output_tokens, "price": i.price,
+            "estimate_cost_usd": nanos_to_decimal(i.estimate_cost_nanos),
+            "estimate_baseline_usd": nanos_to_decimal(i.estimate_baseline_nanos),
+            "reserved_cost_usd": nanos_to_decimal(i.reserved_cost_nanos),
+            "reserved_baseline_usd": nanos_to_decimal(i.reserved_baseline_nanos), "created_at": i.created_at}
+
+
 def _utc_day(e: LedgerEntry) -> date:
     dt = e.created_at
     return (dt.astimezone(UTC) if dt.tzinfo else dt).date()
 
 
-def daily_rows(entries: Sequence[LedgerEntry]) -> list[dict[str, Any]]:
+def daily_rows(entries: Sequence[LedgerEntry], minus: Sequence[LedgerEntry] = ()) -> list[dict[str, Any]]:
     """Aggregate entries into one increment per (tenant, UTC day, model, tier); money is summed
-    in integer nano-USD and converted to the column's decimal once."""
+    in integer nano-USD and converted to the column's decimal once. ``minus``: rows taken back
+    (an ``interrupted`` row superseded by the call's own row), subtracted in the same increments."""
     agg: dict[tuple[str, date, str, str], dict[str, Any]] = {}
-    for e in entries:
+    signed = [(e, 1) for e in entries] + [(e, -1) for e in minus]
+    for e, sign in signed:
         key = (e.tenant_id, _utc_day(e), e.model, e.tier)
         row = agg.get(key)
         if row is None:
             row = agg[key] = {"tenant_id": key[0], "day": key[1], "model": key[2], "tier": key[3],
                               "requests": 0, "prompt_tokens": 0, "cached_tokens": 0, "completion_tokens": 0,
                               "reasoning_tokens": 0, "cost_usd": 0, "baseline_cost_usd": 0}
-        row["requests"] += 1
-        row["prompt_tokens"] += e.usage.prompt_tokens
-        row["cached_tokens"] += e.usage.cached_tokens
-        row["completion_tokens"] += e.usage.completion_tokens
-        row["reasoning_tokens"] += e.usage.reasoning_tokens
-        row["cost_usd"] += e.cost_nanos
-        row["baseline_cost_usd"] += e.baseline_cost_nanos
+        row["requests"] += sign
+        row["prompt_tokens"] += sign * e.usage.prompt_tokens
+        row["cached_tokens"] += sign * e.usage.cached_tokens
+        row["completion_tokens"] += sign * e.usage.completion_tokens
+        row["reasoning_tokens"] += sign * e.usage.reasoning_tokens
+        row["cost_usd"] += sign * e.cost_nanos
+        row["baseline_cost_usd"] += sign * e.baseline_cost_nanos
     for row in agg.values():
         row["cost_usd"] = nanos_to_decimal(row["cost_usd"])
         row["baseline_cost_usd"] = nanos_to_decimal(row["baseline_cost_usd"])
@@ -151,20 +176,66 @@ def write_records(session: Session, records: Sequence[Record]) -> BatchResult:
     together with its result, so a line is billed exactly when it is done)."""
     entries: dict[str, LedgerEntry] = {}
     requests: list[RequestRecord] = []
+    intents: dict[str, CallIntent] = {}
+    voids: set[str] = set()
     for r in records:
         if isinstance(r, LedgerEntry):
             entries.setdefault(r.id, r)
+        elif isinstance(r, CallIntent):
+            intents.setdefault(r.id, r)
+        elif isinstance(r, IntentVoid):
+            voids.add(r.id)
         else:
             requests.append(r)
     stmts = _statements_for(session)
     conn = session.connection()
+    if intents:
+        conn.execute(stmts.intents, [_intent_row(i) for i in intents.values()])
     inserted: set[str] = set()
     if entries:
         inserted = set(conn.execute(stmts.entries, [_entry_row(e) for e in entries.values()]).scalars())
-        new_rows = daily_rows([e for i, e in entries.items() if i in inserted])
+        superseding = [e for i, e in entries.items() if i not in inserted and e.status != INTERRUPTED]
+        taken_back = _supersede_interrupted(session, superseding) if superseding else []
+        new_rows = daily_rows([e for i, e in entries.items() if i in inserted]
+                              + [entries[old.id] for old in taken_back], minus=taken_back)
         if new_rows:
             conn.execute(stmts.daily, new_rows)
+    # An intent is done once its call has a ledger row: the row just written, or one written
+    # before (a replayed segment re-inserts an intent whose row is already committed).
+    done = list(entries.keys() | intents.keys())
+    for i in range(0, len(done), 500):
+        chunk = done[i:i + 500]
+        conn.execute(delete(LedgerIntentRow).where(LedgerIntentRow.id.in_(chunk),
+                                                   exists().where(LedgerEntryRow.id == LedgerIntentRow.id)))
+    if voids:
+        conn.execute(delete(LedgerIntentRow).where(LedgerIntentRow.id.in_(list(voids))))
     folded = _fold_requests(requests)
     if folded:
         conn.execute(stmts.requests, [_request_row(r) for r in folded])
     return BatchResult(len(inserted), len(entries) - len(inserted), len(folded))
+
+
+def _row_entry(row: Any) -> LedgerEntry:
+    return LedgerEntry(id=row.id, request_id=row.request_id, tenant_id=row.tenant_id, key_id=row.key_id,
+                       stage=row.stage, tier=row.tier, model=row.model,
+                       usage=Usage(prompt_tokens=row.prompt_tokens, completion_tokens=row.completion_tokens,
+                                   cached_tokens=row.cached_tokens, reasoning_tokens=row.reasoning_tokens),
+                       cost_nanos=decimal_to_nanos(row.cost_usd),
+                       baseline_cost_nanos=decimal_to_nanos(row.baseline_cost_usd), status=row.status,
+                       created_at=row.created_at)
+
+
+def _supersede_interrupted(session: Session, finishing: Sequence[LedgerEntry]) -> list[LedgerEntry]:
+    """A call's own row arriving after its intent was settled as ``interrupted`` (its process
+    was taken for dead) replaces that row: the row is updated to the call's real usage and cost,
+    and the old row is returned so ``daily_spend`` takes it back. Never billed twice."""
+    t = LedgerEntryRow.__table__
+    by_id = {e.id: e for e in finishing}
+    old = [_row_entry(r) for r in session.execute(
+        select(t).where(t.c.id.in_(list(by_id)), t.c.status == INTERRUPTED).with_for_update())]
+    for prev in old:
+        row = _entry_row(by_id[prev.id])
+        del row["id"]
+        session.connection().execute(update(LedgerEntryRow).where(LedgerEntryRow.id == prev.id,
+                                                                  LedgerEntryRow.status == INTERRUPTED).values(**row))
+    return old

@@ -20,7 +20,9 @@ from gateway.money import legacy_usd_to_nanos, usd_number
 from gateway.providers.base import Usage
 
 Stage = Literal["direct", "perceive", "plan", "execute", "review"]
-CallStatus = Literal["ok", "error", "cancelled"]
+CallStatus = Literal["ok", "error", "cancelled", "interrupted"]
+# A call settled from its intent after its process died mid-call (see ``CallIntent``).
+INTERRUPTED = "interrupted"
 # Request statuses: ok | error | cancelled | budget_denied | rate_limited | in_progress ...
 IN_PROGRESS = "in_progress"
 
@@ -133,7 +135,85 @@ _REQUEST_NOT_FIELDS = frozenset({"t", "created_at", "cost_nanos", "baseline_cost
                                  "baseline_cost_usd"})
 
 
-Record = LedgerEntry | RequestRecord
+@dataclass(frozen=True)
+class CallIntent:
+    """An upstream call about to start, journaled (and written with write(2)) before its first
+    byte goes upstream. ``id`` is the call id: the call's ``LedgerEntry`` has the same id and
+    supersedes the intent (the applier deletes it in the transaction that inserts the row). An
+    intent left by a process that died is settled as an ``interrupted`` row at the ``estimate_*``
+    or the ``reserved_*`` cost (``ledger.interrupted_billing``), priced when the call started.
+    ``owner`` names the ledger process that journaled it (set by ``Ledger.begin``)."""
+
+    id: str
+    request_id: str
+    tenant_id: str
+    key_id: str | None
+    stage: str
+    tier: str
+    model: str
+    prompt_tokens: int
+    max_output_tokens: int
+    estimate_output_tokens: int
+    price: dict[str, float | None]  # USD per 1M tokens: input, cached_input, output
+    estimate_cost_nanos: int
+    estimate_baseline_nanos: int
+    reserved_cost_nanos: int
+    reserved_baseline_nanos: int
+    owner: str = ""
+    created_at: datetime = field(default_factory=_utcnow)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"t": "i", "id": self.id, "request_id": self.request_id, "tenant_id": self.tenant_id,
+                "key_id": self.key_id, "stage": self.stage, "tier": self.tier, "model": self.model,
+                "prompt_tokens": self.prompt_tokens, "max_output_tokens": self.max_output_tokens,
+                "estimate_output_tokens": self.estimate_output_tokens, "price": self.price,
+                "estimate_cost_nanos": self.estimate_cost_nanos,
+                "estimate_baseline_nanos": self.estimate_baseline_nanos,
+                "reserved_cost_nanos": self.reserved_cost_nanos,
+                "reserved_baseline_nanos": self.reserved_baseline_nanos, "owner": self.owner,
+                "created_at": self.created_at.isoformat()}
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> CallIntent:
+        ints = ("prompt_tokens", "max_output_tokens", "estimate_output_tokens", "estimate_cost_nanos",
+                "estimate_baseline_nanos", "reserved_cost_nanos", "reserved_baseline_nanos")
+        for name in ints:
+            if not isinstance(d[name], int) or isinstance(d[name], bool):
+                raise TypeError(f"{name} must be an integer")
+        return cls(id=d["id"], request_id=d["request_id"], tenant_id=d["tenant_id"], key_id=d["key_id"],
+                   stage=d["stage"], tier=d["tier"], model=d["model"], price=dict(d["price"]),
+                   owner=d["owner"], created_at=_dt(d["created_at"]), **{n: d[n] for n in ints})
+
+    def interrupted_entry(self, policy: Literal["estimate", "reserved"]) -> LedgerEntry:
+        """The ``interrupted`` ledger row that settles this intent under ``policy``."""
+        reserved = policy == "reserved"
+        out = self.max_output_tokens if reserved else self.estimate_output_tokens
+        return LedgerEntry(id=self.id, request_id=self.request_id, tenant_id=self.tenant_id, key_id=self.key_id,
+                           stage=self.stage, tier=self.tier, model=self.model,
+                           usage=Usage(prompt_tokens=self.prompt_tokens, completion_tokens=out),
+                           cost_nanos=self.reserved_cost_nanos if reserved else self.estimate_cost_nanos,
+                           baseline_cost_nanos=self.reserved_baseline_nanos if reserved else self.estimate_baseline_nanos,
+                           status=INTERRUPTED, created_at=self.created_at)
+
+
+@dataclass(frozen=True)
+class IntentVoid:
+    """The call of intent ``id`` never started (its intent could not be confirmed written, so
+    the call was refused): the intent is dropped, nothing is billed."""
+
+    id: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"t": "v", "id": self.id}
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> IntentVoid:
+        if not isinstance(d["id"], str):
+            raise TypeError("id must be a string")
+        return cls(id=d["id"])
+
+
+Record = LedgerEntry | RequestRecord | CallIntent | IntentVoid
 
 
 def record_from_json(d: dict[str, Any]) -> Record:
@@ -142,4 +222,8 @@ def record_from_json(d: dict[str, Any]) -> Record:
         return LedgerEntry.from_json(d)
     if kind == "r":
         return RequestRecord.from_json(d)
+    if kind == "i":
+        return CallIntent.from_json(d)
+    if kind == "v":
+        return IntentVoid.from_json(d)
     raise ValueError(f"unknown journal record kind {kind!r}")

@@ -5,16 +5,19 @@ Price source, in order: the tier's ``price`` override, the model's configured ``
 for ``litellm`` models without a configured price litellm's bundled price map
 (``litellm.model_cost``; set LITELLM_LOCAL_MODEL_COST_MAP=True so it is never fetched). The
 baseline is the same token counts at the high tier's price. litellm is imported lazily, only
-when a litellm model has no configured price. Imports only settings and providers.base.
+when a litellm model has no configured price. ``build_intent`` prices a call's intent the same
+way. Imports only settings, providers.base and ledger.entries.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import os
 from decimal import Decimal
 from functools import lru_cache
 
+from gateway.ledger.entries import CallIntent
 from gateway.providers.base import Usage
 from gateway.settings import ModelSettings, Price, Settings
 
@@ -82,3 +85,32 @@ def preload_prices(settings: Settings) -> dict[str, Price]:
     configured price). Call at startup, off the event loop (``asyncio.to_thread``), so the first
     request never pays litellm's multi-second import."""
     return {name: model_price(model) for name, model in settings.models.items()}
+
+
+def call_cost_nanos(settings: Settings, price_tier: str | None, model_name: str, usage: Usage) -> tuple[int, int]:
+    """(cost, baseline) of one call at ``price_tier``'s prices; a model called by its own name
+    (``price_tier`` None or not a tier) at its own price."""
+    if price_tier is not None and price_tier in settings.tiers:
+        return cost_nanos_for(settings, price_tier, model_name, usage)
+    return model_price(settings.models[model_name]).cost_nanos(usage), baseline_nanos(settings, usage)
+
+
+def build_intent(settings: Settings, *, call_id: str, request_id: str, tenant_id: str, key_id: str | None,
+                 stage: str, tier: str, price_tier: str | None, model_name: str, prompt_tokens: int,
+                 max_output_tokens: int) -> CallIntent:
+    """The intent of one upstream call about to be made, priced as its ledger row will be: the
+    ``estimate`` (prompt + ``ledger.interrupted_output_fraction`` of the output cap) and the
+    ``reserved`` worst case (prompt + the whole cap), for ``ledger.interrupted_billing``."""
+    estimate_out = math.ceil(max_output_tokens * settings.ledger.interrupted_output_fraction)
+    est, est_base = call_cost_nanos(settings, price_tier, model_name, Usage(prompt_tokens, estimate_out))
+    res, res_base = call_cost_nanos(settings, price_tier, model_name, Usage(prompt_tokens, max_output_tokens))
+    if price_tier is not None and price_tier in settings.tiers:
+        price = price_for(settings, price_tier, model_name)
+    else:
+        price = model_price(settings.models[model_name])
+    return CallIntent(id=call_id, request_id=request_id, tenant_id=tenant_id, key_id=key_id, stage=stage, tier=tier,
+                      model=model_name, prompt_tokens=prompt_tokens, max_output_tokens=max_output_tokens,
+                      estimate_output_tokens=estimate_out,
+                      price={"input": price.input, "cached_input": price.cached_input, "output": price.output},
+                      estimate_cost_nanos=est, estimate_baseline_nanos=est_base, reserved_cost_nanos=res,
+                      reserved_baseline_nanos=res_base)

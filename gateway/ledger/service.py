@@ -13,6 +13,12 @@ A façade over three parts, each in its own module:
 A journal segment is deleted only once it is sealed and every record in it is committed
 (``SegmentTracker``, segments.py). Money in the records is integer nano-USD.
 
+Intents: ``await begin(intent)`` journals a ``CallIntent`` before an upstream call (written with
+write(2) when it returns; refused at once while journal writes fail); the call's ``LedgerEntry``
+(same id) supersedes it. Each ledger holds an owner lock (owners.py); ``start()`` settles the
+open intents of owners whose process died as ``interrupted`` rows (interrupted.py), after the
+replayed journal is committed, on its own thread (``wait_settled``).
+
 Durability levels (``Durability``; ``await wait_durable(level)`` after ``record(...)``, or
 ``await record_durable(entry, level)``), from cheapest to safest:
 
@@ -33,8 +39,10 @@ import web frameworks, the pipeline or the app.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import logging
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -44,9 +52,11 @@ from typing import Literal, Protocol
 from sqlalchemy.orm import Session, sessionmaker
 
 from gateway.ledger.applier import write_batch
-from gateway.ledger.entries import LedgerEntry, Record, RequestRecord
+from gateway.ledger.entries import CallIntent, IntentVoid, LedgerEntry, Record, RequestRecord
+from gateway.ledger.interrupted import settle_owners
 from gateway.ledger.journal import Journal, claim_writer_dir, release_journal_dir
 from gateway.ledger.journal_writer import JournalWriter, LedgerError
+from gateway.ledger.owners import claim_owner, lock_dead_owners, release_owner
 from gateway.ledger.segments import SegmentTracker
 from gateway.ledger.syncer import JournalSyncer
 
@@ -79,14 +89,30 @@ class LedgerHealth:
     records_durable: int          # fdatasync'd in the journal (survive power loss)
     records_committed: int
     records_written: int = 0      # written to the journal (survive kill -9 of this process)
+    open_intents: int = 0         # upstream calls started and not finished (their intents journaled)
+    owners_to_settle: int = 0     # dead processes whose interrupted calls are not settled yet
+    interrupted_settled: int = 0  # interrupted rows this process wrote for dead processes
+    journal_ok: bool = True       # the journal takes writes (and syncs): new calls can be recorded
 
 
 class Ledger:
     def __init__(self, session_factory: sessionmaker[Session], journal_dir: str | Path,
                  flush_interval_ms: int = 50, batch_size: int = 500, *,
                  max_segment_bytes: int = 16 * 1024 * 1024, max_segment_age_s: float = 10.0,
-                 retry_max_s: float = 5.0) -> None:
+                 retry_max_s: float = 5.0, interrupted_billing: Literal["estimate", "reserved"] = "estimate") -> None:
         self._journal_root = Path(journal_dir)
+        self._session_factory = session_factory
+        self._retry_max_s = retry_max_s
+        self.interrupted_billing: Literal["estimate", "reserved"] = interrupted_billing
+        self.owner = ""
+        self._owner_fd: int | None = None
+        self._dead_owners: dict[str, int] = {}
+        self._open_intents: set[str] = set()
+        self._settled = threading.Event()
+        self._settle_stop = threading.Event()
+        self._settle_thread: threading.Thread | None = None
+        self._settle_error: tuple[float, str] | None = None
+        self.interrupted_settled = 0
         self._max_segment_bytes = max_segment_bytes
         self._max_segment_age_s = max_segment_age_s
         self._dir_lock: int | None = None
@@ -107,6 +133,10 @@ class Ledger:
         then start the journal, sync and DB threads. Does not wait for the replay to commit."""
         if self._started:
             return
+        self.owner, self._owner_fd = claim_owner(self._journal_root)
+        # Dead owners are locked before their journal segments are adopted: their intents are
+        # settled after every row those segments hold is committed.
+        self._dead_owners = lock_dead_owners(self._journal_root, self.owner)
         own_dir, self._dir_lock = claim_writer_dir(self._journal_root)
         self._journal_dir = own_dir
         journal = Journal(own_dir, max_segment_bytes=self._max_segment_bytes,
@@ -116,6 +146,46 @@ class Ledger:
         self.writer.start(journal, replayed)
         self.syncer.start()
         self._started = True
+        self._settled.clear()
+        self._settle_stop.clear()
+        self._settle_thread = threading.Thread(target=self._settle_dead, args=(replayed,), name="ledger-settle",
+                                               daemon=True)
+        self._settle_thread.start()
+
+    def _settle_dead(self, replayed: int) -> None:
+        """Once the replayed journal is committed, settle the dead owners' open intents as
+        ``interrupted`` rows (retried with backoff while the database fails)."""
+        failures = 0
+        try:
+            while self._dead_owners and not self._settle_stop.is_set():
+                if not self.syncer.wait_applied(replayed, 0.5):
+                    continue
+                try:
+                    n = settle_owners(self._session_factory, list(self._dead_owners), self.interrupted_billing)
+                except Exception as exc:
+                    failures += 1
+                    self._settle_error = (time.monotonic(), f"settling interrupted calls: {type(exc).__name__}")
+                    log.error("ledger: settling interrupted calls failed (attempt %d), retrying", failures,
+                              exc_info=exc)
+                    self._settle_stop.wait(min(0.05 * 2 ** (failures - 1), self._retry_max_s))
+                    continue
+                self._settle_error = None
+                self.interrupted_settled += n
+                if n:
+                    log.warning("ledger: %d upstream call(s) of %d stopped process(es) settled as interrupted "
+                                "(%s)", n, len(self._dead_owners), self.interrupted_billing)
+                for owner, fd in self._dead_owners.items():
+                    release_owner(self._journal_root, owner, fd, remove=True)
+                self._dead_owners = {}
+        finally:
+            self._settled.set()
+
+    def wait_settled(self, timeout_s: float | None = None) -> bool:
+        """Block until the intents of dead processes are settled (True), or ``timeout_s`` passed."""
+        return self._settled.wait(timeout_s)
+
+    async def await_settled(self, timeout_s: float | None = 10.0) -> bool:
+        return await asyncio.to_thread(self.wait_settled, timeout_s)
 
     def stop(self, timeout_s: float = 10.0) -> bool:
         """Journal everything buffered, then commit as much as possible within ``timeout_s``.
@@ -137,6 +207,19 @@ class Ledger:
         if self._dir_lock is not None and self._journal_dir is not None and writer_gone and syncer_gone:
             release_journal_dir(self._journal_root, self._journal_dir, self._dir_lock)
             self._dir_lock = None
+        self._settle_stop.set()
+        if self._settle_thread is not None:
+            self._settle_thread.join(max(deadline - time.monotonic(), 0.1))
+        for owner, fd in self._dead_owners.items():  # not settled: left for the next start
+            release_owner(self._journal_root, owner, fd, remove=False)
+        self._dead_owners = {}
+        if self._owner_fd is not None:
+            if self._open_intents:
+                log.error("ledger stopped with %d upstream call(s) unfinished; the next start settles them as "
+                          "interrupted", len(self._open_intents))
+            release_owner(self._journal_root, self.owner, self._owner_fd,
+                          remove=not self._open_intents and left == 0 and writer_gone)
+            self._owner_fd = None
         return left == 0
 
     async def astop(self, timeout_s: float = 10.0) -> bool:
@@ -165,12 +248,42 @@ class Ledger:
         self._append(entry, LedgerEntry)
         if self.observer is not None:
             self.observer.entry(entry)
+        self._open_intents.discard(entry.id)
+
+    async def begin(self, intent: CallIntent) -> None:
+        """Journal ``intent`` (stamped with this process as its owner) and return once it is
+        written with write(2): from then on a kill -9 of this process cannot lose the call. Call
+        before the call's first byte goes upstream; its ``LedgerEntry`` (same id) finishes it.
+        Raises ``LedgerError`` when the journal cannot take it — at once while its writes are
+        failing (a full disk): then do not make the call (the intent is voided, nothing is
+        billed). Calls are taken again once a retried write succeeds (within ``retry_max_s``)."""
+        if not self._started:
+            raise LedgerError("ledger is not running")
+        if self.writer.journal_failures:  # failing (e.g. the disk is full): refuse at once, start nothing
+            raise LedgerError(f"ledger journal is not writable ({self.writer.journal_failures} failed write(s), "
+                              "retrying)")
+        self._append(dataclasses.replace(intent, owner=self.owner), CallIntent)
+        self._open_intents.add(intent.id)
+        try:
+            await self.writer.wait("process")
+        except BaseException:  # failed or cancelled: the call is not made
+            self.void(intent.id)
+            raise
+
+    def void(self, call_id: str) -> None:
+        """The call of intent ``call_id`` was never made: drop its intent (bills nothing)."""
+        self._open_intents.discard(call_id)
+        self.writer.append(IntentVoid(call_id))
 
     def record_request(self, rec: RequestRecord) -> None:
         """Queue a request record (upsert by id; a final status overwrites in_progress)."""
         self._append(rec, RequestRecord)
         if self.observer is not None:
             self.observer.request(rec)
+
+    @property
+    def open_intents(self) -> int:
+        return len(self._open_intents)
 
     def _append(self, rec: Record, kind: type) -> None:
         if not isinstance(rec, kind):
@@ -208,7 +321,10 @@ class Ledger:
         pending, committed = self.syncer.counts()
         w, s = self.writer, self.syncer
         failures = s.failures + w.journal_failures + w.sync_failures
-        errors = [e for e in (w.last_error, s.last_error) if e is not None]
+        errors = [e for e in (w.last_error, s.last_error, self._settle_error) if e is not None]
         return LedgerHealth(ok=failures == 0, running=w.running, pending_journal=buffered, pending_db=pending,
                             consecutive_failures=failures, last_error=max(errors)[1] if errors else None,
-                            records_durable=synced, records_committed=committed, records_written=written)
+                            records_durable=synced, records_committed=committed, records_written=written,
+                            open_intents=len(self._open_intents), owners_to_settle=len(self._dead_owners),
+                            interrupted_settled=self.interrupted_settled,
+                            journal_ok=w.running and w.journal_failures == 0 and w.sync_failures == 0)

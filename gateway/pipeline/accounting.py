@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from gateway.ledger.entries import new_entry_id
-from gateway.ledger.pricing import cost_nanos_for, price_for
+from gateway.ledger.pricing import build_intent, cost_nanos_for, price_for
 from gateway.money import format_usd, usd_to_nanos
 from gateway.pipeline.types import (
     CallStatus,
@@ -114,11 +114,24 @@ class Accountant:
     def release(self, amount_nanos: int) -> None:
         self._reserved_nanos = max(0, self._reserved_nanos - amount_nanos)
 
+    async def begin(self, stage: Stage, tier: str, model: str, prompt_tokens: int, max_output_tokens: int) -> str:
+        """Journal the intent of a call about to be made (when the ledger sink takes intents, see
+        ``IntentSink``); returns the call id its row will carry."""
+        call_id = new_entry_id()
+        begin = getattr(self.ledger_sink, "begin", None)
+        if begin is not None:
+            await begin(build_intent(self.settings, call_id=call_id, request_id=self.ctx.request_id,
+                                     tenant_id=self.ctx.tenant_id, key_id=self.ctx.key_id, stage=stage, tier=tier,
+                                     price_tier=tier, model_name=model, prompt_tokens=prompt_tokens,
+                                     max_output_tokens=max_output_tokens))
+        return call_id
+
     def record(self, stage: Stage, tier: str, model: str, usage: Usage, status: CallStatus = "ok", *,
-               step_id: str | None = None, path: int | None = None, round: int = 0) -> StageCall:
+               step_id: str | None = None, path: int | None = None, round: int = 0,
+               call_id: str | None = None) -> StageCall:
         cost, baseline = cost_nanos_for(self.settings, tier, model, usage)
         call = StageCall(
-            id=new_entry_id(), request_id=self.ctx.request_id, tenant_id=self.ctx.tenant_id,
+            id=call_id or new_entry_id(), request_id=self.ctx.request_id, tenant_id=self.ctx.tenant_id,
             key_id=self.ctx.key_id, stage=stage, tier=tier, model=model, usage=usage, cost_nanos=cost,
             baseline_cost_nanos=baseline, status=status,
             created_at=datetime.fromtimestamp(self.clock(), tz=UTC), step_id=step_id, path=path,

@@ -23,7 +23,7 @@ from gateway.errors import BudgetExceeded, UpstreamError
 from gateway.pipeline.accounting import Accountant, BudgetRefused
 from gateway.pipeline.types import CallBudget, CallModel, Stage, StageCall, StreamModel
 from gateway.providers.base import CallOptions, Usage
-from gateway.providers.router import Attempt, OnAttempt
+from gateway.providers.router import Attempt, CallStart
 from gateway.settings import Settings
 from gateway.telemetry import tracing
 
@@ -92,6 +92,26 @@ class HeldStream:
             await self.ticket.close(self.calls)
 
 
+class _StageBilling:
+    """The router's ``Billing`` for one stage call: journals each attempt's intent before it is
+    made, and accounts each attempt it reports as a ledger row with the intent's id."""
+
+    def __init__(self, accountant: Accountant, stage: Stage, tier: str, step_id: str | None, path: int | None,
+                 round: int) -> None:
+        self.accountant, self.stage, self.tier = accountant, stage, tier
+        self.step_id, self.path, self.round = step_id, path, round
+        self.calls: list[StageCall] = []
+
+    async def begin(self, start: CallStart) -> str:
+        return await self.accountant.begin(self.stage, self.tier, start.model_name, start.prompt_tokens,
+                                           start.max_output_tokens)
+
+    def __call__(self, attempt: Attempt) -> None:
+        self.calls.append(self.accountant.record(self.stage, self.tier, attempt.model_name, attempt.usage,
+                                                 attempt.status, step_id=self.step_id, path=self.path,
+                                                 round=self.round, call_id=attempt.call_id))
+
+
 class StageCaller:
     """The only way pipeline stages reach a model."""
 
@@ -128,13 +148,9 @@ class StageCaller:
                            cache_salt=self.accountant.ctx.tenant_id)
 
     def _billing(self, stage: Stage, tier: str, *, step_id: str | None, path: int | None,
-                 round: int) -> tuple[OnAttempt, list[StageCall]]:
-        calls: list[StageCall] = []
-
-        def on_attempt(attempt: Attempt) -> None:
-            calls.append(self.accountant.record(stage, tier, attempt.model_name, attempt.usage,
-                                                attempt.status, step_id=step_id, path=path, round=round))
-        return on_attempt, calls
+                 round: int) -> tuple[_StageBilling, list[StageCall]]:
+        billing = _StageBilling(self.accountant, stage, tier, step_id, path, round)
+        return billing, billing.calls
 
     def body(self, messages: list[dict[str, Any]], max_tokens: int, **extra: Any) -> dict[str, Any]:
         return {"messages": messages, "max_tokens": max_tokens, **self.sampling, **extra}

@@ -13,7 +13,7 @@ from datetime import datetime
 from typing import Any, Literal, Protocol
 
 from gateway.budgets import Hold
-from gateway.ledger.entries import LedgerEntry
+from gateway.ledger.entries import CallIntent, LedgerEntry
 from gateway.money import usd_number
 from gateway.providers.base import CallOptions, Usage
 from gateway.providers.router import OnAttempt
@@ -135,5 +135,14 @@ class ReviewVerdict:
 
 
 LedgerSink = Callable[[LedgerEntry], None]  # e.g. Ledger.record: non-blocking, never swallowed
+
+
+class IntentSink(Protocol):
+    """A ``LedgerSink`` that also journals each call's intent before the call (the chat path's
+    sinks); ``Accountant.begin`` uses ``begin`` when the sink has it."""
+
+    def __call__(self, entry: LedgerEntry) -> None: ...
+
+    async def begin(self, intent: CallIntent) -> None: ...
 FeedbackSink = Callable[[ReviewVerdict], None]
 ProgressSink = Callable[[str], None]

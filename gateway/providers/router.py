@@ -15,14 +15,14 @@ import random
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from gateway.errors import GatewayError, UpstreamError
 from gateway.providers.base import CallOptions, ChunkStream, Usage
-from gateway.providers.metering import StreamMeter, response_usage
+from gateway.providers.metering import StreamMeter, count_prompt_tokens, response_usage
 from gateway.providers.payload import provider_payload
 from gateway.providers.registry import ProviderRegistry
-from gateway.settings import Settings
+from gateway.settings import ModelSettings, Settings
 from gateway.telemetry import metrics, tracing
 
 AttemptStatus = Literal["ok", "error", "cancelled"]
@@ -38,9 +38,45 @@ class Attempt:
     status: AttemptStatus
     latency_ms: int
     error: GatewayError | None = None
+    call_id: str | None = None  # what ``begin`` returned for this call (its ledger row's id)
+
+
+@dataclass(frozen=True)
+class CallStart:
+    """An upstream call about to be made: what its intent records (see ``Billing``)."""
+
+    model_name: str
+    prompt_tokens: int
+    max_output_tokens: int  # every choice at the output cap sent upstream (else the context window)
 
 
 OnAttempt = Callable[[Attempt], None]
+
+
+class Billing(Protocol):
+    """An ``on_attempt`` that also journals each call before it is made: ``begin`` returns once
+    the call's intent is written (or raises, and the call is not made) and gives the call id the
+    ``Attempt`` then carries. The router calls it when ``on_attempt`` has it."""
+
+    def __call__(self, attempt: Attempt) -> None: ...
+
+    async def begin(self, start: CallStart) -> str: ...
+
+
+def call_start(name: str, model: ModelSettings, payload: dict[str, Any]) -> CallStart:
+    prompt = count_prompt_tokens(model, payload.get("messages") or [])
+    cap = payload.get("max_completion_tokens") or payload.get("max_tokens")
+    out = int(cap) if isinstance(cap, int) and cap > 0 else max(model.context_window - prompt, 0)
+    n = payload.get("n")
+    return CallStart(name, prompt, out * (n if isinstance(n, int) and n > 1 else 1))
+
+
+async def _begin(on_attempt: OnAttempt, name: str, model: ModelSettings, payload: dict[str, Any]) -> str | None:
+    begin = getattr(on_attempt, "begin", None)
+    if begin is None:
+        return None
+    call_id: str = await begin(call_start(name, model, payload))
+    return call_id
 Sleep = Callable[[float], Awaitable[None]]
 
 
@@ -103,6 +139,7 @@ async def call_models(registry: ProviderRegistry, models: Sequence[str], body: d
                       policy: RetryPolicy = DEFAULT_POLICY, sleep: Sleep = asyncio.sleep,
                       ) -> tuple[dict[str, Any], str]:
     """Non-streaming call over an ordered chain of models; returns (response, model used)."""
+    journal = on_attempt  # its ``begin``, if any, journals each call before it is made
     if metrics.enabled():  # every attempt counted (gateway.telemetry.metrics)
         on_attempt = metrics.observed(on_attempt)
     last: GatewayError | None = None
@@ -111,20 +148,22 @@ async def call_models(registry: ProviderRegistry, models: Sequence[str], body: d
         provider = registry.for_model(name)
         payload = provider_payload(name, model, body)  # a 400 here is raised before any call
         for attempt in range(model.max_retries + 1):
+            call_id = await _begin(journal, name, model, payload)  # raises: no call is made
             start = time.perf_counter()
             report, call_options = tracing.attempt(name, model, options, on_attempt)  # a client span when on
             try:
                 response = await provider.complete(model, payload, call_options)
             except GatewayError as err:
-                report(Attempt(name, Usage(), "error", _ms(start), err))
+                report(Attempt(name, Usage(), "error", _ms(start), err, call_id))
                 last = err
                 if await _wait_to_retry(name, attempt, model.max_retries, err, policy, sleep):
                     continue
                 break
             except asyncio.CancelledError:
-                report(Attempt(name, Usage(), "cancelled", _ms(start)))
+                report(Attempt(name, Usage(), "cancelled", _ms(start), call_id=call_id))
                 raise
-            report(Attempt(name, response_usage(model, payload.get("messages") or [], response), "ok", _ms(start)))
+            report(Attempt(name, response_usage(model, payload.get("messages") or [], response), "ok",
+                               _ms(start), call_id=call_id))
             return response, name
     assert last is not None
     raise last
@@ -144,7 +183,8 @@ class MeteredStream:
     is closed first so it stops generating, then what was generated is billed)."""
 
     def __init__(self, first: dict[str, Any], rest: AsyncGenerator[dict[str, Any], None], meter: StreamMeter,
-                 name: str, start: float, on_attempt: OnAttempt) -> None:
+                 name: str, start: float, on_attempt: OnAttempt, call_id: str | None = None) -> None:
+        self.call_id = call_id
         self._first: dict[str, Any] | None = first
         self._rest = rest
         self.meter = meter
@@ -180,7 +220,8 @@ class MeteredStream:
     def _report(self, status: AttemptStatus, error: GatewayError | None = None) -> None:
         if not self._reported:
             self._reported = True
-            self._on_attempt(Attempt(self.model_name, self.meter.usage(), status, _ms(self._start), error))
+            self._on_attempt(Attempt(self.model_name, self.meter.usage(), status, _ms(self._start), error,
+                                     self.call_id))
 
     async def aclose(self) -> None:
         if self._reported:
@@ -197,6 +238,7 @@ async def stream_models(registry: ProviderRegistry, models: Sequence[str], body:
                         ) -> tuple[ChunkStream, str]:
     """Open a stream over an ordered chain of models: retries and fallbacks until the first chunk
     arrives. Returns (chunks, model used); the attempt is reported when the stream ends."""
+    journal = on_attempt  # its ``begin``, if any, journals each call before it is made
     if metrics.enabled():
         on_attempt = metrics.observed(on_attempt)
     last: GatewayError | None = None
@@ -205,6 +247,7 @@ async def stream_models(registry: ProviderRegistry, models: Sequence[str], body:
         provider = registry.for_model(name)
         payload = provider_payload(name, model, body)  # a 400 here is raised before any call
         for attempt in range(model.max_retries + 1):
+            call_id = await _begin(journal, name, model, payload)  # raises: no call is made
             start = time.perf_counter()
             report, call_options = tracing.attempt(name, model, options, on_attempt)  # a client span when on
             chunks = provider.stream(model, payload, call_options)
@@ -213,20 +256,20 @@ async def stream_models(registry: ProviderRegistry, models: Sequence[str], body:
                 first = await chunks.__anext__()
             except StopAsyncIteration:
                 # Nothing at all came back: bill the prompt, hand back an empty stream.
-                report(Attempt(name, meter.usage(), "ok", _ms(start)))
+                report(Attempt(name, meter.usage(), "ok", _ms(start), call_id=call_id))
                 return _empty(), name
             except GatewayError as err:
-                report(Attempt(name, Usage(), "error", _ms(start), err))
+                report(Attempt(name, Usage(), "error", _ms(start), err, call_id))
                 last = err
                 if await _wait_to_retry(name, attempt, model.max_retries, err, policy, sleep):
                     continue
                 break
             except asyncio.CancelledError:
                 await chunks.aclose()
-                report(Attempt(name, meter.usage(), "cancelled", _ms(start)))
+                report(Attempt(name, meter.usage(), "cancelled", _ms(start), call_id=call_id))
                 raise
             meter.observe(first)
-            return MeteredStream(first, chunks, meter, name, start, report), name
+            return MeteredStream(first, chunks, meter, name, start, report, call_id), name
     assert last is not None
     raise last
 

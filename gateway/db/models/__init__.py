@@ -11,10 +11,18 @@ adds to this metadata. Imports only SQLAlchemy; the bottom of the gateway's laye
 from gateway.db.models.audit import AdminAuditRow
 from gateway.db.models.base import ID, MONEY, Base, utcnow
 from gateway.db.models.budgets import BudgetAlertRow, BudgetPolicyRow, BudgetReservationRow
-from gateway.db.models.core import ApiKey, DailySpend, Feedback, LedgerEntryRow, Request, Tenant
+from gateway.db.models.core import (
+           ApiKey,
+           DailySpend,
+           Feedback,
+           LedgerEntryRow,
+           LedgerIntentRow,
+           Request,
+           Tenant,
+)
 from gateway.db.models.jobs import Batch, BatchLine, FileObject
 from gateway.db.models.routing import RoutingDecision, RoutingOutcome
 
 __all__ = ["ID", "MONEY", "AdminAuditRow", "ApiKey", "Base", "Batch", "BatchLine", "BudgetAlertRow",
            "BudgetPolicyRow", "BudgetReservationRow", "DailySpend", "Feedback", "FileObject",
-           "LedgerEntryRow", "Request", "RoutingDecision", "RoutingOutcome", "Tenant", "utcnow"]
+           "LedgerEntryRow", "LedgerIntentRow", "Request", "RoutingDecision", "RoutingOutcome", "Tenant", "utcnow"]

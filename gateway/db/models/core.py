@@ -101,6 +101,33 @@ class LedgerEntryRow(Base):
     created_at: Mapped[datetime] = mapped_column(sa.DateTime(timezone=True), default=utcnow)
 
 
+class LedgerIntentRow(Base):
+    """An upstream call that has started and whose ledger row has not arrived yet (journaled
+    before the call, ``gateway.ledger.entries.CallIntent``). Deleted in the transaction that
+    inserts the call's ledger row (same id); an intent whose ``owner`` (a ledger process) died is
+    settled as an ``interrupted`` ledger row at its ``estimate_*`` or ``reserved_*`` cost."""
+
+    __tablename__ = "ledger_intents"
+
+    id: Mapped[str] = mapped_column(ID, primary_key=True)
+    owner: Mapped[str] = mapped_column(ID, index=True)
+    request_id: Mapped[str] = mapped_column(ID)
+    tenant_id: Mapped[str] = mapped_column(ID)
+    key_id: Mapped[str | None] = mapped_column(ID, nullable=True)
+    stage: Mapped[str] = mapped_column(sa.String(16))
+    tier: Mapped[str] = mapped_column(sa.String(16))
+    model: Mapped[str] = mapped_column(sa.String(255))
+    prompt_tokens: Mapped[int] = mapped_column(sa.BigInteger, default=0)
+    max_output_tokens: Mapped[int] = mapped_column(sa.BigInteger, default=0)
+    estimate_output_tokens: Mapped[int] = mapped_column(sa.BigInteger, default=0)
+    price: Mapped[dict[str, Any]] = mapped_column(sa.JSON)
+    estimate_cost_usd: Mapped[Decimal] = mapped_column(MONEY, default=Decimal(0))
+    estimate_baseline_usd: Mapped[Decimal] = mapped_column(MONEY, default=Decimal(0))
+    reserved_cost_usd: Mapped[Decimal] = mapped_column(MONEY, default=Decimal(0))
+    reserved_baseline_usd: Mapped[Decimal] = mapped_column(MONEY, default=Decimal(0))
+    created_at: Mapped[datetime] = mapped_column(sa.DateTime(timezone=True), default=utcnow)
+
+
 class DailySpend(Base):
     """Per tenant/day/model/tier sums of ledger rows, maintained incrementally by the ledger
     writer in the same transaction as the rows. ``requests`` counts upstream calls."""

@@ -7,6 +7,7 @@ import asyncio
 from pathlib import Path
 
 import pytest
+import typer
 import yaml
 from typer.testing import CliRunner
 
@@ -67,3 +68,33 @@ def test_serve_help_lists_options() -> None:
     assert result.exit_code == 0
     for option in ("--config", "--host", "--port", "--workers", "--demo"):
         assert option in result.output
+
+
+def _serve_app() -> typer.Typer:
+    from gateway.cli import serve
+
+    app = typer.Typer()
+    serve.register(app)
+
+    @app.command()
+    def _other() -> None:  # a second command so typer keeps `serve` as a subcommand
+        pass
+
+    return app
+
+
+def test_serve_refuses_several_workers_without_redis(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from gateway.cli.serve import unshared_counters_refusal
+    from gateway.settings import load_settings
+
+    monkeypatch.delenv("TIERGATE_REDIS_URL", raising=False)
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump(config_for("http://127.0.0.1:9/v1", db_url=f"sqlite:///{tmp_path}/x.db")))
+    result = CliRunner().invoke(_serve_app(), ["serve", "--config", str(config), "--workers", "3"])
+    assert result.exit_code == 2  # refused before anything is served (no uvicorn is started)
+    assert "--workers 3 refused" in result.output and "TIERGATE_REDIS_URL" in result.output
+    assert "3x a budget" in result.output
+    settings = load_settings(config)
+    assert unshared_counters_refusal(settings, 1) is None  # one worker: counters in-process are exact
+    monkeypatch.setenv("TIERGATE_REDIS_URL", "redis://127.0.0.1:1/0")
+    assert unshared_counters_refusal(settings, 3) is None  # shared through Redis

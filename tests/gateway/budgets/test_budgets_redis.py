@@ -14,6 +14,7 @@ import pytest
 from redis.asyncio import Redis
 
 from gateway.budgets import BudgetRuntime, build_budget_runtime, put_policy
+from gateway.budgets.outage import GuardedCounters
 from gateway.budgets.redis_backend import RedisCounters
 from gateway.errors import BudgetExceeded
 from gateway.ledger import Ledger, LedgerEntry, new_entry_id
@@ -98,7 +99,9 @@ async def test_reconcile_rebuilds_from_db_counting_unflushed_settlements_once(
     with sf.begin() as s:
         put_policy(s, scope="tenant", tenant_id="t1", limit_usd=usd(100 * W))
     rt = runtime(sf, clients[0], redis_prefix)
-    counters = rt.budgets.counters
+    guarded = rt.budgets.counters
+    assert isinstance(guarded, GuardedCounters)
+    counters = guarded.redis
     assert isinstance(counters, RedisCounters)
     ledger = Ledger(sf, tmp_path / "journal")
     ledger.start()

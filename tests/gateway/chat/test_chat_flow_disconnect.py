@@ -19,6 +19,7 @@ from gateway.chat.spend import Completion, Spend
 from gateway.errors import ClientClosedRequest
 from gateway.ids import fast_id
 from gateway.ledger import LedgerEntry, RequestRecord
+from gateway.ledger.entries import CallIntent
 from gateway.providers.base import Usage
 from gateway.routing import NO_PREFS, RoutingPrefs
 from gateway.settings import settings_from_dict
@@ -35,6 +36,9 @@ class ListLedger:
 
     def record(self, entry: LedgerEntry) -> None:
         self.entries.append(entry)
+
+    async def begin(self, intent: CallIntent) -> None:
+        return None
 
     def record_request(self, rec: RequestRecord) -> None:
         self.records.append(rec)

@@ -1,8 +1,10 @@
 """kill -9 of a gateway mid-batch (embedded runner), `tiergate serve` in a subprocess:
 
 - two lines answered and two hanging upstream when it dies; after a restart, the hanging lines'
-  leases expire and they run again — every line exactly once in the output, the ledger and the
-  requests table, and the lines done before the kill are not run again;
+  leases expire and they run again — every line exactly once in the output and the requests
+  table, the lines done before the kill are not run again, and every upstream call has exactly
+  one ledger row: the killed attempts' calls ``interrupted`` (settled from their journaled
+  intents), the reruns ``ok``;
 - a line whose upstream call has answered but whose result has not committed (the test holds
   the database's write lock) when it dies: the call's row, written to the ledger's journal as
   the call finished, is replayed into the ledger at restart, and the line's rerun is billed
@@ -110,18 +112,23 @@ def test_kill9_mid_batch_runs_every_line_exactly_once(tmp_path: Path, upstream: 
         rows = list(s.scalars(sa.select(LedgerEntryRow)))
         requests = list(s.scalars(sa.select(Request)))
     sf.kw["bind"].dispose()
-    assert len(rows) == N and {r.request_id for r in rows} == {o["response"]["request_id"] for o in out}  # once each
-    assert all(r.status == "ok" for r in rows)
-    assert sum(r.completion_tokens for r in rows) == sum(range(1, N + 1))
+    assert len(rows) == len(upstream.requests)  # one row per upstream call, the killed ones too
+    ok = [r for r in rows if r.status == "ok"]
+    assert len(ok) == N and {r.request_id for r in ok} == {o["response"]["request_id"] for o in out}  # once each
+    cut = [r for r in rows if r.status == "interrupted"]
+    assert len(cut) == 2 and not {r.request_id for r in cut} & {r.request_id for r in ok}  # the killed attempts
+    assert sum(r.completion_tokens for r in ok) == sum(range(1, N + 1))
     assert len(requests) == N and all(q.status == "ok" for q in requests)
 
 
 def _journaled(journal: Path, request_id: str) -> bool:
-    """Whether a ledger row of ``request_id`` is in a journal segment, polled every 20 ms (1500 times at most)."""
+    """Whether a ledger row (not just the call's intent) of ``request_id`` is in a journal segment,
+    polled every 20 ms (1500 times at most)."""
     needle = f'"request_id":"{request_id}"'.encode()
     for _ in range(1500):
-        if any(needle in p.read_bytes() for p in journal.rglob("*.jsonl")):
-            return True
+        for p in journal.rglob("*.jsonl"):
+            if any(needle in line and b'{"t":"e",' in line for line in p.read_bytes().splitlines()):
+                return True
         time.sleep(0.02)
     return False
 

@@ -226,7 +226,8 @@ def test_two_ledgers_on_one_journal_root_never_touch_each_others_segments(db, tm
     assert a.stop()
     assert _count(db) == 11
     assert _segments(root) == []
-    assert [p.name for p in root.iterdir() if p.is_dir()] == []  # writer dirs removed when empty
+    assert [p.name for p in root.iterdir() if p.is_dir() and p.name != ".owners"] == []  # writer dirs removed when empty
+    assert list((root / ".owners").iterdir()) == []  # both stopped with no call open: no owner left to settle
 
 
 def test_segments_of_a_dead_writer_dir_are_adopted(db, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]

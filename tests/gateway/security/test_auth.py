@@ -12,7 +12,7 @@ from gateway.auth import KeyStore, Principal, generate_key, hash_key, parse_bear
 from gateway.db import queries
 from gateway.db.models import Base
 from gateway.db.session import make_engine, make_session_factory
-from gateway.errors import AuthenticationFailed
+from gateway.errors import AuthenticationFailed, ServiceUnavailable
 
 
 class FakeClock:
@@ -145,6 +145,23 @@ def test_parse_bearer_message_never_contains_the_key() -> None:
 async def test_database_errors_are_not_authentication_failures(tmp_path: Path) -> None:
     engine = make_engine(f"sqlite:///{tmp_path}/empty.db")  # no tables
     store = KeyStore(make_session_factory(engine))
-    with pytest.raises(sa.exc.OperationalError):
+    with pytest.raises(ServiceUnavailable) as info:  # a 503 to retry, never a 401 (nor a 500)
         await store.authenticate("Bearer tg-whatever-123")
+    assert isinstance(info.value.__cause__, sa.exc.OperationalError)
     engine.dispose()
+
+
+async def test_a_database_outage_serves_keys_from_the_stale_cache_within_its_bound(setup) -> None:  # type: ignore[no-untyped-def]
+    factory, raw, tenant_id, _ = setup
+    clock = FakeClock()
+    store = KeyStore(factory, ttl_s=1.0, clock=clock, stale_s=60.0)
+    assert (await store.authenticate(f"Bearer {raw}")).tenant_id == tenant_id
+    with factory() as s, s.begin():
+        s.execute(sa.text("DROP TABLE api_keys"))  # every lookup now fails in the database
+    clock.now += 30  # expired, within the stale bound
+    assert (await store.authenticate(f"Bearer {raw}")).tenant_id == tenant_id
+    with pytest.raises(ServiceUnavailable):  # a key never seen: it cannot be checked
+        await store.authenticate(f"Bearer {generate_key()}")
+    clock.now += 31  # past the stale bound
+    with pytest.raises(ServiceUnavailable):
+        await store.authenticate(f"Bearer {raw}")
