@@ -51,7 +51,7 @@ class GainHead:
 
 def _dense(X: sp.csr_matrix | np.ndarray) -> np.ndarray:
     if sp.issparse(X):
-        return np.asarray(X[:, :N_DENSE].toarray(), dtype=np.float64)
+        return np.asarray(sp.csr_matrix(X)[:, :N_DENSE].toarray(), dtype=np.float64)
     return np.asarray(X, dtype=np.float64)[:, :N_DENSE]
 
 
@@ -70,7 +70,8 @@ def _fit(D: np.ndarray, gain: np.ndarray, w: np.ndarray, alpha: float) -> tuple[
     return coef, float(reg.intercept_ - mu @ coef)
 
 
-def fit_gain_head(X: sp.csr_matrix | np.ndarray, cheap: np.ndarray, strong: np.ndarray, groups: Sequence[str],
+def fit_gain_head(X: sp.csr_matrix | np.ndarray, cheap: np.ndarray, strong: np.ndarray,
+                  groups: Sequence[str] | np.ndarray,
                   alphas: Sequence[float] = GAIN_ALPHAS) -> GainHead:
     """Fit on outcome rows (features, cheap and strong outcomes, group of each row). With three or
     more groups the L2 strength is the one whose leave-one-group-out predictions route best (APGR);

@@ -88,7 +88,7 @@ class LocalEngineProvider:
     def loaded_engines(self) -> dict[str, AsyncLLMEngine]:
         """The engines loaded so far, by model directory name (for the metrics)."""
         with self._lock:
-            return {path.name: engine for path, engine in self._engines.items()}
+            return {key[0].name: engine for key, engine in self._engines.items()}
 
     async def engine_for(self, model: ModelSettings) -> AsyncLLMEngine:
         """The model's engine, loading it on a worker thread the first time."""
