@@ -22,13 +22,15 @@ ROUTE = "/v1/chat/completions"
 
 
 @pytest.fixture
-def served(tmp_path: Path) -> Iterator[tuple[Served, Path, int]]:
+def served(tmp_path: Path, redis_url: str, redis_prefix: str) -> Iterator[tuple[Served, Path, int]]:
     samples, port = tmp_path / "metrics", free_port()
     with ScriptedUpstream() as upstream:
         upstream.push(*[Behaviour(hang_s=0.05)] * N_REQUESTS)  # each call takes a while: both workers get some
-        with serve_subprocess(tmp_path, upstream, env={UPSTREAM_KEY_ENV: UPSTREAM_KEY}, args=("--workers", "2"),
-                              sections={"observability": {"metrics": {"multiprocess_dir": str(samples),
-                                                                      "port": port}}}) as s:
+        # several workers share budget counters only through Redis (serve refuses --workers N without it)
+        with serve_subprocess(tmp_path, upstream, env={UPSTREAM_KEY_ENV: UPSTREAM_KEY, "TIERGATE_REDIS_URL": redis_url},
+                              args=("--workers", "2"),
+                              sections={"observability": {"metrics": {"multiprocess_dir": str(samples), "port": port}},
+                                        "redis": {"key_prefix": redis_prefix}}) as s:
             yield s, samples, port
 
 

@@ -202,7 +202,10 @@ def test_feedback_update_and_hot_reload_change_decisions(tmp_path: Path, artifac
     after = [p.decide(m) for m in ARITH]
     assert {d.version for d in after} == {outcome.version}
     assert sum(d.score for d in after) > sum(d.score for d in before)
-    assert sum(d.tier not in ("none", "minimal", "low") for d in after) > len(ARITH) // 2
+    band = {t: i for i, t in enumerate(classifier.TIERS)}
+    # at least one band up on average, and some beyond the cheap tiers
+    assert sum(band[d.tier] for d in after) >= sum(band[d.tier] for d in before) + len(ARITH)
+    assert any(d.tier not in ("none", "minimal", "low") for d in after)
 
 
 def test_config_target_mix_rederives_thresholds(tmp_path: Path, artifacts: dict[str, Path]) -> None:
