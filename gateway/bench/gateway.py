@@ -123,6 +123,9 @@ class BenchArgs:
     nowait_variant: bool = True
     rounds: int = 3
     observability_variants: bool = True
+    only_observability: bool = False  # direct + the tiergate observability variants only
+    cost_requests: int = 300  # in-process CPU cost: requests per variant and round (0: skip)
+    cost_rounds: int = 5
 
 
 # The default tiergate target runs the default observability: Prometheus metrics on, tracing off.
@@ -240,13 +243,18 @@ def run_gateway_bench(args: BenchArgs) -> str:
         mock_cmd = [*_pin(args.load_core), sys.executable, "-m", "gateway.bench.tools", "mock",
                     "--port", str(mock_port)]
         stack.enter_context(_process(mock_cmd, f"http://127.0.0.1:{mock_port}/v1/models", work / "mock.log", env))
+        if args.only_observability:
+            args = dataclasses.replace(args, nowait_variant=False, observability_variants=True)
         bare_port = _free_port()
         bare_cmd = [*_pin(args.server_core), sys.executable, "-m", "gateway.bench.tools", "bare",
                     "--port", str(bare_port), "--upstream", upstream]
-        stack.enter_context(_process(bare_cmd, f"http://127.0.0.1:{bare_port}/healthz", work / "bare.log", env))
-        targets.append(Target("bare-fastapi", f"http://127.0.0.1:{bare_port}/v1/chat/completions", REQUEST, "none"))
-        notes.append("bare-fastapi: FastAPI + aiohttp pass-through with no auth, validation or ledger "
-                     "(the floor for a Python gateway on this machine)")
+        if not args.only_observability:
+            stack.enter_context(_process(bare_cmd, f"http://127.0.0.1:{bare_port}/healthz", work / "bare.log",
+                                         env))
+            targets.append(Target("bare-fastapi", f"http://127.0.0.1:{bare_port}/v1/chat/completions", REQUEST,
+                                  "none"))
+            notes.append("bare-fastapi: FastAPI + aiohttp pass-through with no auth, validation or ledger "
+                         "(the floor for a Python gateway on this machine)")
         target, config = _tiergate_target(stack, work, "tiergate", upstream, "process", args, env)
         targets.append(target)
         if args.nowait_variant:
@@ -263,7 +271,9 @@ def run_gateway_bench(args: BenchArgs) -> str:
                          "off; tiergate-traced: metrics and OpenTelemetry tracing on (every span recorded, exporter "
                          "none: the in-process cost, without an exporter's network I/O)")
         litellm_bin = args.litellm_venv / "bin" / "litellm"
-        if litellm_bin.exists():
+        if args.only_observability:
+            pass
+        elif litellm_bin.exists():
             ll_port = _free_port()
             ll_cmd = [*_pin(args.server_core), str(litellm_bin), "--config", str(_litellm_config(work, upstream)),
                       "--host", "127.0.0.1", "--port", str(ll_port), "--num_workers", "1"]
@@ -282,29 +292,51 @@ def run_gateway_bench(args: BenchArgs) -> str:
                          "measured the others only")
         measured: dict[str, list[tuple[Phase, Phase]]] = {t.name: [] for t in targets}
         for round_no in range(args.rounds):
-            for t in targets:
+            # A B C, then C B A: a drift in the machine's load within a round hits every target alike
+            for t in targets if round_no % 2 == 0 else targets[::-1]:
                 measured[t.name].append(_measure(f"{t.name} (round {round_no + 1}/{args.rounds})", t.url, t.body,
                                                  t.key, args))
+        cost_lines: list[str] = []
+        if args.observability_variants and args.cost_requests > 0:
+            from gateway.bench import obs_cost
+
+            sys.stderr.write("  measuring the in-process CPU cost per request ...\n")
+            cost_lines = obs_cost.report(obs_cost.measure(upstream, args.cost_requests, args.cost_rounds),
+                                         args.cost_requests, args.cost_rounds)
     rows = _ledger_rows(config)
     notes.append(f"ledger rows written by the durable tiergate run: {rows} (auth + journaled ledger on, SQLite)")
     shutil.rmtree(work, ignore_errors=True)
     results = {name: (_median_phase([m[0] for m in ms]), _median_phase([m[1] for m in ms]))
                for name, ms in measured.items()}
-    return _report(results, notes, args, cores)
+    return _report(results, notes, args, cores, measured, cost_lines)
 
 
-def _report(results: dict[str, tuple[Phase, Phase]], notes: list[str], args: BenchArgs, cores: int) -> str:
+def _spread(values: list[float]) -> str:
+    return f"[{min(values):.3g}..{max(values):.3g}]"
+
+
+def _paired(measured: dict[str, list[tuple[Phase, Phase]]], variant: str, base: str) -> tuple[list[float], list[float]]:
+    """Per round: the variant's RPS over the base's, and its p50 minus the base's (ms)."""
+    pairs = list(zip(measured[variant], measured[base], strict=True))
+    return ([v[1].rps / max(b[1].rps, 1e-9) for v, b in pairs], [v[0].p50_ms - b[0].p50_ms for v, b in pairs])
+
+
+def _report(results: dict[str, tuple[Phase, Phase]], notes: list[str], args: BenchArgs, cores: int,
+            measured: dict[str, list[tuple[Phase, Phase]]] | None = None, cost_lines: list[str] | None = None) -> str:
+    measured = measured or {}
     direct_lat = results["direct"][0]
     lines = [f"tiergate bench gateway: concurrency {args.concurrency} for {args.duration_s:.0f}s (RPS); "
              f"{args.latency_requests} sequential requests (latency); median of {args.rounds} interleaved "
              f"rounds; {cores} cores, server core "
              f"{args.server_core}, load+mock core {args.load_core}",
-             "", f"{'target':<16}{'RPS@c':>10}{'p50 ms':>10}{'p99 ms':>10}{'+p50 ms':>10}{'+p99 ms':>10}{'errors':>8}"]
+             "", f"{'target':<20}{'RPS@c':>10}{'p50 ms':>10}{'p99 ms':>10}{'+p50 ms':>10}{'+p99 ms':>10}"
+                 f"{'errors':>8}   RPS spread [min..max]"]
     for name, (lat, thr) in results.items():
         added50, added99 = lat.p50_ms - direct_lat.p50_ms, lat.p99_ms - direct_lat.p99_ms
-        lines.append(f"{name:<16}{thr.rps:>10.1f}{lat.p50_ms:>10.3f}{lat.p99_ms:>10.3f}"
+        spread = _spread([m[1].rps for m in measured[name]]) if measured.get(name) else ""
+        lines.append(f"{name:<20}{thr.rps:>10.1f}{lat.p50_ms:>10.3f}{lat.p99_ms:>10.3f}"
                      f"{added50 if name != 'direct' else 0:>10.3f}{added99 if name != 'direct' else 0:>10.3f}"
-                     f"{lat.errors + thr.errors:>8}")
+                     f"{lat.errors + thr.errors:>8}   {spread}")
     lines.append("")
     tg = results["tiergate"]
     lines.append(f"tiergate / direct RPS: {tg[1].rps / results['direct'][1].rps:.3f}")
@@ -326,10 +358,17 @@ def _report(results: dict[str, tuple[Phase, Phase]], notes: list[str], args: Ben
                              f"ratio {nw_add / max(ll_add, 1e-9):.3f}")
     base = results.get("tiergate-no-metrics")
     if base is not None:
-        for variant in ("tiergate", "tiergate-traced"):
+        for variant in [n for n in results if n == "tiergate" or n.startswith("tiergate-traced")]:
             v = results[variant]
-            lines.append(f"observability cost, {variant} vs tiergate-no-metrics: RPS ratio "
-                         f"{v[1].rps / max(base[1].rps, 1e-9):.3f} (target >= 0.95), added p50 "
-                         f"{v[0].p50_ms - base[0].p50_ms:+.3f} ms (target <= 0.1)")
+            line = (f"observability cost, {variant} vs tiergate-no-metrics: RPS ratio "
+                    f"{v[1].rps / max(base[1].rps, 1e-9):.3f} (target >= 0.95), added p50 "
+                    f"{v[0].p50_ms - base[0].p50_ms:+.3f} ms (target <= 0.1)")
+            if measured.get(variant) and measured.get("tiergate-no-metrics"):
+                ratios, added = _paired(measured, variant, "tiergate-no-metrics")
+                line += (f"; per round: RPS ratio median {statistics.median(ratios):.3f} {_spread(ratios)}, "
+                         f"added p50 median {statistics.median(added):+.3f} ms {_spread(added)}")
+            lines.append(line)
+    if cost_lines:
+        lines += ["", *cost_lines]
     lines += ["", *("note: " + n for n in notes)]
     return "\n".join(lines)
