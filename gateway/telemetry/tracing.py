@@ -14,7 +14,11 @@ The span tree of one request:
   context goes upstream as ``traceparent`` (OpenAI-compatible upstreams).
 
 Prompt and completion text are never put on a span unless ``capture_content`` is set. With
-tracing off every helper here is one check of a module global.
+tracing off every helper here is one check of a module global. Sampling is parent-based (the
+client's sampled flag is kept; a new trace is sampled with ``sample_ratio``): in a request that
+is not sampled no stage or client span is started at all (a sampled-out parent's children are
+never sampled), only its trace context is passed upstream, so a sampled-out request costs the
+server span's sampling decision and little else.
 
 Imports opentelemetry and settings only.
 """
@@ -31,7 +35,7 @@ from opentelemetry import propagate, trace
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
-from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
+from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON, ParentBased, Sampler, TraceIdRatioBased
 from opentelemetry.trace import SpanKind, StatusCode
 
 from gateway.settings import TracingSettings
@@ -48,8 +52,10 @@ def build_provider(cfg: TracingSettings) -> TracerProvider:
     """A tracer provider for ``cfg``: sampled by ``sample_ratio`` (a sampled parent's choice is
     kept), exporting in batches over OTLP/HTTP, to the console, or nowhere (``none``: tests
     add their own processor)."""
+    root: Sampler = (ALWAYS_ON if cfg.sample_ratio >= 1 else ALWAYS_OFF if cfg.sample_ratio <= 0
+                     else TraceIdRatioBased(cfg.sample_ratio))
     provider = TracerProvider(resource=Resource.create({"service.name": cfg.service_name}),
-                              sampler=ParentBased(TraceIdRatioBased(cfg.sample_ratio)))
+                              sampler=ParentBased(root))
     if cfg.exporter == "otlp":
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
@@ -123,16 +129,25 @@ def _stage(name: str, tier: str, attributes: dict[str, Any]) -> Iterator[trace.S
         yield span
 
 
+def _sampled_out() -> bool:
+    """Whether the current request's trace is not sampled: its children are not either (the
+    samplers here are parent-based), so none is started."""
+    ctx = trace.get_current_span().get_span_context()
+    return ctx.is_valid and not ctx.trace_flags.sampled
+
+
 def stage(name: str, tier: str, **attributes: Any) -> Any:
-    """A span around one pipeline stage call (current while it runs), or nothing when off."""
-    if _state["tracer"] is None:
+    """A span around one pipeline stage call (current while it runs), or nothing when off or
+    when the request is not sampled."""
+    if _state["tracer"] is None or _sampled_out():
         return nullcontext()
     return _stage(name, tier, {k: v for k, v in attributes.items() if v is not None})
 
 
 def open_stage(name: str, tier: str, **attributes: Any) -> Any:
-    """A stage span for a streamed stage (ended by ``end_on_attempt``), or None when off."""
-    if _state["tracer"] is None:
+    """A stage span for a streamed stage (ended by ``end_on_attempt``), or None when off or
+    when the request is not sampled."""
+    if _state["tracer"] is None or _sampled_out():
         return None
     return _state["tracer"].start_span(f"tiergate.stage {name}", attributes={
         "tiergate.stage": name, "tiergate.tier": tier, **{k: v for k, v in attributes.items() if v is not None}})
@@ -178,10 +193,14 @@ def attempt(name: str, model: Any, options: Any, on_attempt: Callable[[Any], Non
     tracer = _state["tracer"]
     if tracer is None:
         return on_attempt, options
+    if _sampled_out():  # no span; the upstream still continues the (unsampled) trace
+        carrier: dict[str, str] = {}
+        propagate.inject(carrier)
+        return on_attempt, dataclasses.replace(options, trace_headers=tuple(carrier.items()))
     span = tracer.start_span(f"chat {model.model}", kind=SpanKind.CLIENT, attributes={
         "gen_ai.operation.name": "chat", "gen_ai.system": model.provider, "gen_ai.request.model": model.model,
         "tiergate.model": name})
-    carrier: dict[str, str] = {}
+    carrier = {}
     propagate.inject(carrier, context=trace.set_span_in_context(span))
     options = dataclasses.replace(options, trace_headers=tuple(carrier.items()))
 
