@@ -133,6 +133,9 @@ OBSERVABILITY: dict[str, dict[str, Any]] = {
     "tiergate-no-metrics": {"metrics": {"enabled": False}},
     # every span created and recorded, then dropped (exporter none): the in-process cost of tracing
     "tiergate-traced": {"metrics": {"enabled": True}, "tracing": {"enabled": True, "exporter": "none"}},
+    # one request in ten sampled (parent-based): the others pay a sampling decision only
+    "tiergate-traced@0.1": {"metrics": {"enabled": True}, "tracing": {"enabled": True, "exporter": "none",
+                                                                    "sample_ratio": 0.1}},
 }
 
 
@@ -269,7 +272,8 @@ def run_gateway_bench(args: BenchArgs) -> str:
                 targets.append(_tiergate_target(stack, work, name, upstream, "process", args, env, observability)[0])
             notes.append("tiergate: Prometheus metrics on (the default), tracing off; tiergate-no-metrics: metrics "
                          "off; tiergate-traced: metrics and OpenTelemetry tracing on (every span recorded, exporter "
-                         "none: the in-process cost, without an exporter's network I/O)")
+                         "none: the in-process cost, without an exporter's network I/O); tiergate-traced@0.1: "
+                         "the same with sample_ratio 0.1")
         litellm_bin = args.litellm_venv / "bin" / "litellm"
         if args.only_observability:
             pass

@@ -71,7 +71,7 @@ class CostResult:
     spans: int  # spans exported (recorded) in all
 
 
-def variants(ratios: Sequence[float] = (1.0, 0.1)) -> list[Variant]:
+def variants(ratios: Sequence[float] = (1.0, 0.1, 0.0)) -> list[Variant]:
     out = [Variant("off", False, None), Variant("metrics", True, None)]
     for r in ratios:
         out.append(Variant("traced" if r == 1.0 else f"traced@{r:g}", True, r))

@@ -2,8 +2,9 @@
 
 The span tree of one request:
 
-* the HTTP server span — FastAPI's own (``create_app`` hands it this module's tracer
-  provider): it continues a W3C ``traceparent`` the client sent, and carries ``http.route``;
+* the HTTP server span (``server_span``, started and ended by gateway.web.observe — FastAPI's
+  own instrumentation stays off, so there is one server span, not two): it continues a W3C
+  ``traceparent`` the client sent, and carries ``http.route``, the method, path and status;
   the chat flow adds the routing decision (``tiergate.tier``, ``tiergate.effort``,
   ``tiergate.effort_source``, ``gen_ai.request.model``) and, when the request ends, its usage
   and cost (``gen_ai.usage.input_tokens`` / ``output_tokens``, ``tiergate.cost_usd``);
@@ -28,9 +29,11 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
+from contextvars import Token
 from typing import Any
 
 import orjson
+from opentelemetry import context as otel_context
 from opentelemetry import propagate, trace
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
@@ -78,7 +81,58 @@ def configure(cfg: TracingSettings, provider: TracerProvider | None = None) -> T
     return provider
 
 
-# -- the request span (FastAPI's server span, current in the request's context) ------------------
+# -- the request span (the server span, current in the request's context) -----------------------
+class ServerSpan:
+    """One request's server span and the context token that made it current."""
+
+    __slots__ = ("scope", "span", "token")
+
+    def __init__(self, span: trace.Span, token: Token[otel_context.Context], scope: Any) -> None:
+        self.span, self.token, self.scope = span, token, scope
+
+
+def server_span(scope: Any) -> ServerSpan | None:
+    """Start the server span of an HTTP request (``scope``: its ASGI scope) and make it current,
+    continuing the trace context the client's headers carry (the configured propagators' fields:
+    ``traceparent``, ``tracestate``, ``baggage`` by default); None when tracing is off. A request
+    that is not sampled gets a non-recording span: a sampling decision and nothing else."""
+    tracer = _state["tracer"]
+    if tracer is None:
+        return None
+    propagator = propagate.get_global_textmap()
+    fields = propagator.fields
+    carrier = {}
+    for key, value in scope["headers"]:
+        name = key.decode("latin-1")
+        if name in fields:
+            carrier[name] = value.decode("latin-1")
+    parent = propagator.extract(carrier) if carrier else None
+    span = tracer.start_span(scope.get("method") or "HTTP", context=parent, kind=SpanKind.SERVER)
+    return ServerSpan(span, otel_context.attach(trace.set_span_in_context(span, parent)), scope)
+
+
+def end_server_span(s: ServerSpan, route: str | None, status: int, error: BaseException | None = None) -> None:
+    """End the request's span: route template (None: no route matched), status, error."""
+    otel_context.detach(s.token)
+    span = s.span
+    if not span.is_recording():
+        return
+    scope = s.scope
+    method = scope.get("method") or "HTTP"
+    attributes: dict[str, Any] = {"http.request.method": method, "url.scheme": scope.get("scheme", "http"),
+                                  "url.path": scope.get("path", ""), "http.response.status_code": status}
+    if scope.get("http_version"):
+        attributes["network.protocol.version"] = scope["http_version"]
+    if route is not None:
+        attributes["http.route"] = route
+        span.update_name(f"{method} {route}")
+    if status >= 500 or error is not None:
+        attributes["error.type"] = type(error).__name__ if error is not None else str(status)
+        span.set_status(StatusCode.ERROR)
+    span.set_attributes(attributes)
+    span.end()
+
+
 def annotate_request(decision: Any, messages: list[dict[str, Any]] | None = None) -> None:
     """The routing decision on the current request span (``decision``: a RouteDecision)."""
     if _state["tracer"] is None:
