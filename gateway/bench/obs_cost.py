@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import shutil
 import statistics
 import tempfile
 import time
@@ -78,9 +79,11 @@ def variants(ratios: Sequence[float] = (1.0, 0.1, 0.0)) -> list[Variant]:
     return out
 
 
-def _config(home: Path, upstream: str, v: Variant) -> dict[str, Any]:
-    model = {"provider": "openai", "model": "mock", "api_base": upstream, "context_window": 8192,
-             "price": {"input": 0.5, "output": 1.5}}
+def _config(home: Path, upstream: str, v: Variant, model_name: str, api_key_env: str | None) -> dict[str, Any]:
+    model: dict[str, Any] = {"provider": "openai", "model": model_name, "api_base": upstream, "context_window": 8192,
+                             "price": {"input": 0.5, "output": 1.5}}
+    if api_key_env:
+        model["api_key_env"] = api_key_env
     observability: dict[str, Any] = {"metrics": {"enabled": v.metrics}}
     if v.sample_ratio is not None:
         observability["tracing"] = {"enabled": True, "exporter": "none", "sample_ratio": v.sample_ratio}
@@ -92,7 +95,8 @@ def _config(home: Path, upstream: str, v: Variant) -> dict[str, Any]:
             "tiers": {t: {"model": "mock"} for t in ("none", "minimal", "low", "medium", "high", "xhigh")}}
 
 
-async def _measure(upstream: str, requests: int, rounds: int, vs: list[Variant]) -> list[CostResult]:
+async def _measure(upstream: str, requests: int, rounds: int, vs: list[Variant], model: str = "mock",
+                   api_key_env: str | None = None) -> list[CostResult]:
     import os
 
     from gateway.app import create_app
@@ -100,17 +104,21 @@ async def _measure(upstream: str, requests: int, rounds: int, vs: list[Variant])
     from gateway.db import migrate
     from gateway.db.queries import add_api_key, create_tenant
     from gateway.db.session import database_url, make_engine, make_session_factory
-    from gateway.settings import settings_from_dict
+    from gateway.settings import TracingSettings, settings_from_dict
     from gateway.telemetry import metrics, tracing
 
     os.environ.setdefault("TIERGATE_BENCH_OBS_DATABASE_URL", "")
     work = Path(tempfile.mkdtemp(prefix="tiergate-obs-cost-"))
+    metrics_were_on = metrics.enabled()
     async with AsyncExitStack() as stack:
+        stack.callback(shutil.rmtree, work, True)
+        stack.callback(tracing.configure, TracingSettings())  # this process's switches as they were
+        stack.callback(metrics.configure, metrics_were_on)
         apps: list[tuple[Variant, httpx.AsyncClient, str, Any, TracerProvider | None, _Discard | None]] = []
         for v in vs:
             home = work / v.name.replace("@", "-")
             home.mkdir()
-            settings = settings_from_dict(_config(home, upstream, v), base_dir=home)
+            settings = settings_from_dict(_config(home, upstream, v, model, api_key_env), base_dir=home)
             url = database_url(settings)
             migrate.upgrade(url.render_as_string(hide_password=False))
             engine = make_engine(url)
@@ -159,7 +167,6 @@ async def _measure(upstream: str, requests: int, rounds: int, vs: list[Variant])
             if provider is not None:
                 provider.force_flush()
         spans = {v.name: (e.spans if e is not None else 0) for v, _, _, _, _, e in apps}
-        metrics.configure(True)
     base = per_round[vs[0].name]
     results = []
     for v in vs:
@@ -170,10 +177,11 @@ async def _measure(upstream: str, requests: int, rounds: int, vs: list[Variant])
     return results
 
 
-def measure(upstream: str, requests: int = 300, rounds: int = 5,
-            vs: list[Variant] | None = None) -> list[CostResult]:
-    """Run the in-process measurement against ``upstream`` (an OpenAI-compatible base URL)."""
-    return asyncio.run(_measure(upstream, requests, rounds, vs or variants()))
+def measure(upstream: str, requests: int = 300, rounds: int = 5, vs: list[Variant] | None = None, *,
+            model: str = "mock", api_key_env: str | None = None) -> list[CostResult]:
+    """Run the in-process measurement against ``upstream`` (an OpenAI-compatible base URL
+    serving ``model``; its key in the ``api_key_env`` variable, if it wants one)."""
+    return asyncio.run(_measure(upstream, requests, rounds, vs or variants(), model, api_key_env))
 
 
 def report(results: list[CostResult], requests: int, rounds: int) -> list[str]:
