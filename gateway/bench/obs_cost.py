@@ -192,10 +192,14 @@ def report(results: list[CostResult], requests: int, rounds: int) -> list[str]:
         lines.append(f"{r.variant:<16}{r.us_per_request:>12.1f}{f'[{r.spread_us[0]:.1f}..{r.spread_us[1]:.1f}]':>22}"
                      f"{r.added_us:>+12.1f}"
                      f"{f'[{r.added_spread_us[0]:+.1f}..{r.added_spread_us[1]:+.1f}]':>22}{r.spans:>8}")
-    off = results[0].us_per_request
+    off, off_best = results[0].us_per_request, results[0].spread_us[0]
     parts = [f"{r.variant} {r.added_us / off * 100:+.1f}%" for r in results[1:]]
     lines.append(f"added CPU relative to off ({off:.0f} us/req): " + ", ".join(parts)
                  + " (a CPU-bound server's RPS falls by about this share)")
+    best = [f"{r.variant} {r.spread_us[0] - off_best:+.1f} us ({(r.spread_us[0] - off_best) / off_best * 100:+.1f}%)"
+            for r in results[1:]]
+    lines.append(f"the same from each variant's best round (least disturbed by other load; off {off_best:.0f} us/req): "
+                 + ", ".join(best))
     return lines
 
 
