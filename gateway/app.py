@@ -154,12 +154,12 @@ def create_app(settings: Settings, parts: RuntimeParts = RuntimeParts(), *, free
                 _freeze_startup_heap(stack)
             yield
 
-    # Traces (observability.tracing): FastAPI's own server span per request (it continues a client's
-    # traceparent), this process's tracer for the stage and upstream spans below it. Off: FastAPI's
-    # telemetry is off too, whatever global provider the environment set up.
-    provider = tracing.configure(settings.observability.tracing, tracer_provider)
+    # Traces (observability.tracing): this process's tracer for the server span (ObserveMiddleware:
+    # it continues a client's traceparent) and the stage and upstream spans below it. FastAPI's own
+    # telemetry stays off, whatever global provider the environment set up: one server span, not two.
+    tracing_on = tracing.configure(settings.observability.tracing, tracer_provider) is not None
     telemetry: TelemetryConfig = {"metrics": False, "logs": False, "operation_spans": False,
-                                  "tracing": provider is not None, "tracer_provider": provider}
+                                  "tracing": False, "tracer_provider": None}
     app = FastAPI(title="tiergate", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None,
                   telemetry=telemetry)
     app.add_exception_handler(GatewayError, _gateway_error)
@@ -170,8 +170,8 @@ def create_app(settings: Settings, parts: RuntimeParts = RuntimeParts(), *, free
                                                           settings.jobs.max_file_bytes + FORM_OVERHEAD_BYTES))
     observe = settings.observability
     _routers(app)
-    if observe.metrics.enabled or observe.logs.request_lines:  # outside the edge: it sees the edge's 500s
+    if observe.metrics.enabled or observe.logs.request_lines or tracing_on:  # outside the edge: sees its 500s
         app.add_middleware(ObserveMiddleware, paths=route_templates(app.router.routes),
-                           metrics_on=observe.metrics.enabled,
+                           metrics_on=observe.metrics.enabled, tracing_on=tracing_on,
                            request_log=RequestLog() if observe.logs.request_lines else None)
     return app

@@ -47,6 +47,22 @@ class Phase:
     p50_ms: float
     p99_ms: float
     errors: int
+    requests: int = 0  # answered (warm-up included)
+    cpu_us: float = float("nan")  # the server process's CPU time (all its threads) per request answered
+
+
+WARMUP = 50  # sequential requests before each measured phase
+
+
+def _cpu_s(pid: int | None) -> float:
+    """CPU time (user + system, all threads) the process has used so far; nan if unknown."""
+    if pid is None:
+        return float("nan")
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return float("nan")
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _free_port() -> int:
@@ -77,12 +93,13 @@ def _wait_http(url: str, proc: subprocess.Popen[bytes], timeout_s: float, log: P
 
 @contextmanager
 def _process(cmd: list[str], ready_url: str, log: Path, env: dict[str, str] | None = None,
-             timeout_s: float = 120) -> Iterator[None]:
+             timeout_s: float = 120) -> Iterator[int]:
+    """Start ``cmd``, wait until ``ready_url`` answers; yields its pid (taskset execs the command)."""
     proc = subprocess.Popen(cmd, stdout=log.open("wb"), stderr=subprocess.STDOUT, env=env or dict(os.environ),
                             start_new_session=True)
     try:
         _wait_http(ready_url, proc, timeout_s, log)
-        yield
+        yield proc.pid
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGTERM)
@@ -97,19 +114,25 @@ def _load(url: str, body: dict[str, Any], key: str, concurrency: int, core: int 
           duration_s: float = 0.0, requests: int = 0) -> Phase:
     cmd = [*_pin(core), sys.executable, "-m", "gateway.bench.tools", "load", "--url", url,
            "--body", orjson.dumps(body).decode(), "--key", key, "--concurrency", str(concurrency),
-           "--duration", str(duration_s or 3600), "--requests", str(requests)]
+           "--duration", str(duration_s or 3600), "--requests", str(requests), "--warmup", str(WARMUP)]
     out = subprocess.run(cmd, capture_output=True, check=True, timeout=900).stdout
     r = orjson.loads(out.strip().splitlines()[-1])
     nan = float("nan")  # no successful request: shown as nan, with the error count
     return Phase(r["rps"], r["p50_ms"] if r["p50_ms"] is not None else nan,
-                 r["p99_ms"] if r["p99_ms"] is not None else nan, r["errors"])
+                 r["p99_ms"] if r["p99_ms"] is not None else nan, r["errors"], WARMUP + r["requests"] + r["errors"])
 
 
-def _measure(name: str, url: str, body: dict[str, Any], key: str, args: BenchArgs) -> tuple[Phase, Phase]:
+def _measure(name: str, url: str, body: dict[str, Any], key: str, args: BenchArgs,
+             pid: int | None = None) -> tuple[Phase, Phase]:
+    """Latency at concurrency 1, then RPS at ``args.concurrency``; with the server's ``pid``, the
+    throughput phase carries the server's CPU time per request over both phases."""
     sys.stderr.write(f"  measuring {name} ...\n")
+    cpu0 = _cpu_s(pid)
     latency = _load(url, body, key, 1, args.load_core, requests=args.latency_requests)
     throughput = _load(url, body, key, args.concurrency, args.load_core, duration_s=args.duration_s)
-    return latency, throughput
+    served = latency.requests + throughput.requests
+    cpu_us = (_cpu_s(pid) - cpu0) / max(served, 1) * 1e6
+    return latency, dataclasses.replace(throughput, cpu_us=cpu_us)
 
 
 @dataclass(frozen=True)
@@ -123,6 +146,9 @@ class BenchArgs:
     nowait_variant: bool = True
     rounds: int = 3
     observability_variants: bool = True
+    only_observability: bool = False  # direct + the tiergate observability variants only
+    cost_requests: int = 300  # in-process CPU cost: requests per variant and round (0: skip)
+    cost_rounds: int = 5
 
 
 # The default tiergate target runs the default observability: Prometheus metrics on, tracing off.
@@ -130,6 +156,9 @@ OBSERVABILITY: dict[str, dict[str, Any]] = {
     "tiergate-no-metrics": {"metrics": {"enabled": False}},
     # every span created and recorded, then dropped (exporter none): the in-process cost of tracing
     "tiergate-traced": {"metrics": {"enabled": True}, "tracing": {"enabled": True, "exporter": "none"}},
+    # one request in ten sampled (parent-based): the others pay a sampling decision only
+    "tiergate-traced@0.1": {"metrics": {"enabled": True}, "tracing": {"enabled": True, "exporter": "none",
+                                                                    "sample_ratio": 0.1}},
 }
 
 
@@ -202,6 +231,7 @@ class Target:
     url: str
     body: dict[str, Any]
     key: str
+    pid: int | None = None  # the server's process (its CPU time per request); None: not measured
 
 
 def _median_phase(phases: list[Phase]) -> Phase:
@@ -209,7 +239,7 @@ def _median_phase(phases: list[Phase]) -> Phase:
         return statistics.median(values)
 
     return Phase(med([p.rps for p in phases]), med([p.p50_ms for p in phases]), med([p.p99_ms for p in phases]),
-                 sum(p.errors for p in phases))
+                 sum(p.errors for p in phases), sum(p.requests for p in phases), med([p.cpu_us for p in phases]))
 
 
 def _tiergate_target(stack: ExitStack, work: Path, name: str, upstream: str, durability: str, args: BenchArgs,
@@ -220,8 +250,8 @@ def _tiergate_target(stack: ExitStack, work: Path, name: str, upstream: str, dur
     key, port = _tiergate_key(config), _free_port()
     cmd = [*_pin(args.server_core), sys.executable, "-c", "from gateway.cli import main; main()",
            "serve", "--config", str(config), "--port", str(port)]
-    stack.enter_context(_process(cmd, f"http://127.0.0.1:{port}/readyz", work / f"{name}.log", env))
-    return Target(name, f"http://127.0.0.1:{port}/v1/chat/completions", REQUEST, key), config
+    pid = stack.enter_context(_process(cmd, f"http://127.0.0.1:{port}/readyz", work / f"{name}.log", env))
+    return Target(name, f"http://127.0.0.1:{port}/v1/chat/completions", REQUEST, key, pid), config
 
 
 def run_gateway_bench(args: BenchArgs) -> str:
@@ -240,13 +270,18 @@ def run_gateway_bench(args: BenchArgs) -> str:
         mock_cmd = [*_pin(args.load_core), sys.executable, "-m", "gateway.bench.tools", "mock",
                     "--port", str(mock_port)]
         stack.enter_context(_process(mock_cmd, f"http://127.0.0.1:{mock_port}/v1/models", work / "mock.log", env))
+        if args.only_observability:
+            args = dataclasses.replace(args, nowait_variant=False, observability_variants=True)
         bare_port = _free_port()
         bare_cmd = [*_pin(args.server_core), sys.executable, "-m", "gateway.bench.tools", "bare",
                     "--port", str(bare_port), "--upstream", upstream]
-        stack.enter_context(_process(bare_cmd, f"http://127.0.0.1:{bare_port}/healthz", work / "bare.log", env))
-        targets.append(Target("bare-fastapi", f"http://127.0.0.1:{bare_port}/v1/chat/completions", REQUEST, "none"))
-        notes.append("bare-fastapi: FastAPI + aiohttp pass-through with no auth, validation or ledger "
-                     "(the floor for a Python gateway on this machine)")
+        if not args.only_observability:
+            bare_pid = stack.enter_context(_process(bare_cmd, f"http://127.0.0.1:{bare_port}/healthz",
+                                                    work / "bare.log", env))
+            targets.append(Target("bare-fastapi", f"http://127.0.0.1:{bare_port}/v1/chat/completions", REQUEST,
+                                  "none", bare_pid))
+            notes.append("bare-fastapi: FastAPI + aiohttp pass-through with no auth, validation or ledger "
+                         "(the floor for a Python gateway on this machine)")
         target, config = _tiergate_target(stack, work, "tiergate", upstream, "process", args, env)
         targets.append(target)
         if args.nowait_variant:
@@ -261,18 +296,21 @@ def run_gateway_bench(args: BenchArgs) -> str:
                 targets.append(_tiergate_target(stack, work, name, upstream, "process", args, env, observability)[0])
             notes.append("tiergate: Prometheus metrics on (the default), tracing off; tiergate-no-metrics: metrics "
                          "off; tiergate-traced: metrics and OpenTelemetry tracing on (every span recorded, exporter "
-                         "none: the in-process cost, without an exporter's network I/O)")
+                         "none: the in-process cost, without an exporter's network I/O); tiergate-traced@0.1: "
+                         "the same with sample_ratio 0.1")
         litellm_bin = args.litellm_venv / "bin" / "litellm"
-        if litellm_bin.exists():
+        if args.only_observability:
+            pass
+        elif litellm_bin.exists():
             ll_port = _free_port()
             ll_cmd = [*_pin(args.server_core), str(litellm_bin), "--config", str(_litellm_config(work, upstream)),
                       "--host", "127.0.0.1", "--port", str(ll_port), "--num_workers", "1"]
             ll_env = {**env, "LITELLM_LOG": "ERROR", "LITELLM_TELEMETRY": "False", "DISABLE_SCHEMA_UPDATE": "True"}
             try:
-                stack.enter_context(_process(ll_cmd, f"http://127.0.0.1:{ll_port}/health/liveliness",
-                                             work / "litellm.log", ll_env, timeout_s=240))
+                ll_pid = stack.enter_context(_process(ll_cmd, f"http://127.0.0.1:{ll_port}/health/liveliness",
+                                                      work / "litellm.log", ll_env, timeout_s=240))
                 targets.append(Target("litellm", f"http://127.0.0.1:{ll_port}/v1/chat/completions",
-                                      {**REQUEST, "model": LITELLM_MODEL}, LITELLM_MASTER_KEY))
+                                      {**REQUEST, "model": LITELLM_MODEL}, LITELLM_MASTER_KEY, ll_pid))
                 notes.append("LiteLLM proxy ran with master-key auth and no database (its spend logs need "
                              "PostgreSQL), i.e. with less work per request than tiergate")
             except RuntimeError as err:
@@ -282,29 +320,54 @@ def run_gateway_bench(args: BenchArgs) -> str:
                          "measured the others only")
         measured: dict[str, list[tuple[Phase, Phase]]] = {t.name: [] for t in targets}
         for round_no in range(args.rounds):
-            for t in targets:
+            # A B C, then C B A: a drift in the machine's load within a round hits every target alike
+            for t in targets if round_no % 2 == 0 else targets[::-1]:
                 measured[t.name].append(_measure(f"{t.name} (round {round_no + 1}/{args.rounds})", t.url, t.body,
-                                                 t.key, args))
+                                                 t.key, args, t.pid))
+        cost_lines: list[str] = []
+        if args.observability_variants and args.cost_requests > 0:
+            from gateway.bench import obs_cost
+
+            sys.stderr.write("  measuring the in-process CPU cost per request ...\n")
+            cost_lines = obs_cost.report(obs_cost.measure(upstream, args.cost_requests, args.cost_rounds),
+                                         args.cost_requests, args.cost_rounds)
     rows = _ledger_rows(config)
     notes.append(f"ledger rows written by the durable tiergate run: {rows} (auth + journaled ledger on, SQLite)")
     shutil.rmtree(work, ignore_errors=True)
     results = {name: (_median_phase([m[0] for m in ms]), _median_phase([m[1] for m in ms]))
                for name, ms in measured.items()}
-    return _report(results, notes, args, cores)
+    return _report(results, notes, args, cores, measured, cost_lines)
 
 
-def _report(results: dict[str, tuple[Phase, Phase]], notes: list[str], args: BenchArgs, cores: int) -> str:
+def _spread(values: list[float]) -> str:
+    return f"[{min(values):.3g}..{max(values):.3g}]"
+
+
+def _paired(measured: dict[str, list[tuple[Phase, Phase]]], variant: str, base: str
+            ) -> tuple[list[float], list[float], list[float]]:
+    """Per round: the variant's RPS over the base's, its p50 minus the base's (ms), and the
+    base's server CPU per request over the variant's (the RPS ratio a CPU-bound server would see)."""
+    pairs = list(zip(measured[variant], measured[base], strict=True))
+    return ([v[1].rps / max(b[1].rps, 1e-9) for v, b in pairs], [v[0].p50_ms - b[0].p50_ms for v, b in pairs],
+            [b[1].cpu_us / v[1].cpu_us for v, b in pairs if v[1].cpu_us > 0])
+
+
+def _report(results: dict[str, tuple[Phase, Phase]], notes: list[str], args: BenchArgs, cores: int,
+            measured: dict[str, list[tuple[Phase, Phase]]] | None = None, cost_lines: list[str] | None = None) -> str:
+    measured = measured or {}
     direct_lat = results["direct"][0]
     lines = [f"tiergate bench gateway: concurrency {args.concurrency} for {args.duration_s:.0f}s (RPS); "
              f"{args.latency_requests} sequential requests (latency); median of {args.rounds} interleaved "
              f"rounds; {cores} cores, server core "
              f"{args.server_core}, load+mock core {args.load_core}",
-             "", f"{'target':<16}{'RPS@c':>10}{'p50 ms':>10}{'p99 ms':>10}{'+p50 ms':>10}{'+p99 ms':>10}{'errors':>8}"]
+             "", f"{'target':<20}{'RPS@c':>10}{'p50 ms':>10}{'p99 ms':>10}{'+p50 ms':>10}{'+p99 ms':>10}"
+                 f"{'errors':>8}{'CPU us/req':>12}   RPS spread [min..max]"]
     for name, (lat, thr) in results.items():
         added50, added99 = lat.p50_ms - direct_lat.p50_ms, lat.p99_ms - direct_lat.p99_ms
-        lines.append(f"{name:<16}{thr.rps:>10.1f}{lat.p50_ms:>10.3f}{lat.p99_ms:>10.3f}"
+        spread = _spread([m[1].rps for m in measured[name]]) if measured.get(name) else ""
+        lines.append(f"{name:<20}{thr.rps:>10.1f}{lat.p50_ms:>10.3f}{lat.p99_ms:>10.3f}"
                      f"{added50 if name != 'direct' else 0:>10.3f}{added99 if name != 'direct' else 0:>10.3f}"
-                     f"{lat.errors + thr.errors:>8}")
+                     f"{lat.errors + thr.errors:>8}{thr.cpu_us:>12.0f}   {spread}")
     lines.append("")
     tg = results["tiergate"]
     lines.append(f"tiergate / direct RPS: {tg[1].rps / results['direct'][1].rps:.3f}")
@@ -326,10 +389,21 @@ def _report(results: dict[str, tuple[Phase, Phase]], notes: list[str], args: Ben
                              f"ratio {nw_add / max(ll_add, 1e-9):.3f}")
     base = results.get("tiergate-no-metrics")
     if base is not None:
-        for variant in ("tiergate", "tiergate-traced"):
+        for variant in [n for n in results if n == "tiergate" or n.startswith("tiergate-traced")]:
             v = results[variant]
-            lines.append(f"observability cost, {variant} vs tiergate-no-metrics: RPS ratio "
-                         f"{v[1].rps / max(base[1].rps, 1e-9):.3f} (target >= 0.95), added p50 "
-                         f"{v[0].p50_ms - base[0].p50_ms:+.3f} ms (target <= 0.1)")
+            line = (f"observability cost, {variant} vs tiergate-no-metrics: RPS ratio "
+                    f"{v[1].rps / max(base[1].rps, 1e-9):.3f} (target >= 0.95), added p50 "
+                    f"{v[0].p50_ms - base[0].p50_ms:+.3f} ms (target <= 0.1)")
+            if measured.get(variant) and measured.get("tiergate-no-metrics"):
+                ratios, added, cpu = _paired(measured, variant, "tiergate-no-metrics")
+                line += (f"; per round: RPS ratio median {statistics.median(ratios):.3f} {_spread(ratios)}, "
+                         f"added p50 median {statistics.median(added):+.3f} ms {_spread(added)}")
+                cpu = [c for c in cpu if c == c]  # nan: CPU time not readable
+                if cpu:
+                    line += (f"; server CPU per request ratio (off / on) median {statistics.median(cpu):.3f} "
+                             f"{_spread(cpu)}")
+            lines.append(line)
+    if cost_lines:
+        lines += ["", *cost_lines]
     lines += ["", *("note: " + n for n in notes)]
     return "\n".join(lines)

@@ -55,6 +55,10 @@ def gateway_bench(
     litellm_venv: str = typer.Option(".venv-litellm-proxy", help="venv with litellm[proxy] (make bench-venv)"),
     rounds: int = typer.Option(3, min=1, help="interleaved rounds (median of them)"),
     observability: bool = typer.Option(True, help="also measure metrics off and metrics + tracing on"),
+    only_observability: bool = typer.Option(False, "--only-observability",
+                                            help="measure direct and the tiergate observability variants only"),
+    cost_requests: int = typer.Option(300, help="in-process CPU cost: requests per variant and round (0: skip)"),
+    cost_rounds: int = typer.Option(5, min=1, help="in-process CPU cost: interleaved rounds"),
 ) -> None:
     """Gateway overhead: direct-to-mock vs tiergate (auth + ledger on) vs the LiteLLM proxy."""
     from pathlib import Path
@@ -62,7 +66,9 @@ def gateway_bench(
     from gateway.bench.gateway import BenchArgs, run_gateway_bench
 
     typer.echo(run_gateway_bench(BenchArgs(concurrency, duration, latency_requests, server_core, load_core,
-                                           Path(litellm_venv), rounds=rounds, observability_variants=observability)))
+                                           Path(litellm_venv), rounds=rounds, observability_variants=observability,
+                                           only_observability=only_observability, cost_requests=cost_requests,
+                                           cost_rounds=cost_rounds)))
 
 
 @app.command("engine")

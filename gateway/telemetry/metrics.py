@@ -108,10 +108,18 @@ def _child(metric: Any, *labels: str) -> Any:
 
 
 # -- recording ------------------------------------------------------------------------------------
+_http: dict[tuple[str, str, str, int], tuple[Any, Any]] = {}
+
+
 def record_http(route: str, tier: str, model: str, status: int, seconds: float) -> None:
-    s = str(status)
-    _child(HTTP_REQUESTS, route, tier, model, s).inc()
-    _child(HTTP_SECONDS, route, tier, model, s).observe(seconds)
+    """One request: its count and its latency (one lookup for both labelled children)."""
+    key = (route, tier, model, status)
+    pair = _http.get(key)
+    if pair is None:
+        s = str(status)
+        pair = _http[key] = (HTTP_REQUESTS.labels(route, tier, model, s), HTTP_SECONDS.labels(route, tier, model, s))
+    pair[0].inc()
+    pair[1].observe(seconds)
 
 
 class AttemptLike(Protocol):

@@ -2,8 +2,9 @@
 
 The span tree of one request:
 
-* the HTTP server span — FastAPI's own (``create_app`` hands it this module's tracer
-  provider): it continues a W3C ``traceparent`` the client sent, and carries ``http.route``;
+* the HTTP server span (``server_span``, started and ended by gateway.web.observe — FastAPI's
+  own instrumentation stays off, so there is one server span, not two): it continues a W3C
+  ``traceparent`` the client sent, and carries ``http.route``, the method, path and status;
   the chat flow adds the routing decision (``tiergate.tier``, ``tiergate.effort``,
   ``tiergate.effort_source``, ``gen_ai.request.model``) and, when the request ends, its usage
   and cost (``gen_ai.usage.input_tokens`` / ``output_tokens``, ``tiergate.cost_usd``);
@@ -14,7 +15,11 @@ The span tree of one request:
   context goes upstream as ``traceparent`` (OpenAI-compatible upstreams).
 
 Prompt and completion text are never put on a span unless ``capture_content`` is set. With
-tracing off every helper here is one check of a module global.
+tracing off every helper here is one check of a module global. Sampling is parent-based (the
+client's sampled flag is kept; a new trace is sampled with ``sample_ratio``): in a request that
+is not sampled no stage or client span is started at all (a sampled-out parent's children are
+never sampled), only its trace context is passed upstream, so a sampled-out request costs the
+server span's sampling decision and little else.
 
 Imports opentelemetry and settings only.
 """
@@ -24,14 +29,16 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
+from contextvars import Token
 from typing import Any
 
 import orjson
+from opentelemetry import context as otel_context
 from opentelemetry import propagate, trace
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
-from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
+from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON, ParentBased, Sampler, TraceIdRatioBased
 from opentelemetry.trace import SpanKind, StatusCode
 
 from gateway.settings import TracingSettings
@@ -48,8 +55,10 @@ def build_provider(cfg: TracingSettings) -> TracerProvider:
     """A tracer provider for ``cfg``: sampled by ``sample_ratio`` (a sampled parent's choice is
     kept), exporting in batches over OTLP/HTTP, to the console, or nowhere (``none``: tests
     add their own processor)."""
+    root: Sampler = (ALWAYS_ON if cfg.sample_ratio >= 1 else ALWAYS_OFF if cfg.sample_ratio <= 0
+                     else TraceIdRatioBased(cfg.sample_ratio))
     provider = TracerProvider(resource=Resource.create({"service.name": cfg.service_name}),
-                              sampler=ParentBased(TraceIdRatioBased(cfg.sample_ratio)))
+                              sampler=ParentBased(root))
     if cfg.exporter == "otlp":
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
@@ -72,7 +81,58 @@ def configure(cfg: TracingSettings, provider: TracerProvider | None = None) -> T
     return provider
 
 
-# -- the request span (FastAPI's server span, current in the request's context) ------------------
+# -- the request span (the server span, current in the request's context) -----------------------
+class ServerSpan:
+    """One request's server span and the context token that made it current."""
+
+    __slots__ = ("scope", "span", "token")
+
+    def __init__(self, span: trace.Span, token: Token[otel_context.Context], scope: Any) -> None:
+        self.span, self.token, self.scope = span, token, scope
+
+
+def server_span(scope: Any) -> ServerSpan | None:
+    """Start the server span of an HTTP request (``scope``: its ASGI scope) and make it current,
+    continuing the trace context the client's headers carry (the configured propagators' fields:
+    ``traceparent``, ``tracestate``, ``baggage`` by default); None when tracing is off. A request
+    that is not sampled gets a non-recording span: a sampling decision and nothing else."""
+    tracer = _state["tracer"]
+    if tracer is None:
+        return None
+    propagator = propagate.get_global_textmap()
+    fields = propagator.fields
+    carrier = {}
+    for key, value in scope["headers"]:
+        name = key.decode("latin-1")
+        if name in fields:
+            carrier[name] = value.decode("latin-1")
+    parent = propagator.extract(carrier) if carrier else None
+    span = tracer.start_span(scope.get("method") or "HTTP", context=parent, kind=SpanKind.SERVER)
+    return ServerSpan(span, otel_context.attach(trace.set_span_in_context(span, parent)), scope)
+
+
+def end_server_span(s: ServerSpan, route: str | None, status: int, error: BaseException | None = None) -> None:
+    """End the request's span: route template (None: no route matched), status, error."""
+    otel_context.detach(s.token)
+    span = s.span
+    if not span.is_recording():
+        return
+    scope = s.scope
+    method = scope.get("method") or "HTTP"
+    attributes: dict[str, Any] = {"http.request.method": method, "url.scheme": scope.get("scheme", "http"),
+                                  "url.path": scope.get("path", ""), "http.response.status_code": status}
+    if scope.get("http_version"):
+        attributes["network.protocol.version"] = scope["http_version"]
+    if route is not None:
+        attributes["http.route"] = route
+        span.update_name(f"{method} {route}")
+    if status >= 500 or error is not None:
+        attributes["error.type"] = type(error).__name__ if error is not None else str(status)
+        span.set_status(StatusCode.ERROR)
+    span.set_attributes(attributes)
+    span.end()
+
+
 def annotate_request(decision: Any, messages: list[dict[str, Any]] | None = None) -> None:
     """The routing decision on the current request span (``decision``: a RouteDecision)."""
     if _state["tracer"] is None:
@@ -123,16 +183,25 @@ def _stage(name: str, tier: str, attributes: dict[str, Any]) -> Iterator[trace.S
         yield span
 
 
+def _sampled_out() -> bool:
+    """Whether the current request's trace is not sampled: its children are not either (the
+    samplers here are parent-based), so none is started."""
+    ctx = trace.get_current_span().get_span_context()
+    return ctx.is_valid and not ctx.trace_flags.sampled
+
+
 def stage(name: str, tier: str, **attributes: Any) -> Any:
-    """A span around one pipeline stage call (current while it runs), or nothing when off."""
-    if _state["tracer"] is None:
+    """A span around one pipeline stage call (current while it runs), or nothing when off or
+    when the request is not sampled."""
+    if _state["tracer"] is None or _sampled_out():
         return nullcontext()
     return _stage(name, tier, {k: v for k, v in attributes.items() if v is not None})
 
 
 def open_stage(name: str, tier: str, **attributes: Any) -> Any:
-    """A stage span for a streamed stage (ended by ``end_on_attempt``), or None when off."""
-    if _state["tracer"] is None:
+    """A stage span for a streamed stage (ended by ``end_on_attempt``), or None when off or
+    when the request is not sampled."""
+    if _state["tracer"] is None or _sampled_out():
         return None
     return _state["tracer"].start_span(f"tiergate.stage {name}", attributes={
         "tiergate.stage": name, "tiergate.tier": tier, **{k: v for k, v in attributes.items() if v is not None}})
@@ -178,10 +247,14 @@ def attempt(name: str, model: Any, options: Any, on_attempt: Callable[[Any], Non
     tracer = _state["tracer"]
     if tracer is None:
         return on_attempt, options
+    if _sampled_out():  # no span; the upstream still continues the (unsampled) trace
+        carrier: dict[str, str] = {}
+        propagate.inject(carrier)
+        return on_attempt, dataclasses.replace(options, trace_headers=tuple(carrier.items()))
     span = tracer.start_span(f"chat {model.model}", kind=SpanKind.CLIENT, attributes={
         "gen_ai.operation.name": "chat", "gen_ai.system": model.provider, "gen_ai.request.model": model.model,
         "tiergate.model": name})
-    carrier: dict[str, str] = {}
+    carrier = {}
     propagate.inject(carrier, context=trace.set_span_in_context(span))
     options = dataclasses.replace(options, trace_headers=tuple(carrier.items()))
 

@@ -12,6 +12,7 @@ import pytest
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.sdk.trace.sampling import ALWAYS_ON, ParentBased, Sampler, SamplingResult
 from opentelemetry.trace import SpanKind
 
 from tests.gateway.app.observe_support import app_with
@@ -107,3 +108,39 @@ async def test_content_only_with_the_switch_and_nothing_when_off(
     async with app_with(tmp_path / "b", upstream, tracer_provider=provider) as gw:  # tracing off (the default)
         assert (await gw.client.post("/v1/chat/completions", headers=gw.auth, json=body)).status_code == 200
     assert exporter.get_finished_spans() == () and "traceparent" not in upstream.requests[-1].headers
+
+
+class _CountingSampler(Sampler):
+    """The SDK's default (parent-based, always on), counting the spans it is asked about."""
+
+    def __init__(self) -> None:
+        self.inner, self.calls = ParentBased(ALWAYS_ON), 0
+
+    def should_sample(self, *args: Any, **kwargs: Any) -> SamplingResult:
+        self.calls += 1
+        return self.inner.should_sample(*args, **kwargs)
+
+    def get_description(self) -> str:
+        return "counting"
+
+
+async def test_a_sampled_out_request_starts_no_child_span_but_propagates(tmp_path: Path,
+                                                                          upstream: ScriptedUpstream) -> None:
+    sampler, exporter = _CountingSampler(), InMemorySpanExporter()
+    provider = TracerProvider(sampler=sampler)
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    body = {"model": "auto", "reasoning_effort": "high", "messages": MSGS, "max_tokens": 200}
+    async with app_with(tmp_path, upstream, tracer_provider=provider, **ON) as gw:
+        r = await gw.client.post("/v1/chat/completions", json=body,
+                                 headers={**gw.auth, "traceparent": f"00-{TRACE_ID}-{PARENT_ID}-00"})  # not sampled
+        assert r.status_code == 200, r.text
+        rows = gw.ledger_rows()
+        assert len(rows) > 1  # a pipelined request: stages and several upstream calls
+        assert sampler.calls == 1 and exporter.get_finished_spans() == ()  # the server span's decision only
+        for sent in (req.headers["traceparent"] for req in upstream.requests[-len(rows):]):
+            assert sent.split("-")[1] == TRACE_ID and sent.endswith("-00")  # the trace continues, unsampled
+        sampler.calls = 0  # the same app, a sampled request: every span asked about and recorded
+        r = await gw.client.post("/v1/chat/completions", json=body, headers=gw.auth)
+        assert r.status_code == 200, r.text
+    assert sampler.calls == len(exporter.get_finished_spans()) > 2
+    provider.shutdown()

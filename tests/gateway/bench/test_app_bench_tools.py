@@ -14,8 +14,9 @@ import httpx
 import orjson
 import pytest
 
-from gateway.bench.gateway import BenchArgs, Phase, _report
+from gateway.bench.gateway import BenchArgs, Phase, _median_phase, _report
 from gateway.bench.tools import run_load
+from tests.gateway.scripted_upstream import UPSTREAM_KEY_ENV, ScriptedUpstream
 
 
 def _port() -> int:
@@ -61,3 +62,39 @@ def test_report_prints_ratios() -> None:
     assert "tiergate / LiteLLM RPS: 20.00x" in out
     assert "tiergate added p50 / LiteLLM added p50: 0.100" in out
     assert "note: a note" in out
+
+
+def test_report_pairs_the_observability_variants_round_by_round() -> None:
+    def rounds(rps: list[float], p50: list[float]) -> list[tuple[Phase, Phase]]:
+        return [(Phase(0, p, p, 0), Phase(r, p, p, 0)) for r, p in zip(rps, p50, strict=True)]
+
+    measured = {"direct": rounds([1000, 1000, 1000], [1.0, 1.0, 1.0]),
+                "tiergate": rounds([450, 300, 600], [2.0, 2.5, 2.0]),
+                "tiergate-no-metrics": rounds([500, 330, 610], [1.9, 2.4, 2.0]),
+                "tiergate-traced": rounds([400, 270, 480], [2.2, 2.7, 2.3])}
+    results = {name: (_median_phase([m[0] for m in ms]), _median_phase([m[1] for m in ms]))
+               for name, ms in measured.items()}
+    out = _report(results, [], BenchArgs(), 2, measured, ["in-process line"])
+    # the ratio of the medians (450 / 500), then the median of the per-round ratios (0.9, 0.909, 0.984)
+    assert "tiergate vs tiergate-no-metrics: RPS ratio 0.900" in out
+    assert "per round: RPS ratio median 0.909 [0.9..0.984]" in out
+    assert "tiergate-traced vs tiergate-no-metrics: RPS ratio 0.800" in out
+    assert "RPS ratio median 0.800 [0.787..0.818]" in out and "added p50 median +0.300 ms" in out
+    assert "[300..600]" in out and "in-process line" in out
+
+
+@pytest.mark.slow
+def test_in_process_cost_counts_each_variants_spans(upstream: ScriptedUpstream) -> None:
+    from gateway.bench import obs_cost
+    from gateway.telemetry import metrics, tracing
+
+    vs = [obs_cost.Variant("off", False, None), obs_cost.Variant("traced", True, 1.0),
+          obs_cost.Variant("traced@0", True, 0.0)]
+    results = obs_cost.measure(upstream.base_url, requests=3, rounds=2, vs=vs, model="up-a", api_key_env=UPSTREAM_KEY_ENV)
+    by = {r.variant: r for r in results}
+    # a direct request: its server span and one client span; 3 warm-up + 2 x 3 measured requests
+    assert (by["off"].spans, by["traced"].spans, by["traced@0"].spans) == (0, 18, 0)
+    assert all(r.us_per_request > 0 for r in results) and by["off"].added_us == 0
+    assert not tracing.enabled() and metrics.enabled()  # the process's switches as they were
+    lines = obs_cost.report(results, 3, 2)
+    assert lines[2].startswith("off") and "traced@0" in lines[4]
