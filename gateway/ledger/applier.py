@@ -3,11 +3,13 @@ transaction (the syncer calls it for every batch it takes from the journal).
 
 Ledger entries: ``INSERT ... ON CONFLICT (id) DO NOTHING RETURNING id`` (SQLite ≥ 3.35 and
 PostgreSQL), and ``daily_spend`` is incremented only for the rows that statement actually
-inserted — replaying a journal segment twice never double-counts. Requests: upsert by id,
+inserted — replaying a journal segment twice never double-counts; the overview's two rollups
+of daily_spend (``tenant_spend_spans``, ``daily_tier_spend``: gateway.db.rollups) get the same
+increments in the same statement batch, so they always equal daily_spend's sums. Requests: upsert by id,
 where an ``in_progress`` record never overwrites a final one. Exceptions propagate (the
 caller retries the batch durably); nothing here swallows an error. Money: the records' integer
 nano-USD become ``Numeric(18, 9)`` decimals exactly (``nanos_to_decimal``); ``daily_spend``
-increments are summed as integers first. Imports only gateway.db.models, gateway.money and
+increments are summed as integers first. Imports only gateway.db.models, gateway.db.rollups, gateway.money and
 ledger.entries.
 """
 
@@ -21,7 +23,8 @@ from typing import Any
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session, sessionmaker
 
-from gateway.db.models import DailySpend, LedgerEntryRow, Request
+from gateway.db.models import DailySpend, DailyTierSpend, LedgerEntryRow, Request, TenantSpendSpan
+from gateway.db.rollups import ROLLUP_SUMS, rollup_rows
 from gateway.ledger.entries import IN_PROGRESS, LedgerEntry, Record, RequestRecord
 from gateway.money import nanos_to_decimal
 
@@ -45,6 +48,8 @@ class _Statements:
     entries: Any
     daily: Any
     requests: Any
+    spans: Any
+    tiers: Any
 
 
 _STATEMENTS: dict[str, _Statements] = {}
@@ -64,7 +69,14 @@ def _build_statements(insert: Any) -> _Statements:
         index_elements=["id"],
         set_={c.name: rq.excluded[c.name] for c in rt.columns if c.name not in ("id", "created_at")},
         where=(rt.c.status == IN_PROGRESS) | (rq.excluded.status != IN_PROGRESS))
-    return _Statements(entries, up, rq)
+    return _Statements(entries, up, rq, _adding(insert, TenantSpendSpan.__table__, ["span_days", "start_day", "tenant_id"]),
+                       _adding(insert, DailyTierSpend.__table__, ["day", "tier"]))
+
+
+def _adding(insert: Any, table: Any, key: list[str]) -> Any:
+    """An upsert that adds the row's ``ROLLUP_SUMS`` to the existing row's."""
+    up = insert(table)
+    return up.on_conflict_do_update(index_elements=key, set_={c: table.c[c] + up.excluded[c] for c in ROLLUP_SUMS})
 
 
 def _statements_for(session: Session) -> _Statements:
@@ -127,7 +139,7 @@ def daily_rows(entries: Sequence[LedgerEntry]) -> list[dict[str, Any]]:
     for row in agg.values():
         row["cost_usd"] = nanos_to_decimal(row["cost_usd"])
         row["baseline_cost_usd"] = nanos_to_decimal(row["baseline_cost_usd"])
-    return list(agg.values())
+    return [agg[k] for k in sorted(agg)]  # one lock order for every writer
 
 
 def _fold_requests(records: Sequence[RequestRecord]) -> list[RequestRecord]:
@@ -164,6 +176,9 @@ def write_records(session: Session, records: Sequence[Record]) -> BatchResult:
         new_rows = daily_rows([e for i, e in entries.items() if i in inserted])
         if new_rows:
             conn.execute(stmts.daily, new_rows)
+            spans, tiers = rollup_rows(new_rows)
+            conn.execute(stmts.spans, spans)
+            conn.execute(stmts.tiers, tiers)
     folded = _fold_requests(requests)
     if folded:
         conn.execute(stmts.requests, [_request_row(r) for r in folded])
