@@ -86,7 +86,7 @@ def _check_rollups(sf: sessionmaker[Session]) -> None:
             got = {t.tenant_id: t.totals for t in aq.spend_by_tenant(s, since, until) if t.totals.calls}
             assert {k: (v.calls, v.cost_usd, v.baseline_cost_usd) for k, v in got.items()} == raw, (since, until)
             day_tier = aq.spend_by_day_tier(s, since, until)
-            per_day, total = aq.days_and_total(day_tier)
+            _per_day, total = aq.days_and_total(day_tier)
             assert total.cost_usd == sum((c for _, c, _ in raw.values()), Decimal(0))
             assert total.calls == sum(n for n, _, _ in raw.values())
             direct = s.execute(sa.select(DailySpend.day, DailySpend.tier, sa.func.count()).where(
