@@ -323,7 +323,8 @@ def request_cancel(session: Session, tenant_id: str | None, batch_id: str, now: 
     nothing); then the batch is finalized if no line is left running (``cancelled``, with its
     output/error files). Returns the batch's JSON as the API answers it."""
     with session.begin():
-        batch = session.get(Batch, batch_id)
+        # locked (PostgreSQL): a finalizer's conditional status update waits for this cancel
+        batch = session.get(Batch, batch_id, with_for_update=True)
         if batch is None or (tenant_id is not None and batch.tenant_id != tenant_id):
             raise NotFound(f"No such Batch object: {batch_id}", param="batch_id")
         before = cancel_view(session, batch) if on_cancel is not None else {}
