@@ -2,7 +2,8 @@
 spans of 1, 2, 4 … 256 days: any window is a few spans per tenant) and ``daily_tier_spend``
 (every tenant's spend per day and tier), both maintained by the ledger applier in the
 transaction that writes ``daily_spend`` (gateway.db.rollups). The upgrade backfills both from
-``daily_spend`` (summed in Python as exact decimals, so they equal it to the nano-dollar).
+``daily_spend``, streamed (summed in Python as exact decimals, so they equal it to the
+nano-dollar; memory holds the rollups, not daily_spend).
 
 Revision ID: 0007_spend_rollups
 Revises: 0006_admin_console
@@ -12,11 +13,12 @@ Create Date: 2026-12-01
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import sqlalchemy as sa
 from alembic import op
 
-from gateway.db.rollups import rollup_rows
+from gateway.db.rollups import ROLLUP_SUMS, rollup_rows
 
 revision: str = "0007_spend_rollups"
 down_revision: str | Sequence[str] | None = "0006_admin_console"
@@ -25,7 +27,7 @@ depends_on: str | Sequence[str] | None = None
 
 ID = sa.String(length=64)
 MONEY = sa.Numeric(18, 9)
-CHUNK = 5000
+CHUNK = 5000  # rows per streamed read and per insert
 
 
 def _sums() -> list[sa.Column[object]]:
@@ -56,11 +58,28 @@ def upgrade() -> None:
                      sa.column("tier", sa.String(16)), sa.column("requests", sa.BigInteger()),
                      sa.column("prompt_tokens", sa.BigInteger()), sa.column("completion_tokens", sa.BigInteger()),
                      sa.column("cost_usd", MONEY), sa.column("baseline_cost_usd", MONEY))
-    rows = [dict(r._mapping) for r in op.get_bind().execute(sa.select(daily))]
-    span_rows, tier_rows = rollup_rows(rows)
-    for table, out in ((spans, span_rows), (tiers, tier_rows)):
+    span_acc: dict[tuple[Any, ...], dict[str, Any]] = {}
+    tier_acc: dict[tuple[Any, ...], dict[str, Any]] = {}
+    result = op.get_bind().execute(sa.select(daily).execution_options(stream_results=True, yield_per=CHUNK))
+    for part in result.mappings().partitions(CHUNK):  # streamed: memory is the rollups' size, not daily_spend's
+        span_rows, tier_rows = rollup_rows([dict(r) for r in part])
+        _merge(span_acc, span_rows, ("span_days", "start_day", "tenant_id"))
+        _merge(tier_acc, tier_rows, ("day", "tier"))
+    for table, acc in ((spans, span_acc), (tiers, tier_acc)):
+        out = [acc[k] for k in sorted(acc)]
         for i in range(0, len(out), CHUNK):
             op.bulk_insert(table, out[i:i + CHUNK])
+
+
+def _merge(acc: dict[tuple[Any, ...], dict[str, Any]], rows: list[dict[str, Any]], key: tuple[str, ...]) -> None:
+    for row in rows:
+        k = tuple(row[c] for c in key)
+        cur = acc.get(k)
+        if cur is None:
+            acc[k] = row
+        else:
+            for c in ROLLUP_SUMS:
+                cur[c] += row[c]
 
 
 def downgrade() -> None:

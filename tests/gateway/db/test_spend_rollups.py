@@ -127,10 +127,10 @@ def test_rollups_equal_the_ledger_postgres(postgres_url: str) -> None:
 def _backfill(url: str) -> None:
     migrate.upgrade(url, "0006_admin_console")
     engine = make_engine(url)
-    rows: list[dict[str, Any]] = [{"tenant_id": f"t{i % 3}", "day": TODAY - timedelta(days=i % 40), "model": f"m{i % 2}",
+    rows: list[dict[str, Any]] = [{"tenant_id": f"t{i % 3}", "day": TODAY - timedelta(days=i % 40), "model": f"m{i}",
              "tier": ("low", "high")[i % 2], "requests": i + 1, "prompt_tokens": 10 * i, "cached_tokens": 0,
              "completion_tokens": i, "reasoning_tokens": 0, "cost_usd": Decimal(i) / 10**9 + Decimal("0.1"),
-             "baseline_cost_usd": Decimal(3 * i) / 10**9} for i in range(120)]
+             "baseline_cost_usd": Decimal(3 * i) / 10**9} for i in range(6000)]  # > one streamed chunk
     with engine.begin() as conn:
         conn.execute(sa.insert(DailySpend), rows)
     engine.dispose()
