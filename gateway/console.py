@@ -2,7 +2,8 @@
 
 Create a tenant; create an API key (its secret returned once, only its hash stored), revoke a
 key; set, raise or clear a tenant's or a key's budget (hard and soft limit, period, RPM/TPM);
-acknowledge a budget alert. Each runs in one transaction that also writes one ``admin_audit``
+acknowledge a budget alert; cancel a batch (its audit row only: ``batch_cancel_audit`` rides in
+the transaction of gateway.jobs.store.request_cancel, the batch API's own cancel). Each runs in one transaction that also writes one ``admin_audit``
 row: who (``Actor``: the admin session or bearer, and the client address), what (action and
 target) and the target's state before and after. A failed action writes nothing. Callers
 (gateway.routes.admin_api) validate the input with pydantic first; the values are held to
@@ -12,7 +13,7 @@ policy writer, the db layer, auth's key helpers and errors; never routes or the 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from decimal import Decimal
@@ -26,7 +27,7 @@ from gateway.auth import generate_key, hash_key
 from gateway.budgets import put_policy, subject_of
 from gateway.budgets.bounds import PolicyValueError
 from gateway.budgets.policies import Scope
-from gateway.db.models import AdminAuditRow, ApiKey, BudgetAlertRow, BudgetPolicyRow, Tenant, utcnow
+from gateway.db.models import AdminAuditRow, ApiKey, Batch, BudgetAlertRow, BudgetPolicyRow, Tenant, utcnow
 from gateway.db.queries import add_api_key, new_id
 from gateway.db.queries import create_tenant as db_create_tenant
 from gateway.errors import InvalidRequest, NotFound
@@ -205,6 +206,15 @@ def acknowledge_alert(sf: sessionmaker[Session], actor: Actor, alert_id: str) ->
             s.flush()
             _audit(s, actor, "alert.acknowledge", f"alert:{a.id}", a.tenant_id, before, alert_json(a))
         return alert_json(a)
+
+
+def batch_cancel_audit(actor: Actor) -> Callable[[Session, Batch, Any, Any], None]:
+    """The audit of a batch cancel, for gateway.jobs.store.request_cancel's ``on_cancel`` (it runs
+    in the cancel's transaction): ``batch.cancel`` of ``batch:<id>``, before → after its status,
+    request counts and lines by state."""
+    def audit(session: Session, batch: Batch, before: Any, after: Any) -> None:
+        _audit(session, actor, "batch.cancel", f"batch:{batch.id}", batch.tenant_id, before, after)
+    return audit
 
 
 _SHOWN_ON_CREATE = ("name", "prefix", "period", "limit_usd", "soft_limit_usd", "requests_per_min", "tokens_per_min")

@@ -6,7 +6,11 @@ row, spread over 90 days, COPYed in; ``daily_spend`` is built from the ledger. T
 (create_app, as ``tiergate serve`` builds it) then answers each console page ``--repeats`` times
 in-process (httpx over ASGI: no socket, so the time is the server's): the overview (HTML and
 JSON), a tenant page (HTML and JSON, a different tenant each time), a tenant's keys and the
-audit log. Printed per page: p50 and p99 (target: p99 <= 200 ms at 1M rows and 1,000 tenants),
+audit log. The overview reads the rollups of daily_spend (``tenant_spend_spans``,
+``daily_tier_spend``), built here from it as the ledger applier maintains them; after timing,
+the overview's numbers are checked equal to a plain aggregate of daily_spend, and the overview's
+spend read is timed against that aggregate as it ran before the rollups (GROUPING SETS over the
+window's daily_spend rows), interleaved, with the ratio printed. Printed per page: p50 and p99 (target: p99 <= 200 ms at 1M rows and 1,000 tenants),
 and the ratio of its p50 to the baseline measured in the same run: the login page, which
 renders a template and touches no database (the floor of a console page). The database is
 dropped after. Numbers taken on a shared, busy machine are noisy; compare ratios.
@@ -28,6 +32,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from gateway.bench.ledger_pg import NullLedger, SleepingUpstream, _pct, _settings
+from gateway.db.rollups import SPANS
 
 DAYS = 90
 TIERS = ("low", "medium", "high")
@@ -80,6 +85,17 @@ def seed(url: str, tenants: int, rows: int) -> float:
             "SELECT tenant_id, (created_at AT TIME ZONE 'UTC')::date, model, tier, count(*), sum(prompt_tokens), "
             "sum(cached_tokens), sum(completion_tokens), sum(reasoning_tokens), sum(cost_usd), "
             "sum(baseline_cost_usd) FROM ledger_entries GROUP BY 1, 2, 3, 4")
+        # the overview's rollups of daily_spend, as the ledger applier maintains them (gateway.db.rollups)
+        cur.execute(
+            "INSERT INTO tenant_spend_spans (span_days, start_day, tenant_id, requests, prompt_tokens, "
+            "completion_tokens, cost_usd, baseline_cost_usd) "
+            "SELECT s.n, d.day - ((d.day - DATE '1970-01-01') %% s.n), d.tenant_id, sum(requests), sum(prompt_tokens), "
+            "sum(completion_tokens), sum(cost_usd), sum(baseline_cost_usd) "
+            "FROM daily_spend d CROSS JOIN unnest(%s::int[]) AS s(n) GROUP BY 1, 2, 3", (list(SPANS),))
+        cur.execute(
+            "INSERT INTO daily_tier_spend (day, tier, requests, prompt_tokens, completion_tokens, cost_usd, "
+            "baseline_cost_usd) SELECT day, tier, sum(requests), sum(prompt_tokens), sum(completion_tokens), "
+            "sum(cost_usd), sum(baseline_cost_usd) FROM daily_spend GROUP BY 1, 2")
         for t in range(0, tenants, 10):
             cur.execute("INSERT INTO budgets (id, scope, tenant_id, period, limit_usd, updated_at) "
                         "VALUES (%s, 'tenant', %s, 'month', 5, %s)", (f"tenant:ten_{t:05d}", f"ten_{t:05d}", now))
@@ -89,7 +105,8 @@ def seed(url: str, tenants: int, rows: int) -> float:
             cur.execute("INSERT INTO admin_audit (id, created_at, actor, client, action, target, tenant_id, after) "
                         "VALUES (%s, %s, 'bearer', '127.0.0.1', 'budget.set', %s, %s, %s)",
                         (f"aud_{t}", now, f"tenant:ten_{t:05d}", f"ten_{t:05d}", '{"limit_usd": "5"}'))
-        for table in ("tenants", "api_keys", "requests", "ledger_entries", "daily_spend", "budgets"):
+        for table in ("tenants", "api_keys", "requests", "ledger_entries", "daily_spend", "tenant_spend_spans",
+                      "daily_tier_spend", "budgets"):
             cur.execute(f"ANALYZE {table}")
     return time.perf_counter() - t0
 
@@ -130,6 +147,68 @@ async def _time_pages(app: Any, admin_key: str, tenants: int, repeats: int) -> d
     return out
 
 
+def check_overview_sums(sf: Any) -> int:
+    """The overview's per-tenant and per-day numbers (from the rollups) equal a plain aggregate of
+    daily_spend over the same 30-day window, to the nano-dollar; the tenants compared."""
+    from gateway.db import admin_queries as aq
+    from gateway.db.models import DailySpend
+
+    until = datetime.now(UTC).date()
+    since = until - timedelta(days=29)
+    with sf() as s:
+        tenants, day_tier = aq.overview_spend(s, since, until)
+        got = {t.tenant_id: (t.totals.calls, t.totals.cost_usd, t.totals.baseline_cost_usd) for t in tenants}
+        want = {r[0]: (int(r[1]), r[2], r[3]) for r in s.execute(
+            sa.select(DailySpend.tenant_id, sa.func.sum(DailySpend.requests), sa.func.sum(DailySpend.cost_usd),
+                      sa.func.sum(DailySpend.baseline_cost_usd))
+            .where(DailySpend.day >= since, DailySpend.day <= until).group_by(DailySpend.tenant_id))}
+        days = {(r[0], r[1]): r[2] for r in s.execute(
+            sa.select(DailySpend.day, DailySpend.tier, sa.func.sum(DailySpend.cost_usd))
+            .where(DailySpend.day >= since, DailySpend.day <= until).group_by(DailySpend.day, DailySpend.tier))}
+    if {k: v for k, v in got.items() if v[0]} != want:
+        raise RuntimeError("overview per-tenant spend (rollup) differs from daily_spend")
+    if {(d, t): v.cost_usd for d, tiers in day_tier.items() for t, v in tiers.items()} != days:
+        raise RuntimeError("overview per-day spend (rollup) differs from daily_spend")
+    return len(want)
+
+
+def _daily_spend_overview(s: Any, since: Any, until: Any) -> int:
+    """The baseline: the overview's spend read as it was before the rollups, one GROUPING SETS
+    aggregate of daily_spend's rows in the window (per tenant, and per day and tier), and the
+    tenants' names (as ``overview_spend`` reads them too)."""
+    from gateway.db import admin_queries as aq
+    from gateway.db.models import DailySpend as D
+
+    sums = [sa.func.sum(D.requests), sa.func.sum(D.prompt_tokens), sa.func.sum(D.completion_tokens),
+            sa.func.sum(D.cost_usd), sa.func.sum(D.baseline_cost_usd)]
+    q = (sa.select(sa.func.grouping(D.day), D.tenant_id, D.day, D.tier, *sums)
+         .where(D.day >= since, D.day <= until)
+         .group_by(sa.func.grouping_sets(sa.tuple_(D.tenant_id), sa.tuple_(D.day, D.tier))))
+    return len(s.execute(q).all()) + len(aq.list_tenants(s))
+
+
+def time_spend_reads(sf: Any, repeats: int) -> tuple[list[float], list[float]]:
+    """The overview's spend reads (30-day window) from the rollups vs the daily_spend baseline,
+    interleaved; seconds per read."""
+    from gateway.db import admin_queries as aq
+
+    until = datetime.now(UTC).date()
+    since = until - timedelta(days=29)
+    rollup: list[float] = []
+    base: list[float] = []
+    with sf() as s:
+        aq.overview_spend(s, since, until)
+        _daily_spend_overview(s, since, until)
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            aq.overview_spend(s, since, until)
+            rollup.append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            _daily_spend_overview(s, since, until)
+            base.append(time.perf_counter() - t0)
+    return rollup, base
+
+
 def run(admin_url: str, tenants: int, rows: int, repeats: int) -> list[str]:
     """Create a temp database, seed it, time every page, drop it; returns the report lines."""
     from gateway.app import create_app
@@ -157,6 +236,8 @@ def run(admin_url: str, tenants: int, rows: int, repeats: int) -> list[str]:
             app = create_app(settings, RuntimeParts(session_factory=sf, ledger=ledger, keys=KeyStore(sf),
                                                     local_provider=SleepingUpstream(0.0)))
             times = asyncio.run(_time_pages(app, key, tenants, repeats))
+        checked = check_overview_sums(sf)
+        reads = time_spend_reads(sf, repeats)
         engine.dispose()
     finally:
         if old is None:
@@ -176,4 +257,9 @@ def run(admin_url: str, tenants: int, rows: int, repeats: int) -> list[str]:
             worst = max(worst, p99)
         lines.append(f"  {page:<36} p50 {p50:8.2f} ms  p99 {p99:8.2f} ms  p50 x{p50 / (base * 1000):.1f} of the baseline")
     lines.append(f"  worst console page p99: {worst:.2f} ms (target <= 200 ms at 1M rows, 1,000 tenants)")
+    (r50, r99), (b50, b99) = ((statistics.median(x) * 1000, _pct(x, 0.99) * 1000) for x in reads)
+    lines.append(f"  overview spend read, 30 days: rollups p50 {r50:.2f} ms p99 {r99:.2f} ms; daily_spend aggregate "
+                 f"(before the rollups) p50 {b50:.2f} ms p99 {b99:.2f} ms; p50 ratio aggregate/rollups x{b50 / r50:.1f}")
+    lines.append(f"  overview numbers (rollups) equal daily_spend's sums exactly for {checked} tenants and every "
+                 "day x tier of the 30-day window")
     return lines

@@ -156,38 +156,27 @@ def batches_show(batch_id: str = typer.Argument(..., help="Batch id."),
             live.update(_render(v), refresh=True)
 
 
-def _finalize(config: Path | None, batch_id: str) -> None:
-    """Finalize the batch now if no line is running (it commits on its own)."""
+@app.command("cancel")
+def batches_cancel(batch_id: str = typer.Argument(..., help="Batch id."), config: Path | None = ConfigOption) -> None:
+    """Cancel a batch: pending lines are cancelled at once, running ones finish (the code path of
+    ``POST /v1/batches/{id}/cancel``)."""
     from gateway.db.session import engine_from_settings, make_session_factory
+    from gateway.errors import GatewayError, NotFound
     from gateway.jobs import store
     from gateway.settings import load_settings
 
     engine = engine_from_settings(load_settings(config))
     try:
         with make_session_factory(engine)() as s:
-            store.finalize_if_done(s, batch_id, store.utc_now())
+            store.request_cancel(s, None, batch_id, store.utc_now())
+    except NotFound:
+        typer.echo(f"error: no batch {batch_id!r}", err=True)
+        raise typer.Exit(1) from None
+    except GatewayError as err:
+        typer.echo(f"error: {err.message}", err=True)
+        raise typer.Exit(1) from None
     finally:
         engine.dispose()
-
-
-@app.command("cancel")
-def batches_cancel(batch_id: str = typer.Argument(..., help="Batch id."), config: Path | None = ConfigOption) -> None:
-    """Cancel a batch: pending lines are cancelled at once, running ones finish."""
-    from gateway.cli.tenants import _session
-    from gateway.errors import GatewayError
-    from gateway.jobs import store
-
-    with _session(config) as s:
-        batch = s.get(store.Batch, batch_id)
-        if batch is None:
-            typer.echo(f"error: no batch {batch_id!r}", err=True)
-            raise typer.Exit(1)
-        try:
-            store.cancel_batch(s, batch, store.utc_now())
-        except GatewayError as err:
-            typer.echo(f"error: {err.message}", err=True)
-            raise typer.Exit(1) from None
-    _finalize(config, batch_id)
     v = _load(config, batch_id)
     typer.echo(f"batch {batch_id}: {v['status']} ({v['completed']} ok, {v['failed']} failed, "
                f"{v['cancelled']} cancelled, {v['running']} still running)")

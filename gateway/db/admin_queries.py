@@ -1,11 +1,13 @@
 """Read-only queries behind the admin dashboard.
 
 Spend, all-high baseline and savings come from the ``daily_spend`` aggregate only (never a
-scan of the raw ledger). The effort-tier mix, pipeline share and the recent-requests table
+scan of the raw ledger); the overview's every-tenant reads come from its two rollups
+(``tenant_spend_spans``, ``daily_tier_spend``: gateway.db.rollups), a few rows per tenant and
+one per day and tier whatever the window. The effort-tier mix, pipeline share and the recent-requests table
 read ``requests`` for one tenant over a bounded time window, so every query is a range scan
 of the ``(tenant_id, created_at)`` index. Paging is keyset (``created_at``, ``id``), never
 OFFSET. Every value goes through bound parameters. Callers own the session. Imports only
-SQLAlchemy, gateway.db.models and ``SpendTotals`` from gateway.db.queries.
+SQLAlchemy, gateway.db.models, gateway.db.rollups and ``SpendTotals`` from gateway.db.queries.
 """
 
 from __future__ import annotations
@@ -25,11 +27,14 @@ from gateway.db.models import (
     BudgetAlertRow,
     BudgetPolicyRow,
     DailySpend,
+    DailyTierSpend,
     LedgerEntryRow,
     Request,
     Tenant,
+    TenantSpendSpan,
 )
 from gateway.db.queries import SpendTotals
+from gateway.db.rollups import cover
 
 MAX_PAGE = 200
 
@@ -86,12 +91,13 @@ class RequestPage:
     next_cursor: tuple[datetime, str] | None  # pass back as ``before`` for the next (older) page
 
 
-def _sums() -> list[sa.ColumnElement[object]]:
-    return [sa.func.coalesce(sa.func.sum(DailySpend.requests), 0),
-            sa.func.coalesce(sa.func.sum(DailySpend.prompt_tokens), 0),
-            sa.func.coalesce(sa.func.sum(DailySpend.completion_tokens), 0),
-            sa.func.coalesce(sa.func.sum(DailySpend.cost_usd), 0),
-            sa.func.coalesce(sa.func.sum(DailySpend.baseline_cost_usd), 0)]
+def _sums(table: Any = DailySpend) -> list[sa.ColumnElement[object]]:
+    """The five summed columns of daily_spend or of one of its rollups (same column names)."""
+    return [sa.func.coalesce(sa.func.sum(table.requests), 0),
+            sa.func.coalesce(sa.func.sum(table.prompt_tokens), 0),
+            sa.func.coalesce(sa.func.sum(table.completion_tokens), 0),
+            sa.func.coalesce(sa.func.sum(table.cost_usd), 0),
+            sa.func.coalesce(sa.func.sum(table.baseline_cost_usd), 0)]
 
 
 def _totals(sums: Sequence[Any]) -> SpendTotals:
@@ -112,30 +118,23 @@ def tenant_name(session: Session, tenant_id: str) -> str | None:
 
 def overview_spend(session: Session, since: date, until: date) -> tuple[list[TenantSpend],
                                                                          dict[date, dict[str, SpendTotals]]]:
-    """``spend_by_tenant`` and ``spend_by_day_tier`` over every tenant: on PostgreSQL in one scan of
-    daily_spend's day range (GROUPING SETS), elsewhere in two."""
-    if session.get_bind().dialect.name != "postgresql":
-        return spend_by_tenant(session, since, until), spend_by_day_tier(session, since, until)
-    is_tenant = sa.func.grouping(DailySpend.day).label("is_tenant")
-    q = (sa.select(is_tenant, DailySpend.tenant_id, DailySpend.day, DailySpend.tier, *_sums())
-         .where(DailySpend.day >= since, DailySpend.day <= until)
-         .group_by(sa.func.grouping_sets(sa.tuple_(DailySpend.tenant_id), sa.tuple_(DailySpend.day, DailySpend.tier))))
-    spend: dict[str, SpendTotals] = {}
-    day_tier: dict[date, dict[str, SpendTotals]] = {}
-    for r in session.execute(q):
-        if r[0]:
-            spend[r[1]] = _totals(r[4:])
-        else:
-            day_tier.setdefault(r[2], {})[r[3]] = _totals(r[4:])
-    return _with_names(session, spend), dict(sorted(day_tier.items()))
+    """``spend_by_tenant`` and ``spend_by_day_tier`` over every tenant, both from the rollups: a
+    few span rows per tenant and one row per day and tier, whatever the window."""
+    return spend_by_tenant(session, since, until), spend_by_day_tier(session, since, until)
 
 
 def spend_by_tenant(session: Session, since: date, until: date) -> list[TenantSpend]:
     """Every tenant with its spend in [since, until] (inclusive days); tenants that spent
-    nothing appear with zeros, spend of deleted tenants appears under its id. Biggest first."""
-    rows = session.execute(sa.select(DailySpend.tenant_id, *_sums())
-                           .where(DailySpend.day >= since, DailySpend.day <= until)
-                           .group_by(DailySpend.tenant_id))
+    nothing appear with zeros, spend of deleted tenants appears under its id. Biggest first.
+    Read from ``tenant_spend_spans``: the window's few covering spans (gateway.db.rollups.cover),
+    each a primary-key range over the tenants, summed per tenant."""
+    spans = cover(since, until)
+    if not spans:
+        return _with_names(session, {})
+    t = TenantSpendSpan
+    rows = session.execute(sa.select(t.tenant_id, *_sums(t))
+                           .where(sa.or_(*(sa.and_(t.span_days == n, t.start_day == start) for n, start in spans)))
+                           .group_by(t.tenant_id))
     return _with_names(session, {r[0]: _totals(r[1:]) for r in rows})
 
 
@@ -313,9 +312,11 @@ def days_and_total(day_tier: dict[date, dict[str, SpendTotals]]) -> tuple[list[D
 
 def spend_by_day_tier(session: Session, since: date, until: date,
                       tenant_id: str | None = None) -> dict[date, dict[str, SpendTotals]]:
-    """Spend per day and tier in [since, until] from daily_spend (the stacked chart), oldest first."""
-    q = (sa.select(DailySpend.day, DailySpend.tier, *_sums()).where(DailySpend.day >= since, DailySpend.day <= until)
-         .group_by(DailySpend.day, DailySpend.tier).order_by(DailySpend.day))
+    """Spend per day and tier in [since, until] (the stacked chart), oldest first: one tenant's
+    from daily_spend, every tenant's from its ``daily_tier_spend`` rollup."""
+    t: Any = DailySpend if tenant_id is not None else DailyTierSpend
+    q = (sa.select(t.day, t.tier, *_sums(t)).where(t.day >= since, t.day <= until)
+         .group_by(t.day, t.tier).order_by(t.day))
     if tenant_id is not None:
         q = q.where(DailySpend.tenant_id == tenant_id)
     out: dict[date, dict[str, SpendTotals]] = {}

@@ -23,7 +23,7 @@ ledger applier and errors. Knows nothing of FastAPI or Celery.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -291,6 +291,51 @@ def cancel_batch(session: Session, batch: Batch, now: datetime) -> None:
     batch.status, batch.cancelling_at = "cancelling", now
     session.execute(sa.update(BatchLine).where(BatchLine.batch_id == batch.id, BatchLine.state == "pending")
                     .values(state="cancelled"))
+
+
+def line_states(session: Session, batch_ids: Sequence[str]) -> dict[str, dict[str, int]]:
+    """Per batch: its lines by state (pending, running, done, cancelled, expired), zeros included."""
+    out: dict[str, dict[str, int]] = {b: dict.fromkeys(("pending", "running", "done", "cancelled", "expired"), 0)
+                                      for b in batch_ids}
+    q = (sa.select(BatchLine.batch_id, BatchLine.state, sa.func.count()).where(BatchLine.batch_id.in_(batch_ids))
+         .group_by(BatchLine.batch_id, BatchLine.state))
+    for batch_id, state, n in session.execute(q):
+        out[batch_id][state] = int(n)
+    return out
+
+
+def cancel_view(session: Session, batch: Batch) -> dict[str, Any]:
+    """What a cancel changes, for an audit row: the status, OpenAI's request counts and the lines
+    by state."""
+    counts = line_counts(session, [batch.id]).get(batch.id) or {"completed": 0, "failed": 0}
+    return {"status": batch.status, "total": batch.total, **counts, **line_states(session, [batch.id])[batch.id]}
+
+
+CancelHook = Callable[[Session, Batch, dict[str, Any], dict[str, Any]], None]
+
+
+def request_cancel(session: Session, tenant_id: str | None, batch_id: str, now: datetime, *,
+                   on_cancel: CancelHook | None = None) -> dict[str, Any]:
+    """``POST /v1/batches/{id}/cancel`` — one code path for the API, the admin console and the CLI:
+    the batch (of ``tenant_id``; None: any tenant's, for the operator) goes to ``cancelling``, its
+    pending lines to ``cancelled``, in one transaction in which ``on_cancel(session, batch, before,
+    after)`` (``cancel_view``s) runs too (the console's audit row: a failed cancel writes
+    nothing); then the batch is finalized if no line is left running (``cancelled``, with its
+    output/error files). Returns the batch's JSON as the API answers it."""
+    with session.begin():
+        # locked (PostgreSQL): a finalizer's conditional status update waits for this cancel
+        batch = session.get(Batch, batch_id, with_for_update=True)
+        if batch is None or (tenant_id is not None and batch.tenant_id != tenant_id):
+            raise NotFound(f"No such Batch object: {batch_id}", param="batch_id")
+        before = cancel_view(session, batch) if on_cancel is not None else {}
+        cancel_batch(session, batch, now)
+        session.flush()
+        if on_cancel is not None:
+            on_cancel(session, batch, before, cancel_view(session, batch))
+    finalize_if_done(session, batch_id, now)
+    batch = session.get(Batch, batch_id)
+    assert batch is not None  # batches are never deleted
+    return batch_json(batch, line_counts(session, [batch_id]).get(batch_id))
 
 
 def fail_batch(session: Session, batch_id: str, code: str, message: str, now: datetime) -> bool:

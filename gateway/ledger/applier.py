@@ -3,11 +3,13 @@ transaction (the syncer calls it for every batch it takes from the journal).
 
 Ledger entries: ``INSERT ... ON CONFLICT (id) DO NOTHING RETURNING id`` (SQLite ≥ 3.35 and
 PostgreSQL), and ``daily_spend`` is incremented only for the rows that statement actually
-inserted — replaying a journal segment twice never double-counts. Requests: upsert by id,
+inserted — replaying a journal segment twice never double-counts; the overview's two rollups
+of daily_spend (``tenant_spend_spans``, ``daily_tier_spend``: gateway.db.rollups) get the same
+increments in the same statement batch, so they always equal daily_spend's sums. Requests: upsert by id,
 where an ``in_progress`` record never overwrites a final one. Exceptions propagate (the
 caller retries the batch durably); nothing here swallows an error. Money: the records' integer
 nano-USD become ``Numeric(18, 9)`` decimals exactly (``nanos_to_decimal``); ``daily_spend``
-increments are summed as integers first. Imports only gateway.db.models, gateway.money and
+increments are summed as integers first. Imports only gateway.db.models, gateway.db.rollups, gateway.money and
 ledger.entries.
 """
 
@@ -22,7 +24,15 @@ from sqlalchemy import delete, exists, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session, sessionmaker
 
-from gateway.db.models import DailySpend, LedgerEntryRow, LedgerIntentRow, Request
+from gateway.db.models import (
+    DailySpend,
+    DailyTierSpend,
+    LedgerEntryRow,
+    LedgerIntentRow,
+    Request,
+    TenantSpendSpan,
+)
+from gateway.db.rollups import ROLLUP_SUMS, rollup_rows
 from gateway.ledger.entries import (
     IN_PROGRESS,
     INTERRUPTED,
@@ -56,6 +66,8 @@ class _Statements:
     daily: Any
     requests: Any
     intents: Any
+    spans: Any
+    tiers: Any
 
 
 _STATEMENTS: dict[str, _Statements] = {}
@@ -76,7 +88,15 @@ def _build_statements(insert: Any) -> _Statements:
         set_={c.name: rq.excluded[c.name] for c in rt.columns if c.name not in ("id", "created_at")},
         where=(rt.c.status == IN_PROGRESS) | (rq.excluded.status != IN_PROGRESS))
     intents = insert(LedgerIntentRow.__table__).on_conflict_do_nothing(index_elements=["id"])
-    return _Statements(entries, up, rq, intents)
+    return _Statements(entries, up, rq, intents,
+                       _adding(insert, TenantSpendSpan.__table__, ["span_days", "start_day", "tenant_id"]),
+                       _adding(insert, DailyTierSpend.__table__, ["day", "tier"]))
+
+
+def _adding(insert: Any, table: Any, key: list[str]) -> Any:
+    """An upsert that adds the row's ``ROLLUP_SUMS`` to the existing row's."""
+    up = insert(table)
+    return up.on_conflict_do_update(index_elements=key, set_={c: table.c[c] + up.excluded[c] for c in ROLLUP_SUMS})
 
 
 def _statements_for(session: Session) -> _Statements:
@@ -152,7 +172,7 @@ def daily_rows(entries: Sequence[LedgerEntry], minus: Sequence[LedgerEntry] = ()
     for row in agg.values():
         row["cost_usd"] = nanos_to_decimal(row["cost_usd"])
         row["baseline_cost_usd"] = nanos_to_decimal(row["baseline_cost_usd"])
-    return list(agg.values())
+    return [agg[k] for k in sorted(agg)]  # one lock order for every writer
 
 
 def _fold_requests(records: Sequence[RequestRecord]) -> list[RequestRecord]:
@@ -200,6 +220,9 @@ def write_records(session: Session, records: Sequence[Record]) -> BatchResult:
                               + [entries[old.id] for old in taken_back], minus=taken_back)
         if new_rows:
             conn.execute(stmts.daily, new_rows)
+            spans, tiers = rollup_rows(new_rows)
+            conn.execute(stmts.spans, spans)
+            conn.execute(stmts.tiers, tiers)
     # An intent is done once its call has a ledger row: the row just written, or one written
     # before (a replayed segment re-inserts an intent whose row is already committed).
     done = list(entries.keys() | intents.keys())

@@ -2,7 +2,7 @@
 savings per tenant and per day (from ``daily_spend``; inline-SVG charts stacked by tier with the
 baseline line), each tenant's live budget (limit, spent, held, remaining, % used, reset), refused
 (429) requests, open alerts, the effort mix of requests that ran, latency percentiles, keys with
-their spend and budgets, alerts with readable names and times, read-only batches, the audit log,
+their spend and budgets, alerts with readable names and times, batches (with a cancel form), the audit log,
 and a paged recent-requests table with the key of each request.
 
 Auth: the admin key (environment variable named by ``server.admin_key_env``) entered in a
@@ -14,7 +14,7 @@ CSRF-checked and audited), and a POST whose Origin is another site is refused; e
 client sends (login form or bearer) is checked through one throttle per client address
 (gateway.routes.admin_auth). Templates are autoescaped. Every query is an index range scan or an
 aggregate (``tiergate bench dashboard`` times them at 1M rows). Imports the db query helpers,
-budgets' read side, the jobs store (read-only), gateway.console's read helpers, gateway.admin and
+budgets' read side, the jobs store's reads, gateway.console's read helpers, gateway.admin and
 admin_auth; never the pipeline or providers.
 """
 
@@ -262,10 +262,13 @@ def _tenant(state: Runtime, tenant_id: str, days: int, mix_hours: int, limit: in
 
 
 def _batches_view(s: Any, tenant_id: str, limit: int = 10) -> list[dict[str, Any]]:
-    """A tenant's latest batches (read-only): status, counts, progress and a naive ETA (the rate
-    since the batch started, applied to its remaining lines)."""
+    """A tenant's latest batches: status, OpenAI's counts (completed, failed; a cancelled line is
+    neither), cancelled lines, progress and a naive ETA (the rate since the batch started, applied
+    to its remaining lines); ``cancellable`` while a cancel is accepted (validating, in_progress)."""
     batches = jobs_store.list_batches(s, tenant_id, limit=limit, after=None)
-    counts = jobs_store.line_counts(s, [b.id for b in batches])
+    ids = [b.id for b in batches]
+    counts = jobs_store.line_counts(s, ids)
+    states = jobs_store.line_states(s, ids)
     now = datetime.now(UTC)
     out = []
     for b in batches:
@@ -276,8 +279,11 @@ def _batches_view(s: Any, tenant_id: str, limit: int = 10) -> list[dict[str, Any
             started = b.in_progress_at if b.in_progress_at.tzinfo else b.in_progress_at.replace(tzinfo=UTC)
             elapsed = (now - started).total_seconds()
             eta = f"~{max(elapsed / done * (b.total - done), 1):.0f} s"
+        st = states[b.id]
         out.append({"id": b.id, "status": b.status, "total": b.total, "completed": c["completed"],
-                    "failed": c["failed"], "done": done, "created_at": _when(b.created_at), "eta": eta})
+                    "failed": c["failed"], "cancelled": st["cancelled"], "running": st["running"],
+                    "done": done, "settled": done + st["cancelled"] + st["expired"],
+                    "created_at": _when(b.created_at), "eta": eta, "cancellable": b.status in jobs_store.ACTIVE})
     return out
 
 

@@ -10,6 +10,8 @@ such as the CLI; every action audited (gateway.console):
   ``limit_usd``, ``soft_limit_usd``, ``alert_thresholds``, ``requests_per_min``,
   ``tokens_per_min``, ``raise_by_usd`` (adds to the hard limit) and ``clear`` (names to unset);
 - ``POST /admin/api/alerts/{id}/acknowledge``;
+- ``POST /admin/api/batches/{id}/cancel``: any tenant's batch, by the code path of
+  ``POST /v1/batches/{id}/cancel`` (gateway.jobs.store.request_cancel) → the batch as that answers it;
 - ``GET /admin/api/audit?tenant_id=&limit=``: the audit log, newest first;
 - ``GET /admin/api/export/spend.csv?days=`` (tenant × day × tier) and
   ``GET /admin/api/export/tenants/{id}/keys.csv?days=`` (key × day × tier): CSV exports.
@@ -36,6 +38,7 @@ from gateway import console
 from gateway.budgets.policies import Scope
 from gateway.db import admin_queries as aq
 from gateway.ids import Identifier
+from gateway.jobs import store as jobs_store
 from gateway.routes.admin_auth import CSRF_HEADER, admin_json, check_csrf, writer
 from gateway.runtime import Runtime
 from gateway.web.request_body import parse_model, read_json
@@ -156,6 +159,20 @@ async def acknowledge_alert(request: Request, alert_id: Identifier) -> Response:
     state, actor, token = writer(request)
     check_csrf(state, token, request.headers.get(CSRF_HEADER))
     return _json(await anyio.to_thread.run_sync(console.acknowledge_alert, state.session_factory, actor, alert_id))
+
+
+def cancel_as_admin(state: Runtime, actor: console.Actor, batch_id: str) -> dict[str, Any]:
+    """The batch API's cancel on any tenant's batch, audited (synchronous: run it in a thread)."""
+    with state.session_factory() as session:
+        return jobs_store.request_cancel(session, None, batch_id, jobs_store.utc_now(),
+                                         on_cancel=console.batch_cancel_audit(actor))
+
+
+@router.post("/batches/{batch_id}/cancel")
+async def cancel_batch(request: Request, batch_id: Identifier) -> Response:
+    state, actor, token = writer(request)
+    check_csrf(state, token, request.headers.get(CSRF_HEADER))
+    return _json(await anyio.to_thread.run_sync(cancel_as_admin, state, actor, batch_id))
 
 
 def _cell(v: Any) -> Any:

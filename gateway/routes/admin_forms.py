@@ -3,7 +3,9 @@ over the same audited action as the admin HTTP API (gateway.console, validated b
 pydantic models as gateway.routes.admin_api):
 
 create a tenant; create a key (the secret is shown once, on the page that answers the POST, never
-in a URL); revoke a key; set, raise or clear a tenant's or a key's budget; acknowledge an alert.
+in a URL); revoke a key; set, raise or clear a tenant's or a key's budget; acknowledge an alert;
+cancel a batch (gateway.jobs.store.request_cancel, the code path of ``POST /v1/batches/{id}/cancel``,
+with the audit row in its transaction).
 
 Each form carries the session's CSRF token (field ``csrf``) and must come from the console's
 own origin; actions are throttled per client address (gateway.routes.admin_auth.writer). On
@@ -25,7 +27,7 @@ from gateway import console
 from gateway.errors import GatewayError
 from gateway.ids import check_identifier
 from gateway.routes.admin import _html
-from gateway.routes.admin_api import BudgetChangeIn, KeyCreate, TenantCreate, apply_budget
+from gateway.routes.admin_api import BudgetChangeIn, KeyCreate, TenantCreate, apply_budget, cancel_as_admin
 from gateway.routes.admin_auth import check_csrf, writer
 from gateway.runtime import Runtime
 from gateway.web.request_body import parse_model, read_body
@@ -143,3 +145,14 @@ async def acknowledge_alert(request: Request, alert_id: str) -> Response:
         return None
 
     return await _run(request, act)
+
+
+@router.post("/batches/{batch_id}/cancel")
+async def cancel_batch(request: Request, batch_id: str) -> Response:
+    async def act(state: Runtime, actor: console.Actor, form: dict[str, list[str]]) -> Response | None:
+        check_identifier(batch_id, "batch_id")
+        await anyio.to_thread.run_sync(cancel_as_admin, state, actor, batch_id)
+        return None
+
+    return await _run(request, act)
+

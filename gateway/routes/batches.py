@@ -128,8 +128,5 @@ async def cancel_batch(batch_id: Identifier, state: Runtime = Depends(get_runtim
     (right here when nothing is running)."""
     def cancel() -> dict[str, Any]:
         with state.session_factory() as session:
-            with session.begin():
-                store.cancel_batch(session, store.get_batch(session, who.tenant_id, batch_id), store.utc_now())
-            store.finalize_if_done(session, batch_id, store.utc_now())
-            return _json(session, store.get_batch(session, who.tenant_id, batch_id))
+            return store.request_cancel(session, who.tenant_id, batch_id, store.utc_now())
     return await run_in_threadpool(cancel)

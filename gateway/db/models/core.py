@@ -1,5 +1,5 @@
-"""Core tables: tenants, API keys, requests, the per-call ledger, daily spend aggregates and
-feedback.
+"""Core tables: tenants, API keys, requests, the per-call ledger, daily spend aggregates (and
+their two rollups for the admin overview) and feedback.
 
 Money columns are ``Numeric(18, 9)`` (the ledger converts its integer nano-USD exactly at the
 writer). The ledger tables carry no foreign keys on purpose: a ledger row must always be
@@ -145,6 +145,42 @@ class DailySpend(Base):
     cached_tokens: Mapped[int] = mapped_column(sa.BigInteger, default=0)
     completion_tokens: Mapped[int] = mapped_column(sa.BigInteger, default=0)
     reasoning_tokens: Mapped[int] = mapped_column(sa.BigInteger, default=0)
+    cost_usd: Mapped[Decimal] = mapped_column(MONEY, default=Decimal(0))
+    baseline_cost_usd: Mapped[Decimal] = mapped_column(MONEY, default=Decimal(0))
+
+
+class TenantSpendSpan(Base):
+    """Per-tenant spend over aligned spans of days (gateway.db.rollups): for every span length in
+    ``SPANS`` (1, 2, 4, … 256 days), the sums of the tenant's ``daily_spend`` rows in the span that
+    starts on ``start_day`` (epoch days a multiple of the length). Any window of days is a few
+    such spans (``rollups.cover``), so the admin overview's per-tenant totals read a few rows per
+    tenant whatever the window, models and tiers. Maintained by the ledger applier in the
+    transaction that writes daily_spend, from the same increments (0008_spend_rollups)."""
+
+    __tablename__ = "tenant_spend_spans"
+
+    span_days: Mapped[int] = mapped_column(sa.SmallInteger, primary_key=True)
+    start_day: Mapped[date] = mapped_column(sa.Date, primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(ID, primary_key=True)
+    requests: Mapped[int] = mapped_column(sa.BigInteger, default=0)
+    prompt_tokens: Mapped[int] = mapped_column(sa.BigInteger, default=0)
+    completion_tokens: Mapped[int] = mapped_column(sa.BigInteger, default=0)
+    cost_usd: Mapped[Decimal] = mapped_column(MONEY, default=Decimal(0))
+    baseline_cost_usd: Mapped[Decimal] = mapped_column(MONEY, default=Decimal(0))
+
+
+class DailyTierSpend(Base):
+    """Every tenant's spend per UTC day and tier (the sums of daily_spend over tenants and
+    models): the admin overview's per-day chart reads one row per day and tier. Maintained by
+    the ledger applier with daily_spend (0008_spend_rollups)."""
+
+    __tablename__ = "daily_tier_spend"
+
+    day: Mapped[date] = mapped_column(sa.Date, primary_key=True)
+    tier: Mapped[str] = mapped_column(sa.String(16), primary_key=True)
+    requests: Mapped[int] = mapped_column(sa.BigInteger, default=0)
+    prompt_tokens: Mapped[int] = mapped_column(sa.BigInteger, default=0)
+    completion_tokens: Mapped[int] = mapped_column(sa.BigInteger, default=0)
     cost_usd: Mapped[Decimal] = mapped_column(MONEY, default=Decimal(0))
     baseline_cost_usd: Mapped[Decimal] = mapped_column(MONEY, default=Decimal(0))
 

@@ -1,6 +1,7 @@
 """The console's actions through a real browser (Debian's chromium under Playwright, the app under
-uvicorn): create a tenant, create and revoke a key, set and raise a budget, set a key budget —
-each through the page's forms — then check the database and a following API call reflect it.
+uvicorn): create a tenant, create and revoke a key, set and raise a budget, set a key budget,
+cancel a running batch — each through the page's forms — then check the database and a following
+API call reflect it.
 Then every page at 390, 1024 and 1440 px: the page never scrolls sideways
 (``document.documentElement.scrollWidth <= innerWidth``); a full-page screenshot of each at
 1440 px goes to ``$TIERGATE_SCREENSHOTS`` or ``var/screenshots/console`` (printed); with
@@ -9,6 +10,7 @@ Then every page at 390, 1024 and 1440 px: the page never scrolls sideways
 from __future__ import annotations
 
 import os
+import threading
 from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
@@ -18,10 +20,11 @@ import httpx
 import pytest
 import sqlalchemy as sa
 
-from gateway.db.models import ApiKey, BudgetAlertRow, BudgetPolicyRow, Tenant
+from gateway.db.models import AdminAuditRow, ApiKey, BatchLine, BudgetAlertRow, BudgetPolicyRow, Tenant
 from tests.gateway.admin.admin_support import ADMIN, seed
 from tests.gateway.gateway_harness import served_gateway
-from tests.gateway.scripted_upstream import ScriptedUpstream
+from tests.gateway.jobs_support import jsonl, line
+from tests.gateway.scripted_upstream import Behaviour, ScriptedUpstream
 
 CHROMIUM = "/usr/bin/chromium"
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
@@ -161,3 +164,78 @@ def test_console_actions_and_layout(tmp_path: Path, upstream: ScriptedUpstream, 
     assert {p.name for p in shots.glob("*-1440.png")} >= {
         "login-1440.png", "overview-1440.png", "tenant-1440.png", "tenant-new-1440.png", "key-created-1440.png",
         "action-error-1440.png"}
+
+
+def _line_states(gw: Any, batch_id: str) -> dict[str, int]:
+    with gw.session_factory() as s:
+        return dict(s.execute(sa.select(BatchLine.state, sa.func.count()).where(BatchLine.batch_id == batch_id)
+                              .group_by(BatchLine.state)).tuples().all())
+
+
+def test_console_cancels_a_running_batch(tmp_path: Path, upstream: ScriptedUpstream, chromium: str) -> None:
+    """A 10-line batch with 4 lines in flight (the embedded runner's concurrency; the upstream holds
+    them): Cancel on the tenant page makes it ``cancelling`` with the 6 lines not run cancelled;
+    once the 4 answer it is ``cancelled`` with 4 completed, 0 failed, 10 total — in the database,
+    in ``GET /v1/batches/{id}`` and on the page; the cancel is in the audit log."""
+    from playwright.sync_api import sync_playwright
+
+    shots = screenshot_dir()
+    release = threading.Event()
+    with served_gateway(tmp_path, upstream, timeout_s=30) as (base, gw):
+        root = base.removesuffix("/v1")
+        tenant_api = httpx.Client(base_url=base, headers={"Authorization": f"Bearer {gw.key}"}, timeout=10)
+        admin_api = httpx.Client(base_url=root, headers=BEARER, timeout=10)
+        try:
+            upstream.push(*[Behaviour(hold_until=release) for _ in range(4)])
+            content = jsonl([line(f"c{i}", {"model": "low", "messages": [{"role": "user", "content": f"q {i}"}]})
+                             for i in range(10)])
+            f = tenant_api.post("/files", files={"file": ("in.jsonl", content)}, data={"purpose": "batch"}).json()
+            batch_id = tenant_api.post("/batches", json={"input_file_id": f["id"], "endpoint": "/v1/chat/completions",
+                                                         "completion_window": "24h"}).json()["id"]
+            assert upstream.wait_for(lambda up: len(up.requests) >= 4), "the runner never started the batch"
+            with sync_playwright() as pw:
+                browser = pw.chromium.launch(executable_path=chromium, args=ARGS)
+                try:
+                    page = browser.new_page(viewport={"width": 1440, "height": 900})
+                    page.goto(f"{root}/admin/login")
+                    page.fill("#admin_key", ADMIN)
+                    page.click("button[type=submit]")
+                    page.wait_for_url(f"{root}/admin")
+                    page.goto(f"{root}/admin/tenants/{gw.tenant_id}")
+                    row = f"tr[data-batch='{batch_id}']"
+                    page.wait_for_selector(f"{row} [data-testid=batch-status]:has-text('in_progress')")
+                    check_layout(page, "tenant-batch-running", shots)
+                    page.click(f"{row} button:has-text('Cancel')")
+                    page.wait_for_selector(f"{row} [data-testid=batch-status]:has-text('cancelling')")
+                    assert page.locator(f"{row} [data-testid=batch-cancelled]").text_content() == "6"
+                    assert page.locator(f"{row} form").count() == 0  # no second cancel
+                    assert _line_states(gw, batch_id) == {"running": 4, "cancelled": 6}
+                    got = tenant_api.get(f"/batches/{batch_id}").json()
+                    assert got["status"] == "cancelling" and got["cancelling_at"]
+                    assert got["request_counts"] == {"total": 10, "completed": 0, "failed": 0}
+                    check_layout(page, "tenant-batch-cancelling", shots)
+
+                    release.set()  # the 4 lines in flight answer; the batch becomes cancelled
+                    for _ in range(500):
+                        got = tenant_api.get(f"/batches/{batch_id}").json()
+                        if got["status"] == "cancelled":
+                            break
+                        page.wait_for_timeout(20)
+                    assert got["status"] == "cancelled" and got["cancelled_at"]
+                    assert got["request_counts"] == {"total": 10, "completed": 4, "failed": 0}
+                    assert _line_states(gw, batch_id) == {"done": 4, "cancelled": 6}
+                    assert len(upstream.requests) == 4  # cancelled lines never reached the upstream
+                    page.reload()
+                    page.wait_for_selector(f"{row} [data-testid=batch-status]:has-text('cancelled')")
+                    with gw.session_factory() as s:
+                        audit = s.scalars(sa.select(AdminAuditRow).where(AdminAuditRow.action == "batch.cancel")).one()
+                    assert audit.target == f"batch:{batch_id}" and audit.actor.startswith("session:")
+                    listed = admin_api.get(f"/admin/api/audit?tenant_id={gw.tenant_id}").json()["data"]
+                    assert listed[0]["action"] == "batch.cancel"
+                    check_layout(page, "tenant-batches", shots)
+                finally:
+                    browser.close()
+        finally:
+            release.set()
+    assert {"tenant-batch-running-1440.png", "tenant-batch-cancelling-1440.png", "tenant-batches-1440.png"} <= {
+        p.name for p in shots.glob("*-1440.png")}

@@ -1,6 +1,7 @@
 """`tiergate bench dashboard`, run small: it seeds a temporary PostgreSQL database, times every
-console page against the no-database baseline, prints each page's p50/p99 and ratio, and drops
-the database."""
+console page against the no-database baseline, prints each page's p50/p99 and ratio, checks the
+overview's rollups against daily_spend and times its spend read against the aggregate it
+replaced, and drops the database."""
 
 from __future__ import annotations
 
@@ -33,5 +34,7 @@ def test_bench_dashboard_small(postgres_url: str, monkeypatch: pytest.MonkeyPatc
                  "audit log (JSON)"):
         assert re.search(re.escape(page) + r"\s+p50\s+[\d.]+ ms\s+p99\s+[\d.]+ ms\s+p50 x[\d.]+ of the baseline", text), page
     assert re.search(r"worst console page p99: [\d.]+ ms", text)
+    assert re.search(r"rollups p50 [\d.]+ ms .* daily_spend aggregate .* p50 ratio aggregate/rollups x[\d.]+", text)
+    assert re.search(r"equal daily_spend's sums exactly for \d+ tenants", text)
     assert _bench_databases(postgres_url) == before  # dropped
     assert "TIERGATE_ADMIN_KEY" not in os.environ  # restored
