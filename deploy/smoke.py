@@ -22,11 +22,15 @@ import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import anthropic
 import httpx
 import openai
 import psycopg
+
+from gateway.ledger.entries import LedgerEntry
+from gateway.ledger.journal import read_segment
 
 MODEL = "demo-moe"
 
@@ -124,6 +128,24 @@ def batch_request(out: Outcome, base: str, key: str, timeout_s: float) -> None:
     out.check(codes == [200] * len(lines), f"output file: status codes {codes}")
 
 
+def journaled_entry_ids(volume: str) -> set[str]:
+    """Ids of the ledger rows in the journal segments on a docker volume (all writers' dirs)."""
+    mount = subprocess.run(["docker", "volume", "inspect", "-f", "{{.Mountpoint}}", volume],
+                           check=True, capture_output=True, text=True).stdout.strip()
+    ids: set[str] = set()
+    for path in Path(mount).rglob("*.jsonl"):
+        if path.stem.isdigit():
+            ids.update(r.id for r in read_segment(path).records if isinstance(r, LedgerEntry))
+    return ids
+
+
+def rows_present(dsn: str, ids: set[str]) -> set[str]:
+    if not ids:
+        return set()
+    with psycopg.connect(dsn) as conn:
+        return {str(r[0]) for r in conn.execute("SELECT id FROM ledger_entries WHERE id = ANY(%s)", (list(ids),))}
+
+
 def container_id(project: str, compose_file: str, service: str) -> str:
     return subprocess.run(["docker-compose", "-p", project, "-f", compose_file, "ps", "-q", service],
                           check=True, capture_output=True, text=True).stdout.strip()
@@ -175,6 +197,13 @@ def kill_under_load(out: Outcome, args: argparse.Namespace) -> None:
     subprocess.run(["docker", "kill", "--signal", "KILL", cid], check=True, capture_output=True)
     out.say(f"     {before} requests answered before the kill; sent SIGKILL to the container of "
             f"{args.kill_service} ({cid[:12]}) while requests were in flight")
+    # What the dead replica left: rows in its journal volume that are not in the database yet
+    # (answered, not yet flushed). Its restart must replay exactly these.
+    volume = f"{args.project}_{args.kill_volume}"
+    journaled = journaled_entry_ids(volume)
+    pending = journaled - rows_present(args.dsn, journaled)
+    out.say(f"     its journal ({volume}): {len(journaled)} rows in live segments, {len(pending)} of them "
+            f"not yet in the database at the kill")
     time.sleep(1)
     subprocess.run(["docker", "start", cid], check=True, capture_output=True)
     ready = wait_ready(args.kill_ready_url, args.restart_timeout_s)
@@ -195,9 +224,12 @@ def kill_under_load(out: Outcome, args: argparse.Namespace) -> None:
     out.say(f"     ledger: {len(rows)} of {len(ok_ids)} requests answered 200 have their rows "
             f"({sum(rows.values())} rows); missing: {len(missing)}")
     out.check(not missing, "no ledger row lost: every request answered 200 has its ledger row")
-    logs = subprocess.run(["docker", "logs", cid], capture_output=True, text=True).stderr
-    adopted = [line for line in logs.splitlines() if "adopted" in line]
-    out.say(f"     journal replay after the restart: {adopted[-1][:200] if adopted else 'nothing to adopt'}")
+    replayed = rows_present(args.dsn, pending)
+    out.check(replayed == pending, f"the {len(pending)} rows pending in the killed replica's journal are in the "
+                                   f"database after its restart ({len(replayed)} found)")
+    logs = subprocess.run(["docker", "logs", "--since", "2m", cid], capture_output=True, text=True)
+    replay = [line for line in (logs.stdout + logs.stderr).splitlines() if "replaying" in line or "adopted" in line]
+    out.say(f"     its log after the restart: {replay[-1][:200] if replay else 'no journal replay logged'}")
 
 
 def main() -> int:
@@ -208,6 +240,7 @@ def main() -> int:
     p.add_argument("--project", default="tiergate-smoke")
     p.add_argument("--compose-file", default="deploy/docker-compose.yml")
     p.add_argument("--kill-service", default="gateway-1")
+    p.add_argument("--kill-volume", default="journal-gateway-1", help="its journal volume (compose name)")
     p.add_argument("--kill-ready-url", default="http://127.0.0.1:38081/readyz")
     p.add_argument("--load-threads", type=int, default=4)
     p.add_argument("--load-before-s", type=float, default=4.0)

@@ -71,8 +71,8 @@ ls deploy/certs/*.crt 2>/dev/null || echo "none"
 step "images"
 build() {
   local tag=$1 file=$2; local t=$SECONDS
-  docker build -q --network host --build-arg BASE_IMAGE="$BASE_IMAGE" \
-    --build-arg PIP_EXTRA_INDEX_URL="${PIP_EXTRA_INDEX_URL:-}" -t "$tag" -f "$file" . >/dev/null
+  DOCKER_BUILDKIT=0 docker build -q --network host --build-arg BASE_IMAGE="$BASE_IMAGE" \
+    --build-arg PIP_EXTRA_INDEX_URL="${PIP_EXTRA_INDEX_URL:-}" -t "$tag" -f "$file" . 2>&1 >/dev/null | { grep -v -e DEPRECATED -e 'legacy builder' -e buildx -e '^$' || true; }
   echo "$tag ($file): $((SECONDS - t)) s, $(docker image inspect -f '{{.Size}}' "$tag" | awk '{printf "%.0f MB", $1/1e6}')"
 }
 build tiergate/services:latest deploy/services/Dockerfile
@@ -101,7 +101,7 @@ echo "waiting for the proxy and both replicas (/readyz)"
 for port in 38081 38082 38080; do
   ok=
   for _ in $(seq 240); do
-    if curl -fsS -o /dev/null "http://127.0.0.1:$port/readyz"; then ok=1; break; fi
+    if curl -fs -o /dev/null "http://127.0.0.1:$port/readyz"; then ok=1; break; fi
     sleep 1
   done
   [ -n "$ok" ] || { echo "127.0.0.1:$port/readyz never answered 200"; compose ps; compose logs --tail 40; exit 1; }
