@@ -146,9 +146,13 @@ def rows_present(dsn: str, ids: set[str]) -> set[str]:
         return {str(r[0]) for r in conn.execute("SELECT id FROM ledger_entries WHERE id = ANY(%s)", (list(ids),))}
 
 
-def container_id(project: str, compose_file: str, service: str) -> str:
-    return subprocess.run(["docker-compose", "-p", project, "-f", compose_file, "ps", "-q", service],
-                          check=True, capture_output=True, text=True).stdout.strip()
+def container_id(project: str, service: str) -> str:
+    ids = subprocess.run(["docker", "ps", "-aq", "--filter", f"label=com.docker.compose.project={project}",
+                          "--filter", f"label=com.docker.compose.service={service}"],
+                         check=True, capture_output=True, text=True).stdout.split()
+    if len(ids) != 1:
+        raise RuntimeError(f"expected one container of {project}/{service}, found {len(ids)}")
+    return ids[0]
 
 
 def wait_ready(url: str, timeout_s: float) -> bool:
@@ -191,14 +195,15 @@ def kill_under_load(out: Outcome, args: argparse.Namespace) -> None:
     for t in threads:
         t.start()
     time.sleep(args.load_before_s)
-    cid = container_id(args.project, args.compose_file, args.kill_service)
+    cid = container_id(args.project, args.kill_service)
     with lock:
         before = len(answered)
     subprocess.run(["docker", "kill", "--signal", "KILL", cid], check=True, capture_output=True)
     out.say(f"     {before} requests answered before the kill; sent SIGKILL to the container of "
             f"{args.kill_service} ({cid[:12]}) while requests were in flight")
     # What the dead replica left: rows in its journal volume that are not in the database yet
-    # (answered, not yet flushed). Its restart must replay exactly these.
+    # (answered, not yet committed; deploy/docker-compose.smoke.yml spaces its commits 2 s
+    # apart). Its restart must replay exactly these.
     volume = f"{args.project}_{args.kill_volume}"
     journaled = journaled_entry_ids(volume)
     pending = journaled - rows_present(args.dsn, journaled)
@@ -238,7 +243,6 @@ def main() -> int:
     p.add_argument("--key", required=True, help="a tenant API key")
     p.add_argument("--dsn", default="postgresql://postgres@127.0.0.1:35432/tiergate")
     p.add_argument("--project", default="tiergate-smoke")
-    p.add_argument("--compose-file", default="deploy/docker-compose.yml")
     p.add_argument("--kill-service", default="gateway-1")
     p.add_argument("--kill-volume", default="journal-gateway-1", help="its journal volume (compose name)")
     p.add_argument("--kill-ready-url", default="http://127.0.0.1:38081/readyz")

@@ -15,7 +15,7 @@ MIRROR=${TIERGATE_DEBIAN_MIRROR:-http://deb.debian.org/debian}
 PY=${PY:-.venv/bin/python}
 export TIERGATE_BASE_IMAGE=$BASE_IMAGE
 export TIERGATE_ADMIN_KEY=${TIERGATE_ADMIN_KEY:-smoke-admin-$RANDOM$RANDOM}
-compose() { docker-compose -p "$PROJECT" -f "$COMPOSE_FILE" "$@"; }
+compose() { docker-compose -p "$PROJECT" -f "$COMPOSE_FILE" -f deploy/docker-compose.smoke.yml "$@"; }
 step() { printf '\n== %s (%s)\n' "$*" "$(date -u +%H:%M:%S)"; }
 T0=$(date +%s)
 
@@ -84,7 +84,7 @@ docker run --rm --network host tiergate/gateway:latest sh -c \
 teardown() {
   rc=$?
   if [ "${TIERGATE_SMOKE_KEEP:-0}" = 1 ]; then
-    echo "stack left running: docker-compose -p $PROJECT -f $COMPOSE_FILE down -v"
+    echo "stack left running: docker-compose -p $PROJECT -f $COMPOSE_FILE -f deploy/docker-compose.smoke.yml down -v"
   else
     step "tear down"
     compose down -v --remove-orphans 2>&1 | tail -n 3 || true
@@ -95,6 +95,11 @@ teardown() {
 trap teardown EXIT
 
 step "compose up"
+# gateway-1's config: the image's, with its ledger commits 2 s apart (deploy/docker-compose.smoke.yml).
+mkdir -p var/deploy-smoke
+export TIERGATE_SMOKE_GATEWAY1_CONFIG=$PWD/var/deploy-smoke/gateway-1.yaml
+"$PY" -c 'import sys, yaml; c = yaml.safe_load(open("deploy/config.yaml")); c["ledger"]["flush_interval_ms"] = 2000
+yaml.safe_dump(c, open(sys.argv[1], "w"), sort_keys=False)' "$TIERGATE_SMOKE_GATEWAY1_CONFIG"
 compose down -v --remove-orphans >/dev/null 2>&1 || true
 compose up -d --no-build
 echo "waiting for the proxy and both replicas (/readyz)"
@@ -115,4 +120,4 @@ KEY=$(compose exec -T gateway-1 tiergate keys create --tenant smoke --name deplo
 echo "key ${KEY:0:8}..."
 
 step "traffic through the proxy"
-"$PY" deploy/smoke.py --key "$KEY" --project "$PROJECT" --compose-file "$COMPOSE_FILE"
+"$PY" deploy/smoke.py --key "$KEY" --project "$PROJECT"
