@@ -5,8 +5,8 @@ Everything goes through the nginx proxy, with the official SDKs where there is o
   2. one Anthropic Messages request (``anthropic``), checked against its ledger row;
   3. one batch (files + batches API) run by the Celery worker to completion;
   4. a stream of chat requests while one gateway replica's container is killed with SIGKILL and
-     started again; afterwards every request answered 200 must have its ledger row (the killed
-     replica's journal is replayed by the restarted one).
+     replaced by a new container on the same journal volume; afterwards every request answered
+     200 must have its ledger row (the new replica replays the dead one's journal).
 Prints a summary and exits 1 on any failure. Needs the repo's .venv (openai, anthropic, httpx,
 psycopg) and the docker CLI.
 """
@@ -209,12 +209,17 @@ def kill_under_load(out: Outcome, args: argparse.Namespace) -> None:
     pending = journaled - rows_present(args.dsn, journaled)
     out.say(f"     its journal ({volume}): {len(journaled)} rows in live segments, {len(pending)} of them "
             f"not yet in the database at the kill")
-    time.sleep(1)
-    subprocess.run(["docker", "start", cid], check=True, capture_output=True)
+    # A new container, not the old one started again: what carries the journal over is the
+    # replica's volume, as when an orchestrator replaces a dead container.
+    subprocess.run(["docker", "rm", "-f", cid], check=True, capture_output=True)
+    compose = ["docker-compose", "-p", args.project, *[x for f in args.compose_files.split(",") for x in ("-f", f)]]
+    subprocess.run([*compose, "up", "-d", "--no-deps", args.kill_service], check=True, capture_output=True)
+    cid = container_id(args.project, args.kill_service)
+    out.say(f"     removed it and created a new {args.kill_service} container ({cid[:12]}) on the same journal volume")
     ready = wait_ready(args.kill_ready_url, args.restart_timeout_s)
     with lock:
         at_restart = len(answered)
-    out.check(ready, f"{args.kill_service} started again and is ready ({args.kill_ready_url})")
+    out.check(ready, f"the new {args.kill_service} is ready ({args.kill_ready_url})")
     time.sleep(args.load_after_s)
     stop.set()
     for t in threads:
@@ -243,6 +248,7 @@ def main() -> int:
     p.add_argument("--key", required=True, help="a tenant API key")
     p.add_argument("--dsn", default="postgresql://postgres@127.0.0.1:35432/tiergate")
     p.add_argument("--project", default="tiergate-smoke")
+    p.add_argument("--compose-files", default="deploy/docker-compose.yml,deploy/docker-compose.smoke.yml")
     p.add_argument("--kill-service", default="gateway-1")
     p.add_argument("--kill-volume", default="journal-gateway-1", help="its journal volume (compose name)")
     p.add_argument("--kill-ready-url", default="http://127.0.0.1:38081/readyz")
