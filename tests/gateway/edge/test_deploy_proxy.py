@@ -118,3 +118,17 @@ def test_nginx_accepts_the_config(tmp_path: Path) -> None:
     conf.write_text(CONF.read_text().replace("/run/nginx.pid", str(tmp_path / "nginx.pid")))
     result = subprocess.run(["nginx", "-t", "-c", str(conf), "-p", str(tmp_path)], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
+
+
+def test_smoke_override_only_slows_the_commits_of_the_replica_it_kills() -> None:
+    """deploy/docker-compose.smoke.yml (make deploy-smoke) changes one replica's config file and
+    nothing else, and deploy/smoke.py kills that replica and reads that replica's journal volume."""
+    services = _compose()["services"]
+    override = yaml.safe_load((DEPLOY / "docker-compose.smoke.yml").read_text())["services"]
+    assert list(override) == ["gateway-1"] and "gateway-1" in _gateways(services)
+    assert set(override["gateway-1"]) == {"environment", "volumes"}
+    assert override["gateway-1"]["environment"] == {"TIERGATE_CONFIG": "/etc/tiergate/smoke.yaml"}
+    smoke = (DEPLOY / "smoke.py").read_text()
+    journal = services["gateway-1"]["volumes"][0].split(":")[0]
+    assert '"--kill-service", default="gateway-1"' in smoke and f'"--kill-volume", default="{journal}"' in smoke
+    assert "flush_interval_ms\"] = 2000" in (DEPLOY / "smoke.sh").read_text()
