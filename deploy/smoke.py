@@ -244,14 +244,14 @@ def kill_under_load(out: Outcome, args: argparse.Namespace) -> None:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--base", default="http://127.0.0.1:38080", help="the proxy")
+    p.add_argument("--base", default="http://127.0.0.1:28080", help="the proxy")
     p.add_argument("--key", required=True, help="a tenant API key")
-    p.add_argument("--dsn", default="postgresql://postgres@127.0.0.1:35432/tiergate")
+    p.add_argument("--dsn", default="postgresql://postgres@127.0.0.1:25432/tiergate")
     p.add_argument("--project", default="tiergate-smoke")
     p.add_argument("--compose-files", default="deploy/docker-compose.yml,deploy/docker-compose.smoke.yml")
     p.add_argument("--kill-service", default="gateway-1")
     p.add_argument("--kill-volume", default="journal-gateway-1", help="its journal volume (compose name)")
-    p.add_argument("--kill-ready-url", default="http://127.0.0.1:38081/readyz")
+    p.add_argument("--kill-ready-url", default="http://127.0.0.1:28081/readyz")
     p.add_argument("--load-threads", type=int, default=4)
     p.add_argument("--load-before-s", type=float, default=4.0)
     p.add_argument("--load-after-s", type=float, default=4.0)

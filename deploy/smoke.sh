@@ -72,7 +72,7 @@ step "images"
 build() {
   local tag=$1 file=$2; local t=$SECONDS
   DOCKER_BUILDKIT=0 docker build -q --network host --build-arg BASE_IMAGE="$BASE_IMAGE" \
-    --build-arg PIP_EXTRA_INDEX_URL="${PIP_EXTRA_INDEX_URL:-}" -t "$tag" -f "$file" . 2>&1 >/dev/null | { grep -v -e DEPRECATED -e 'legacy builder' -e buildx -e '^$' || true; }
+    --build-arg PIP_EXTRA_INDEX_URL="${PIP_EXTRA_INDEX_URL:-}" -t "$tag" -f "$file" . 2>&1 >/dev/null | { grep -v -e DEPRECATED -e 'legacy builder' -e buildx -e BuildKit -e 'environment-variable' -e '^ *$' || true; }
   echo "$tag ($file): $((SECONDS - t)) s, $(docker image inspect -f '{{.Size}}' "$tag" | awk '{printf "%.0f MB", $1/1e6}')"
 }
 build tiergate/services:latest deploy/services/Dockerfile
@@ -101,9 +101,12 @@ export TIERGATE_SMOKE_GATEWAY1_CONFIG=$PWD/var/deploy-smoke/gateway-1.yaml
 "$PY" -c 'import sys, yaml; c = yaml.safe_load(open("deploy/config.yaml")); c["ledger"]["flush_interval_ms"] = 2000
 yaml.safe_dump(c, open(sys.argv[1], "w"), sort_keys=False)' "$TIERGATE_SMOKE_GATEWAY1_CONFIG"
 compose down -v --remove-orphans >/dev/null 2>&1 || true
+# Host networking: the stack's ports must be free on this machine.
+busy=$(ss -Htln | awk '{print $4}' | grep -E ':(25432|26379|26672|26673|24369|28080|28081|28082)$' || true)
+[ -z "$busy" ] || { echo "ports in use on this machine: $busy"; exit 1; }
 compose up -d --no-build
 echo "waiting for the proxy and both replicas (/readyz)"
-for port in 38081 38082 38080; do
+for port in 28081 28082 28080; do
   ok=
   for _ in $(seq 240); do
     if curl -fs -o /dev/null "http://127.0.0.1:$port/readyz"; then ok=1; break; fi

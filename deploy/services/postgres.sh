@@ -2,7 +2,7 @@
 # PostgreSQL for the compose stack: a cluster in $PGDATA (a volume) made on first start, listening on
 # 127.0.0.1:$PGPORT (host networking), the database $PGDATABASE, trust for local connections only.
 set -e
-: "${PGDATA:=/var/lib/tiergate-postgres}" "${PGPORT:=35432}" "${PGDATABASE:=tiergate}"
+: "${PGDATA:=/var/lib/tiergate-postgres}" "${PGPORT:=25432}" "${PGDATABASE:=tiergate}"
 BIN=/usr/lib/postgresql/15/bin
 mkdir -p "$PGDATA" /var/run/postgresql && chown -R postgres:postgres "$PGDATA" /var/run/postgresql
 if [ ! -s "$PGDATA/PG_VERSION" ]; then

@@ -61,7 +61,7 @@ def test_compose_puts_the_gateways_behind_the_proxy() -> None:
     proxy = services["proxy"]
     assert proxy["build"]["dockerfile"] == "deploy/proxy/Dockerfile"
     assert set(gateways) <= set(proxy["depends_on"])
-    assert _directives(CONF.read_text())["listen"] == ["38080"]
+    assert _directives(CONF.read_text())["listen"] == ["28080"]
     dockerfile = (DEPLOY / "proxy" / "Dockerfile").read_text()
     assert "apt-get install" in dockerfile and " nginx" in dockerfile and "deploy/proxy/nginx.conf" in dockerfile
 
@@ -73,8 +73,8 @@ def test_compose_stack_has_its_services_a_journal_per_replica_and_one_migration(
     assert all(svc["network_mode"] == "host" for svc in services.values())
     # Ports away from the machine's own PostgreSQL / Redis / RabbitMQ (5432 / 6379 / 5672).
     env = services["gateway-1"]["environment"]
-    assert ":35432/" in env["TIERGATE_DATABASE_URL"] and ":36379/" in env["TIERGATE_REDIS_URL"]
-    assert ":35672/" in env["TIERGATE_BROKER_URL"] and services["rabbitmq"]["environment"]["RABBITMQ_NODE_PORT"] == "35672"
+    assert ":25432/" in env["TIERGATE_DATABASE_URL"] and ":26379/" in env["TIERGATE_REDIS_URL"]
+    assert ":26672/" in env["TIERGATE_BROKER_URL"] and services["rabbitmq"]["environment"]["RABBITMQ_NODE_PORT"] == "26672"
     # One journal volume per ledger writer (each replica and the worker), each a named volume.
     writers = [*_gateways(services), "worker"]
     mounts = {name: services[name]["volumes"] for name in writers}
@@ -126,7 +126,7 @@ def test_smoke_override_only_slows_the_commits_of_the_replica_it_kills() -> None
     services = _compose()["services"]
     override = yaml.safe_load((DEPLOY / "docker-compose.smoke.yml").read_text())["services"]
     assert list(override) == ["gateway-1"] and "gateway-1" in _gateways(services)
-    assert set(override["gateway-1"]) == {"environment", "volumes"}
+    assert set(override["gateway-1"]) == {"environment", "volumes", "restart"}
     assert override["gateway-1"]["environment"] == {"TIERGATE_CONFIG": "/etc/tiergate/smoke.yaml"}
     smoke = (DEPLOY / "smoke.py").read_text()
     journal = services["gateway-1"]["volumes"][0].split(":")[0]
