@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.tiergate-installed
 export LITELLM_LOCAL_MODEL_COST_MAP := True
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: run test test-fast test-fast-libraries test-fast-gateway-http test-fast-gateway-rest venv lint typecheck imports unit clean bench-venv
+.PHONY: deploy-smoke run test test-fast test-fast-libraries test-fast-gateway-http test-fast-gateway-rest venv lint typecheck imports unit clean bench-venv
 
 venv: $(STAMP)
 
@@ -59,6 +59,11 @@ test-fast-gateway-http:
 
 test-fast-gateway-rest:
 	$(FAST_PYTEST) tests/gateway $(addprefix --ignore=tests/gateway/,$(FAST_HTTP_AREAS))
+
+# Builds the images, starts deploy/docker-compose.yml, sends traffic through the proxy, kills a
+# replica under load and checks the ledger (deploy/smoke.sh; root, docker; not part of `make test`).
+deploy-smoke: venv
+	bash deploy/smoke.sh
 
 bench-venv:
 	test -x .venv-litellm-proxy/bin/python || $(PYTHON) -m venv .venv-litellm-proxy
