@@ -100,8 +100,8 @@ def _lines(prefix: str, n: int) -> list[dict[str, Any]]:
 async def test_broker_restart_mid_batch_every_line_exactly_once(
         tmp_path: Path, upstream: ScriptedUpstream, rabbit: PrivateRabbitMQ, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TIERGATE_BROKER_URL", rabbit.url)
-    jobs = {"backend": "celery", "queue": f"tiergate-test-{uuid.uuid4().hex[:12]}", "concurrency": 2,
-            "chunk_lines": 4, "line_lease_s": 6, "requeue_interval_s": 0.5}
+    jobs: dict[str, Any] = {"backend": "celery", "queue": f"tiergate-test-{uuid.uuid4().hex[:12]}", "concurrency": 2,
+                           "chunk_lines": 4, "line_lease_s": 6, "requeue_interval_s": 0.5}
     config = tmp_path / "config.yaml"
     cfg = batch_config(upstream.base_url, f"sqlite:///{tmp_path / 'tiergate.db'}", jobs=jobs)
     config.write_text(yaml.safe_dump(cfg))
