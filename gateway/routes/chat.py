@@ -4,6 +4,7 @@ size limit, orjson, SSE, the client's disconnect). Policy lives in gateway.chat 
 
 from __future__ import annotations
 
+import asyncio
 from typing import TYPE_CHECKING
 
 import anyio
@@ -15,6 +16,7 @@ from starlette.types import Receive, Scope, Send
 from gateway.chat.request import ChatRequest
 from gateway.chat.sse import ChatStream
 from gateway.money import format_usd
+from gateway.web.hangup import on_hangup
 from gateway.web.observe import REQUEST_KEY
 from gateway.web.request_body import read_json
 
@@ -25,10 +27,14 @@ router = APIRouter()
 
 
 class SSEResponse(StreamingResponse):
-    """Streams a ``ChatStream`` and always closes it — even when the client disconnects and
-    Starlette cancels the send loop (it watches for the disconnect while waiting on every chunk
-    under ASGI spec < 2.4, as uvicorn's HTTP servers report) — shielded so the upstream is
-    cancelled and the generated tokens billed."""
+    """Streams a ``ChatStream`` and always closes it — shielded, so the upstream is cancelled and
+    the generated tokens billed however the response ends.
+
+    The client's disconnect: under ``tiergate serve`` the server reports it the moment the
+    connection is lost (gateway.web.hangup) and the hook cancels the streaming task itself, so
+    the upstream call stops on the next loop iteration however loaded the loop is and however
+    far apart the chunks are. Elsewhere (test transports, another server) Starlette watches
+    ``receive()`` for ``http.disconnect`` beside the send loop, as before."""
 
     def __init__(self, stream: ChatStream, headers: dict[str, str]) -> None:
         self._body = stream.__aiter__()
@@ -36,12 +42,33 @@ class SSEResponse(StreamingResponse):
         self._chat_stream = stream
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        me = asyncio.current_task()
+        streaming, hung_up = True, False
+
+        def hangup() -> None:
+            nonlocal hung_up
+            if streaming and not hung_up and me is not None:
+                hung_up = True
+                me.cancel(_HUNG_UP)
+
         try:
-            await super().__call__(scope, receive, send)
+            if me is None or not on_hangup(scope, hangup):
+                await super().__call__(scope, receive, send)
+                return
+            try:
+                await self.stream_response(send)
+            except asyncio.CancelledError:
+                if not hung_up or me.cancelling() != 1:  # a shutdown, not (only) the client leaving
+                    raise
+                me.uncancel()
         finally:
+            streaming = False
             with anyio.CancelScope(shield=True):
                 await self._body.aclose()
                 await self._chat_stream.close()
+
+
+_HUNG_UP = "tiergate: the client hung up"
 
 
 async def _client_gone(receive: Receive) -> None:
