@@ -8,11 +8,15 @@ sent), `tiergate serve` (SQLite, the journaled ledger, one worker), and the clie
 process (uvloop, raw sockets). Each client keeps one stream open at a time: it reads the
 stream for a random 0.5-2.5 s, then aborts its connection (the moment is noted) and opens the
 next. The latency of one disconnect is the time from the client's abort to the upstream seeing
-the gateway drop that call (both clocks are the machine's CLOCK_MONOTONIC). Printed per phase:
+the gateway drop that call (both clocks are the machine's CLOCK_MONOTONIC). The many-streams
+phase runs in interleaved rounds against two servers of the same app: `tiergate serve` (whose
+protocol reports a lost connection to the stream at once, gateway.web.hangup) and the same
+uvicorn settings with uvicorn's stock httptools protocol (the disconnect seen through
+``receive()``, as before). Printed per phase:
 p50 / p99 / max of that latency, the streams the upstream never saw stopped, and from the
 ledger: the cut calls billed ``cancelled`` and their billed output tokens against the chunks
-the upstream sent before the drop (billing stops at what was delivered). Then the ratio of the
-many-streams phase to the baseline. Numbers taken on a shared, busy machine are noisy.
+the upstream sent before the drop (billing stops at what was delivered). Then the ratios: many
+streams vs the baseline, and the hook vs the stock protocol. Numbers taken on a shared, busy machine are noisy.
 
 Bench-only: imported lazily by gateway.cli.bench; the mock runs as this module's ``main``.
 """
@@ -49,11 +53,13 @@ class DisconnectArgs:
     baseline_streams: int = 10
     seconds: float = 15.0
     chunk_ms: float = 50.0
+    rounds: int = 2
     seed: int = 11
 
 
 @dataclass
 class Phase:
+    label: str  # unique per phase: the streams' tags start with it
     streams: int
     cuts: dict[str, float] = field(default_factory=dict)  # tag -> monotonic time of the client's abort
     request_ids: dict[str, str] = field(default_factory=dict)  # tag -> x-request-id
@@ -136,7 +142,7 @@ async def _client(port: int, key: str, phase: Phase, stop_at: float, rng: random
     n = 0
     while time.monotonic() < stop_at:
         n += 1
-        tag = f"p{phase.streams}-c{ident}-{n}"
+        tag = f"{phase.label}-c{ident}-{n}"
         body = orjson.dumps({"model": MODEL, "stream": True, "max_tokens": 4000,
                              "messages": [{"role": "user", "content": tag}]})
         request = (b"POST /v1/chat/completions HTTP/1.1\r\nhost: bench\r\ncontent-type: application/json\r\n"
@@ -173,8 +179,8 @@ async def _client(port: int, key: str, phase: Phase, stop_at: float, rng: random
             phase.request_ids[tag] = m.group(1).decode()
 
 
-async def _phase(port: int, key: str, streams: int, seconds: float, seed: int) -> Phase:
-    phase = Phase(streams)
+async def _phase(label: str, port: int, key: str, streams: int, seconds: float, seed: int) -> Phase:
+    phase = Phase(label, streams)
     stop_at = time.monotonic() + seconds
     rng = random.Random(seed)
     clients = [_client(port, key, phase, stop_at, random.Random(rng.random()), i) for i in range(streams)]
@@ -222,21 +228,23 @@ def _ledger_rows(config: Path, request_ids: list[str]) -> dict[str, tuple[str, i
     return out
 
 
-def _report(phase: Phase, events: dict[str, tuple[float, int, bool]],
+def _report(name: str, phases: list[Phase], events: dict[str, tuple[float, int, bool]],
             ledger: dict[str, tuple[str, int]]) -> tuple[str, float, float]:
-    lat = [(events[t][0] - c) * 1000 for t, c in phase.cuts.items() if t in events and not events[t][2]]
-    never = sum(1 for t in phase.cuts if t not in events)
-    finished = sum(1 for t in phase.cuts if t in events and events[t][2])
-    rows = [(ledger.get(rid), events.get(tag)) for tag, rid in phase.request_ids.items()]
+    cuts = {t: c for p in phases for t, c in p.cuts.items()}
+    request_ids = {t: r for p in phases for t, r in p.request_ids.items()}
+    lat = [(events[t][0] - c) * 1000 for t, c in cuts.items() if t in events and not events[t][2]]
+    never = sum(1 for t in cuts if t not in events)
+    finished = sum(1 for t in cuts if t in events and events[t][2])
+    rows = [(ledger.get(rid), events.get(tag)) for tag, rid in request_ids.items()]
     cancelled = [(r, e) for r, e in rows if r is not None and r[0] == "cancelled" and e is not None]
-    billed_vs_sent = [r[1] - e[1] for r, e in cancelled]
+    excess = [r[1] - e[1] for r, e in cancelled]
     p50, p99 = statistics.median(lat) if lat else float("nan"), _pct(lat, 0.99)
-    line = (f"  {phase.streams:4d} concurrent streams: {len(phase.cuts)} disconnects, upstream stopped after "
-            f"p50 {p50:.1f} ms, p99 {p99:.1f} ms, max {max(lat, default=float('nan')):.1f} ms; "
-            f"{never} never stopped, {finished} ran to their end, {phase.errors} failed to open\n"
-            f"        ledger: {len(cancelled)}/{len(phase.request_ids)} cut calls billed 'cancelled'; billed output "
-            f"tokens - chunks the upstream sent before the drop: "
-            f"{'max ' + str(max(billed_vs_sent)) + ', min ' + str(min(billed_vs_sent)) if billed_vs_sent else 'n/a'}")
+    line = (f"  {name}: {len(cuts)} disconnects, upstream stopped after p50 {p50:.1f} ms, p99 {p99:.1f} ms, "
+            f"max {max(lat, default=float('nan')):.1f} ms; {never} never stopped, {finished} ran to their end, "
+            f"{sum(p.errors for p in phases)} failed to open\n"
+            f"      ledger: {len(cancelled)}/{len(request_ids)} cut calls billed 'cancelled'; billed output tokens "
+            f"minus chunks the upstream sent before the drop: "
+            f"{f'min {min(excess)}, max {max(excess)}' if excess else 'n/a'}")
     return line, p50, p99
 
 
@@ -250,6 +258,7 @@ def _config(work: Path, upstream: str) -> Path:
            "models": {MODEL: model},
            "tiers": {t: {"model": MODEL, "max_output_tokens": 8192}
                      for t in ("none", "minimal", "low", "medium", "high", "xhigh")}}
+    work.mkdir(parents=True, exist_ok=True)
     path = work / "config.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return path
@@ -275,44 +284,88 @@ def _mock_process(cmd: list[str], port: int, log: Path) -> Iterator[None]:
             proc.wait(10)
 
 
+# The same app and uvicorn settings as `tiergate serve`, with uvicorn's stock httptools protocol: a
+# lost connection reaches the response only through receive() (what tiergate served before).
+_STOCK = ("import os; from gateway.settings import load_settings; from gateway.web.serving import run, uvicorn_config; "
+          "run(uvicorn_config(load_settings(os.environ['TIERGATE_CONFIG']), app='gateway.cli.serve:app_from_env', "
+          "host='127.0.0.1', port={port}, http='httptools'))")
+
+
+@dataclass
+class _Server:
+    name: str
+    config: Path
+    key: str
+    port: int
+    cmd: list[str]
+    phases: list[Phase] = field(default_factory=list)
+
+
+def _server(work: Path, name: str, upstream: str, stock: bool) -> _Server:
+    from gateway.bench.gateway import _free_port
+    from gateway.bench.soak import _tenant
+
+    config = _config(work / name, upstream)
+    _tenant_id, key = _tenant(config)
+    port = _free_port()
+    cmd = ([sys.executable, "-c", _STOCK.format(port=port)] if stock else
+           [sys.executable, "-c", "from gateway.cli import main; main()", "serve", "--config", str(config),
+            "--port", str(port)])
+    return _Server(name, config, key, port, cmd)
+
+
 def run_disconnect_bench(args: DisconnectArgs) -> str:
     import uvloop
 
     from gateway.bench.gateway import _free_port, _process
-    from gateway.bench.soak import ADMIN_KEY, _tenant
+    from gateway.bench.soak import ADMIN_KEY
 
     with tempfile.TemporaryDirectory(prefix="tiergate-disconnect-") as tmp:
         work = Path(tmp)
-        mock_port, port = _free_port(), _free_port()
+        mock_port = _free_port()
         events = work / "upstream-events.txt"
         max_chunks = int(60_000 / args.chunk_ms)  # a minute of chunks: no stream ends on its own
-        config = _config(work, f"http://127.0.0.1:{mock_port}/v1")
-        _tenant_id, key = _tenant(config)
-        env = {**os.environ, "TIERGATE_ADMIN_KEY": ADMIN_KEY, "TIERGATE_CONFIG": str(config)}
+        upstream = f"http://127.0.0.1:{mock_port}/v1"
+        hook, stock = _server(work, "hook", upstream, False), _server(work, "stock", upstream, True)
         mock = [sys.executable, "-m", "gateway.bench.disconnect", "mock", "--port", str(mock_port),
                 "--chunk-ms", str(args.chunk_ms), "--events", str(events), "--max-chunks", str(max_chunks)]
-        serve = [sys.executable, "-c", "from gateway.cli import main; main()", "serve", "--config", str(config),
-                 "--port", str(port)]
         out = [f"tiergate bench disconnect: streams cut by their clients after 0.5-2.5 s, one chunk every "
-               f"{args.chunk_ms:g} ms per stream, {args.seconds:g} s per phase (a shared, busy machine: noisy)"]
-        with _mock_process(mock, mock_port, work / "mock.log"), \
-                _process(serve, f"http://127.0.0.1:{port}/readyz", work / "serve.log", env=env):
-            phases = [uvloop.run(_phase(port, key, n, args.seconds, args.seed + n))
-                      for n in (args.baseline_streams, args.streams)]
-            time.sleep(3.0)  # the last drops reach the upstream; the ledger drains
-            rids = [rid for p in phases for rid in p.request_ids.values()]
+               f"{args.chunk_ms:g} ms per stream, {args.seconds:g} s per phase, {args.rounds} interleaved rounds "
+               "(a shared, busy machine: noisy)"]
+        baseline: list[Phase] = []
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(_mock_process(mock, mock_port, work / "mock.log"))
+            for srv in (hook, stock):
+                env = {**os.environ, "TIERGATE_ADMIN_KEY": ADMIN_KEY, "TIERGATE_CONFIG": str(srv.config)}
+                stack.enter_context(_process(srv.cmd, f"http://127.0.0.1:{srv.port}/readyz",
+                                             work / f"{srv.name}.log", env=env))
+            baseline.append(uvloop.run(_phase("base", hook.port, hook.key, args.baseline_streams, args.seconds,
+                                              args.seed)))
+            for r in range(args.rounds):
+                for srv in ((hook, stock) if r % 2 == 0 else (stock, hook)):
+                    srv.phases.append(uvloop.run(_phase(f"{srv.name}{r}", srv.port, srv.key, args.streams,
+                                                        args.seconds, args.seed + r)))
+            time.sleep(3.0)  # the last drops reach the upstream; the ledgers drain
             ledger: dict[str, tuple[str, int]] = {}
-            for _ in range(50):
-                ledger = _ledger_rows(config, rids)
-                if len(ledger) >= len(rids):
-                    break
-                time.sleep(0.2)
-        upstream = _read_events(events)
-        results = [_report(p, upstream, ledger) for p in phases]
-        out += [line for line, _, _ in results]
-        (_, b50, b99), (_, m50, m99) = results
-        out.append(f"  ratio {args.streams} / {args.baseline_streams} streams: p50 x{m50 / b50:.2f}, "
-                   f"p99 x{m99 / b99:.2f}")
+            for srv, phases in ((hook, [*baseline, *hook.phases]), (stock, stock.phases)):
+                rids = [rid for p in phases for rid in p.request_ids.values()]
+                for _ in range(50):
+                    rows = _ledger_rows(srv.config, rids)
+                    if len(rows) >= len(rids):
+                        break
+                    time.sleep(0.2)
+                ledger.update(rows)
+        upstream_events = _read_events(events)
+        b_line, b50, b99 = _report(f"{args.baseline_streams:4d} streams, tiergate serve          ", baseline,
+                                   upstream_events, ledger)
+        h_line, h50, h99 = _report(f"{args.streams:4d} streams, tiergate serve          ", hook.phases,
+                                   upstream_events, ledger)
+        s_line, s50, s99 = _report(f"{args.streams:4d} streams, stock httptools protocol", stock.phases,
+                                   upstream_events, ledger)
+        out += [b_line, h_line, s_line,
+                f"  {args.streams} vs {args.baseline_streams} streams (tiergate serve): p50 x{h50 / b50:.2f}, "
+                f"p99 x{h99 / b99:.2f}; hang-up hook vs receive() at {args.streams} streams: "
+                f"p50 x{h50 / s50:.2f}, p99 x{h99 / s99:.2f}"]
     return "\n".join(out)
 
 
