@@ -5,6 +5,7 @@ size limit, orjson, SSE, the client's disconnect). Policy lives in gateway.chat 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import anyio
@@ -16,6 +17,7 @@ from starlette.types import Receive, Scope, Send
 from gateway.chat.request import ChatRequest
 from gateway.chat.sse import ChatStream
 from gateway.money import format_usd
+from gateway.providers.base import HANGUP_CLOSERS
 from gateway.web.hangup import on_hangup
 from gateway.web.observe import REQUEST_KEY
 from gateway.web.request_body import read_json
@@ -31,25 +33,30 @@ class SSEResponse(StreamingResponse):
     the generated tokens billed however the response ends.
 
     The client's disconnect: under ``tiergate serve`` the server reports it the moment the
-    connection is lost (gateway.web.hangup) and the hook cancels the streaming task itself, so
-    the upstream call stops on the next loop iteration however loaded the loop is and however
-    far apart the chunks are. Elsewhere (test transports, another server) Starlette watches
+    connection is lost (gateway.web.hangup) and the hook, in that callback, cancels the streaming
+    task and drops the stream's upstream connections (``HANGUP_CLOSERS``), so the upstream
+    call stops without waiting for a task to be scheduled, however far apart the chunks are;
+    the task then bills what was delivered. Elsewhere (test transports, another server) Starlette watches
     ``receive()`` for ``http.disconnect`` beside the send loop, as before."""
 
-    def __init__(self, stream: ChatStream, headers: dict[str, str]) -> None:
+    def __init__(self, stream: ChatStream, headers: dict[str, str],
+                 upstreams: list[Callable[[], None]] | None = None) -> None:
         self._body = stream.__aiter__()
         super().__init__(self._body, media_type="text/event-stream", headers=headers)
         self._chat_stream = stream
+        self._upstreams = upstreams if upstreams is not None else []  # HANGUP_CLOSERS of the stream
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         me = asyncio.current_task()
         streaming, hung_up = True, False
 
-        def hangup() -> None:
+        def hangup() -> None:  # in the server's connection_lost: the task cancelled, the upstream dropped
             nonlocal hung_up
             if streaming and not hung_up and me is not None:
                 hung_up = True
                 me.cancel(_HUNG_UP)
+                for close in list(self._upstreams):
+                    close()
 
         try:
             if me is None or not on_hangup(scope, hangup):
@@ -104,9 +111,12 @@ async def chat_completions(request: Request) -> Response:
     request.scope[REQUEST_KEY] = req  # its id, tenant, tier and model: for its metrics and log line
     headers = _decision_headers(req)
     if stream:
+        upstreams: list[Callable[[], None]] = []
+        HANGUP_CLOSERS.set(upstreams)  # the stream's upstream connections, dropped at a hang-up
         chat_stream = await rt.flow.open_stream(req, client_gone=_client_gone(request.receive))
         headers.update(chat_stream.headers)  # cost headers: the usage chunk
-        return SSEResponse(chat_stream, {**headers, "cache-control": "no-cache", "x-accel-buffering": "no"})
+        return SSEResponse(chat_stream, {**headers, "cache-control": "no-cache", "x-accel-buffering": "no"},
+                           upstreams)
     outcome = await rt.flow.complete(req, client_gone=_client_gone(request.receive))
     spend = outcome.spend
     headers["x-tiergate-cost-usd"] = format_usd(spend.cost_nanos)
