@@ -5,7 +5,7 @@ size limit, orjson, SSE, the client's disconnect). Policy lives in gateway.chat 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 import anyio
@@ -78,6 +78,21 @@ class SSEResponse(StreamingResponse):
 _HUNG_UP = "tiergate: the client hung up"
 
 
+def _gone(request: Request) -> Awaitable[object]:
+    """What ends when the client disconnects: under a server that reports the hang-up in its
+    callback (gateway.web.hangup) a future that callback resolves (no task has to wake up to
+    notice), else a watch of ``receive()``."""
+    gone: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def hung_up() -> None:
+        if not gone.done():
+            gone.set_result(None)
+
+    if on_hangup(request.scope, hung_up):
+        return gone
+    return _client_gone(request.receive)
+
+
 async def _client_gone(receive: Receive) -> None:
     """Returns when the server reports that the client disconnected. Starlette does not cancel a
     non-streaming handler then; after the body has been read, the next ASGI message is
@@ -113,11 +128,11 @@ async def chat_completions(request: Request) -> Response:
     if stream:
         upstreams: list[Callable[[], None]] = []
         HANGUP_CLOSERS.set(upstreams)  # the stream's upstream connections, dropped at a hang-up
-        chat_stream = await rt.flow.open_stream(req, client_gone=_client_gone(request.receive))
+        chat_stream = await rt.flow.open_stream(req, client_gone=_gone(request))
         headers.update(chat_stream.headers)  # cost headers: the usage chunk
         return SSEResponse(chat_stream, {**headers, "cache-control": "no-cache", "x-accel-buffering": "no"},
                            upstreams)
-    outcome = await rt.flow.complete(req, client_gone=_client_gone(request.receive))
+    outcome = await rt.flow.complete(req, client_gone=_gone(request))
     spend = outcome.spend
     headers["x-tiergate-cost-usd"] = format_usd(spend.cost_nanos)
     headers["x-tiergate-saved-usd"] = format_usd(spend.baseline_nanos - spend.cost_nanos)
