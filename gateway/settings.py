@@ -287,6 +287,8 @@ class JobsSettings(_Strict):
     # so a line whose process died runs again at most this long after that process's last beat.
     line_lease_s: float = Field(30.0, gt=0)
     poll_interval_s: float = Field(1.0, gt=0)
+    # celery: how often the gateway tries again to enqueue a batch the broker did not take
+    requeue_interval_s: float = Field(5.0, gt=0)
     max_file_bytes: int = Field(100 * 1024 * 1024, gt=0)
     upload_read_timeout_s: float = Field(600.0, gt=0)  # the time an upload's body may take to arrive
     max_lines: int = Field(50_000, ge=1)

@@ -178,3 +178,18 @@ def soak_bench(
     from gateway.bench.soak import SoakArgs, run_soak
 
     typer.echo(run_soak(SoakArgs(minutes=minutes, sample_s=sample_s, load=load, upstream_ms=upstream_ms)))
+
+
+@app.command("disconnect")
+def disconnect_bench(
+    streams: int = typer.Option(200, min=1, help="concurrent streaming clients of the measured phase"),
+    baseline_streams: int = typer.Option(10, min=1, help="concurrent streaming clients of the baseline phase"),
+    seconds: float = typer.Option(15.0, help="length of each phase"),
+    chunk_ms: float = typer.Option(50.0, help="the mock upstream's interval between chunks, per stream"),
+    rounds: int = typer.Option(2, min=1, help="interleaved rounds of the many-streams phase on each server"),
+) -> None:
+    """Client disconnect to upstream stopped: p50/p99 latency with few and with many concurrent streams,
+    and the cut calls' billing (cancelled, the tokens delivered)."""
+    from gateway.bench.disconnect import DisconnectArgs, run_disconnect_bench
+
+    typer.echo(run_disconnect_bench(DisconnectArgs(streams, baseline_streams, seconds, chunk_ms, rounds)))

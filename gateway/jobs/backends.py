@@ -5,13 +5,15 @@
 - ``celery``: creating a batch enqueues one ``tiergate.run_chunk(batch_id, first, last)`` task per
   ``jobs.chunk_lines`` lines; ``tiergate worker`` processes run them (``drain_chunk``: the same
   ``BatchWork`` over their own providers, budgets and database connections), so every worker on
-  the queue takes chunks of one batch. When the broker cannot take the tasks, ``submit`` raises
-  ``QueueUnavailable`` (the route fails the batch and answers 503). When no worker consumes the
-  queue, the batch says so (a ``no_worker`` entry in its ``errors`` while it is ``validating``;
-  the first line a worker claims clears it). At start-up the gateway enqueues the chunks of every
-  active batch that hold a line no one is running (a gateway that died between creating a batch
-  and enqueueing it leaves some); a chunk that is already being worked on only joins in, since
-  lines are claimed in the database.
+  the queue takes chunks of one batch. When the broker cannot take the tasks (down, restarting),
+  the batch is kept: it stays ``validating`` with a ``queue_unavailable`` entry in its ``errors``
+  and a ``Requeuer`` tries again every ``jobs.requeue_interval_s`` until the broker takes it.
+  When no worker consumes the queue, the batch says so (a ``no_worker`` entry while it is
+  ``validating``); the first line a worker claims clears either note. At start-up the gateway
+  enqueues the chunks of every active batch that hold a line no one is running (a gateway that
+  died between creating a batch and enqueueing it leaves some; those the broker refuses then go
+  to the ``Requeuer``); a chunk that is already being worked on only joins in, since lines are
+  claimed in the database.
 
 Batch lines run through their own ``ChatFlow`` whose ledger is an ``AttemptLedger`` over the
 process's real ledger (the app's; a worker starts its own on ``ledger.journal_dir``, and a
@@ -24,6 +26,7 @@ branch.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
@@ -43,7 +46,7 @@ from gateway.jobs.capture import AttemptLedger, JournaledLedger
 from gateway.jobs.runner import BatchRunner
 from gateway.providers.registry import ProviderRegistry
 from gateway.routing import DecideAuto
-from gateway.settings import Settings
+from gateway.settings import JobsSettings, Settings
 
 log = logging.getLogger("tiergate.jobs")
 
@@ -56,8 +59,62 @@ class QueueUnavailable(GatewayError):
 
 @dataclass
 class JobsBackend:
-    submit: Callable[[str], Awaitable[None]]  # a batch was created: run it
+    # a batch was created: run it. False: it is kept and queued later (its ``errors`` say why)
+    submit: Callable[[str], Awaitable[bool]]
     runner: BatchRunner | None = None  # the embedded runner
+    requeuer: Requeuer | None = None  # celery: the batches the broker did not take yet
+
+
+class Requeuer:
+    """The batches a broker did not take (it was down or restarting): each is enqueued again,
+    oldest first, every ``interval_s`` until the broker takes it. In-process (a gateway that dies
+    meanwhile leaves them to the next one's start-up requeue: they are active batches with lines
+    no one runs)."""
+
+    def __init__(self, enqueue: Callable[[str], Awaitable[None]], interval_s: float) -> None:
+        self._enqueue, self.interval_s = enqueue, interval_s
+        self._pending: dict[str, None] = {}  # insertion-ordered set
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def pending(self) -> list[str]:
+        return list(self._pending)
+
+    def add(self, batch_id: str) -> None:
+        self._pending[batch_id] = None
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="tiergate-batch-requeuer")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    async def retry_once(self) -> list[str]:
+        """Enqueue the pending batches, oldest first, until the broker refuses one; returns
+        those it took."""
+        taken = []
+        for batch_id in list(self._pending):
+            try:
+                await self._enqueue(batch_id)
+            except QueueUnavailable:
+                break
+            del self._pending[batch_id]
+            taken.append(batch_id)
+            log.info("batch %s: queued now that the broker takes tasks again", batch_id)
+        return taken
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval_s)
+            if self._pending:
+                try:
+                    await self.retry_once()
+                except Exception as err:  # the database: try again next round
+                    log.error("re-enqueueing batches failed: %s", type(err).__name__)
 
 
 def build_batch_work(settings: Settings, session_factory: sessionmaker[Session], registry: ProviderRegistry,
@@ -85,17 +142,32 @@ async def start_jobs(settings: Settings, stack: AsyncExitStack, *, session_facto
             await asyncio.to_thread(enqueue_batch, celery, session_factory, batch_id,
                                     chunk_lines=settings.jobs.chunk_lines, queue=settings.jobs.queue)
 
+        requeuer = Requeuer(enqueue, settings.jobs.requeue_interval_s)
+
+        async def submit(batch_id: str) -> bool:
+            try:
+                await enqueue(batch_id)
+            except QueueUnavailable as err:
+                log.warning("batch %s: %s; queued when the broker takes tasks again", batch_id, err.message)
+                await asyncio.to_thread(_note_queue_unavailable, session_factory, batch_id, settings.jobs)
+                requeuer.add(batch_id)
+                return False
+            return True
+
         await asyncio.to_thread(finalize_settled, session_factory)
-        await requeue_runnable(session_factory, enqueue)
-        return JobsBackend(enqueue)
+        await requeue_runnable(session_factory, enqueue, requeuer)
+        requeuer.start()
+        stack.push_async_callback(requeuer.stop)
+        return JobsBackend(submit, requeuer=requeuer)
     work = build_batch_work(settings, session_factory, registry, budget_runtime, decide_auto, ledger=ledger,
                             pipelined=pipelined, decisions=decisions)
     runner = BatchRunner(work, concurrency=settings.jobs.concurrency, poll_interval_s=settings.jobs.poll_interval_s)
     runner.start()
     stack.push_async_callback(runner.stop)
 
-    async def wake(_: str) -> None:
+    async def wake(_: str) -> bool:
         runner.wake()
+        return True
 
     return JobsBackend(wake, runner)
 
@@ -130,6 +202,13 @@ def enqueue_batch(celery: Any, session_factory: sessionmaker[Session], batch_id:
     return len(chunks)
 
 
+def _note_queue_unavailable(session_factory: sessionmaker[Session], batch_id: str, jobs: JobsSettings) -> None:
+    with session_factory() as session:
+        store.note_waiting(session, batch_id, store.QUEUE_UNAVAILABLE,
+                           f"The batch queue (broker) is unavailable: the batch is kept and queued when the "
+                           f"broker takes tasks again (tried every {jobs.requeue_interval_s:g} s).")
+
+
 def finalize_settled(session_factory: sessionmaker[Session]) -> list[str]:
     """Finalize every open batch with no line left to run (a worker that died between its last
     line and the batch's finalization leaves one); returns those finalized."""
@@ -146,19 +225,25 @@ def _open_ids(session_factory: sessionmaker[Session]) -> list[str]:
         return store.open_batch_ids(session)
 
 
-async def requeue_runnable(session_factory: Any, enqueue: Callable[[str], Awaitable[None]]) -> list[str]:
+async def requeue_runnable(session_factory: Any, enqueue: Callable[[str], Awaitable[None]],
+                           requeuer: Requeuer | None = None) -> list[str]:
     """Enqueue every active batch with a line no one is running; returns those enqueued. A broker
-    that is down is logged and skipped (the batches stay as they are until the next start)."""
+    that is down is logged; the batches not enqueued go to ``requeuer`` (without one they stay
+    as they are until the next start)."""
     def runnable() -> list[str]:
         with session_factory() as session:
             return store.runnable_batch_ids(session, store.utc_now())
 
-    queued = []
-    for batch_id in await asyncio.to_thread(runnable):
+    queued: list[str] = []
+    ids = await asyncio.to_thread(runnable)
+    for i, batch_id in enumerate(ids):
         try:
             await enqueue(batch_id)
         except QueueUnavailable as err:
             log.error("batch %s not re-enqueued at start-up: %s", batch_id, err.message)
+            if requeuer is not None:
+                for later in ids[i:]:
+                    requeuer.add(later)
             break
         queued.append(batch_id)
     return queued

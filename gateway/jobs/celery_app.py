@@ -27,8 +27,16 @@ def make_celery(settings: Settings) -> Celery:
     app.conf.update(
         task_acks_late=True, task_reject_on_worker_lost=True, worker_prefetch_multiplier=1,
         task_serializer="json", accept_content=["json"], task_ignore_result=True,
-        broker_connection_retry_on_startup=True, worker_hijack_root_logger=False,
-        task_default_queue=settings.jobs.queue,
+        worker_hijack_root_logger=False, task_default_queue=settings.jobs.queue,
+        # A broker restart: a worker keeps retrying (at start-up too) however long the broker is
+        # away (Celery's default gives up after 100 tries, then the worker exits); the chunks it
+        # is running finish (their lines are claimed in the database, so the copy of the task the
+        # broker delivers again only joins in), rather than being cut mid-call.
+        broker_connection_retry_on_startup=True, broker_connection_retry=True,
+        broker_connection_max_retries=None, worker_cancel_long_running_tasks_on_connection_loss=False,
+        # RabbitMQ: a published task counts as sent only once the broker confirmed it (it is
+        # then on the durable queue and survives a broker restart)
+        broker_transport_options={"confirm_publish": True},
         # a broker that is down fails send_task after ~0.6 s instead of blocking the request
         task_publish_retry_policy={"max_retries": 3, "interval_start": 0, "interval_step": 0.2,
                                    "interval_max": 0.2},

@@ -13,8 +13,9 @@ exactly one result per line. ``finalize_if_done`` writes the output and error fi
 line is left to run and moves the batch to its final status, once (OpenAI's shapes: an HTTP error
 is the line's ``response`` with ``error: null``; only a never-run line has ``error``).
 ``extend_leases`` is the heartbeat of live attempts; ``chunk_ranges`` cuts a batch into the
-line-number ranges Celery tasks run; ``note_no_worker`` marks a batch no worker can take
-(``gateway.jobs.progress`` has the operator's read-only views).
+line-number ranges Celery tasks run; ``note_waiting`` says why a batch has not started (no
+worker, or the broker did not take it yet); ``gateway.jobs.progress`` has the operator's
+read-only views.
 
 Plain functions on a Session with an explicit ``now``; imports the jobs tables, files, the
 ledger applier and errors. Knows nothing of FastAPI or Celery.
@@ -230,16 +231,23 @@ def has_unsettled(session: Session, batch_id: str, line_range: LineRange | None 
 
 
 NO_WORKER = "no_worker"
+QUEUE_UNAVAILABLE = "queue_unavailable"
+
+
+def note_waiting(session: Session, batch_id: str, code: str, message: str) -> bool:
+    """Say on a batch that has not started (``validating``) why it waits: one entry ``code``
+    (``no_worker``: no worker consumes the queue; ``queue_unavailable``: the broker did not take
+    its tasks yet) in its ``errors``; its status stays ``validating`` and the first line a worker
+    claims clears the note. Commits; False when the batch had already started."""
+    res = session.execute(sa.update(Batch).where(Batch.id == batch_id, Batch.status == "validating").values(
+        errors=[{"code": code, "message": message, "param": None, "line": None}]))
+    session.commit()
+    return res.rowcount == 1  # type: ignore[no-any-return, attr-defined]
 
 
 def note_no_worker(session: Session, batch_id: str, message: str) -> bool:
-    """Say on a batch that has not started (``validating``) that no worker is there to run it:
-    one ``no_worker`` entry in its ``errors`` (its status stays ``validating``; the first line a
-    worker claims clears the note). Commits; False when the batch had already started."""
-    res = session.execute(sa.update(Batch).where(Batch.id == batch_id, Batch.status == "validating").values(
-        errors=[{"code": NO_WORKER, "message": message, "param": None, "line": None}]))
-    session.commit()
-    return res.rowcount == 1  # type: ignore[no-any-return, attr-defined]
+    """``note_waiting`` with ``no_worker``: no worker is there to run the batch."""
+    return note_waiting(session, batch_id, NO_WORKER, message)
 
 
 def _fenced(claim: ClaimedLine) -> Any:
@@ -336,15 +344,6 @@ def request_cancel(session: Session, tenant_id: str | None, batch_id: str, now: 
     batch = session.get(Batch, batch_id)
     assert batch is not None  # batches are never deleted
     return batch_json(batch, line_counts(session, [batch_id]).get(batch_id))
-
-
-def fail_batch(session: Session, batch_id: str, code: str, message: str, now: datetime) -> bool:
-    """Move a batch that has not started (``validating``) to ``failed`` with one error; commits.
-    False when it had already started or ended (then it is left alone: it is not stuck)."""
-    res = session.execute(sa.update(Batch).where(Batch.id == batch_id, Batch.status == "validating").values(
-        status="failed", failed_at=now, errors=[{"code": code, "message": message, "param": None, "line": None}]))
-    session.commit()
-    return res.rowcount == 1  # type: ignore[no-any-return, attr-defined]
 
 
 def runnable_batch_ids(session: Session, now: datetime) -> list[str]:

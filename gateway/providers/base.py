@@ -9,11 +9,18 @@ from ``ModelSettings`` only.
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from gateway.settings import ModelSettings
+
+# The upstream connections a streamed answer has open, each as a function that drops it at once
+# (synchronously). The HTTP layer sets a list for a stream whose server reports the client's
+# hang-up in a callback (gateway.web.hangup) and calls them there; a provider that can drop its
+# connection adds it while its stream is open. Unset (None): nobody calls them.
+HANGUP_CLOSERS: ContextVar[list[Callable[[], None]] | None] = ContextVar("tiergate_hangup_closers", default=None)
 
 
 @dataclass(frozen=True)

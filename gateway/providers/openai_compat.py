@@ -3,7 +3,9 @@
 One pooled ``aiohttp.ClientSession`` per process (built on first use inside the running loop,
 closed by ``aclose``), orjson in and out, connect/read timeouts, and true streaming: SSE lines
 are parsed as they arrive and the upstream connection is closed as soon as the consumer stops
-iterating (client disconnect), so the upstream stops generating. When the upstream connection
+iterating (client disconnect), so the upstream stops generating; while a stream is open its
+connection is also in ``HANGUP_CLOSERS`` (when the HTTP layer set it), so a client's hang-up
+reported in the server's callback drops it at once. When the upstream connection
 breaks mid-stream, every complete line it had already delivered is still handed over (and so
 billed) before the error. The URL and key come only from ``ModelSettings`` (config.yaml), never
 from the request body.
@@ -22,7 +24,7 @@ import aiohttp
 import orjson
 
 from gateway.errors import GatewayError, InvalidRequest, UpstreamError, UpstreamTimeout
-from gateway.providers.base import CallOptions
+from gateway.providers.base import HANGUP_CLOSERS, CallOptions
 from gateway.providers.payload import EXTENSION_PARAMS, SPECS
 from gateway.settings import ModelSettings
 
@@ -180,11 +182,14 @@ class OpenAICompatProvider:
                    "stream_options": {"include_usage": True}}  # always ask: the ledger needs counts
         resp: aiohttp.ClientResponse | None = None
         finished = False
+        closers = HANGUP_CLOSERS.get()
         try:
             try:
                 resp = await self._client().post(self._url(model), data=orjson.dumps(payload),
                                                  headers=_headers(model, options),
                                                  timeout=self._timeout(model, options, streaming=True))
+                if closers is not None:  # the client's hang-up drops this connection at once
+                    closers.append(resp.close)
                 if resp.status >= 400:
                     raw = await resp.read()
                     raise upstream_http_error(resp.status, raw, model, resp.headers.get("Retry-After"))
@@ -208,6 +213,8 @@ class OpenAICompatProvider:
                 raise UpstreamError("upstream sent an invalid stream chunk", retryable=False) from None
         finally:
             if resp is not None:
+                if closers is not None and resp.close in closers:
+                    closers.remove(resp.close)
                 if finished:
                     resp.release()
                 else:

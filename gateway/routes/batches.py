@@ -18,7 +18,6 @@ from gateway.auth import Principal as PrincipalLike
 from gateway.errors import InvalidRequest
 from gateway.ids import Identifier, is_clean, is_storable
 from gateway.jobs import store
-from gateway.jobs.backends import QueueUnavailable
 from gateway.jobs.files import get_file
 from gateway.jobs.validate import parse_batch_file
 from gateway.runtime import Runtime
@@ -74,25 +73,22 @@ def _create(state: Runtime, who: PrincipalLike, body: BatchCreate) -> dict[str, 
         return store.batch_json(batch, None)
 
 
-def _fail(state: Runtime, batch_id: str, err: QueueUnavailable) -> None:
+def _reread(state: Runtime, tenant_id: str, batch_id: str) -> dict[str, Any]:
     with state.session_factory() as session:
-        store.fail_batch(session, batch_id, err.code or "queue_unavailable", err.message, store.utc_now())
+        return _json(session, store.get_batch(session, tenant_id, batch_id))
 
 
 @router.post("/v1/batches")
 async def create_batch(request: Request, state: Runtime = Depends(get_runtime),
                        who: PrincipalLike = Depends(principal)) -> Any:
-    """Commit the batch, then hand it to the jobs backend; when the backend cannot take it the
-    batch is marked failed (its ``errors`` say why) and the client gets a 503 to retry. The body
-    is read only after the key is checked."""
+    """Commit the batch, then hand it to the jobs backend. A batch the backend cannot take at once
+    (the broker is down) is kept and queued when it can: the answer shows it ``validating`` with
+    the reason in its ``errors``. The body is read only after the key is checked."""
     body = await read_model(request, state.settings.server, BatchCreate, max_bytes=MAX_CREATE_BYTES)
     created = await run_in_threadpool(_create, state, who, body)
-    try:
-        assert state.jobs is not None, "a gateway runtime has a jobs backend"
-        await state.jobs.submit(created["id"])
-    except QueueUnavailable as err:
-        await run_in_threadpool(_fail, state, created["id"], err)
-        raise
+    assert state.jobs is not None, "a gateway runtime has a jobs backend"
+    if not await state.jobs.submit(created["id"]):
+        return await run_in_threadpool(_reread, state, who.tenant_id, created["id"])
     return created
 
 

@@ -4,6 +4,8 @@ size limit, orjson, SSE, the client's disconnect). Policy lives in gateway.chat 
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 import anyio
@@ -15,6 +17,8 @@ from starlette.types import Receive, Scope, Send
 from gateway.chat.request import ChatRequest
 from gateway.chat.sse import ChatStream
 from gateway.money import format_usd
+from gateway.providers.base import HANGUP_CLOSERS
+from gateway.web.hangup import on_hangup
 from gateway.web.observe import REQUEST_KEY
 from gateway.web.request_body import read_json
 
@@ -25,23 +29,68 @@ router = APIRouter()
 
 
 class SSEResponse(StreamingResponse):
-    """Streams a ``ChatStream`` and always closes it — even when the client disconnects and
-    Starlette cancels the send loop (it watches for the disconnect while waiting on every chunk
-    under ASGI spec < 2.4, as uvicorn's HTTP servers report) — shielded so the upstream is
-    cancelled and the generated tokens billed."""
+    """Streams a ``ChatStream`` and always closes it — shielded, so the upstream is cancelled and
+    the generated tokens billed however the response ends.
 
-    def __init__(self, stream: ChatStream, headers: dict[str, str]) -> None:
+    The client's disconnect: under ``tiergate serve`` the server reports it the moment the
+    connection is lost (gateway.web.hangup) and the hook, in that callback, cancels the streaming
+    task and drops the stream's upstream connections (``HANGUP_CLOSERS``), so the upstream
+    call stops without waiting for a task to be scheduled, however far apart the chunks are;
+    the task then bills what was delivered. Elsewhere (test transports, another server) Starlette watches
+    ``receive()`` for ``http.disconnect`` beside the send loop, as before."""
+
+    def __init__(self, stream: ChatStream, headers: dict[str, str],
+                 upstreams: list[Callable[[], None]] | None = None) -> None:
         self._body = stream.__aiter__()
         super().__init__(self._body, media_type="text/event-stream", headers=headers)
         self._chat_stream = stream
+        self._upstreams = upstreams if upstreams is not None else []  # HANGUP_CLOSERS of the stream
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        me = asyncio.current_task()
+        streaming, hung_up = True, False
+
+        def hangup() -> None:  # in the server's connection_lost: the task cancelled, the upstream dropped
+            nonlocal hung_up
+            if streaming and not hung_up and me is not None:
+                hung_up = True
+                me.cancel(_HUNG_UP)
+                for close in list(self._upstreams):
+                    close()
+
         try:
-            await super().__call__(scope, receive, send)
+            if me is None or not on_hangup(scope, hangup):
+                await super().__call__(scope, receive, send)
+                return
+            try:
+                await self.stream_response(send)
+            except asyncio.CancelledError:
+                if not hung_up or me.cancelling() != 1:  # a shutdown, not (only) the client leaving
+                    raise
+                me.uncancel()
         finally:
+            streaming = False
             with anyio.CancelScope(shield=True):
                 await self._body.aclose()
                 await self._chat_stream.close()
+
+
+_HUNG_UP = "tiergate: the client hung up"
+
+
+def _gone(request: Request) -> Awaitable[object]:
+    """What ends when the client disconnects: under a server that reports the hang-up in its
+    callback (gateway.web.hangup) a future that callback resolves (no task has to wake up to
+    notice), else a watch of ``receive()``."""
+    gone: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def hung_up() -> None:
+        if not gone.done():
+            gone.set_result(None)
+
+    if on_hangup(request.scope, hung_up):
+        return gone
+    return _client_gone(request.receive)
 
 
 async def _client_gone(receive: Receive) -> None:
@@ -77,10 +126,13 @@ async def chat_completions(request: Request) -> Response:
     request.scope[REQUEST_KEY] = req  # its id, tenant, tier and model: for its metrics and log line
     headers = _decision_headers(req)
     if stream:
-        chat_stream = await rt.flow.open_stream(req, client_gone=_client_gone(request.receive))
+        upstreams: list[Callable[[], None]] = []
+        HANGUP_CLOSERS.set(upstreams)  # the stream's upstream connections, dropped at a hang-up
+        chat_stream = await rt.flow.open_stream(req, client_gone=_gone(request))
         headers.update(chat_stream.headers)  # cost headers: the usage chunk
-        return SSEResponse(chat_stream, {**headers, "cache-control": "no-cache", "x-accel-buffering": "no"})
-    outcome = await rt.flow.complete(req, client_gone=_client_gone(request.receive))
+        return SSEResponse(chat_stream, {**headers, "cache-control": "no-cache", "x-accel-buffering": "no"},
+                           upstreams)
+    outcome = await rt.flow.complete(req, client_gone=_gone(request))
     spend = outcome.spend
     headers["x-tiergate-cost-usd"] = format_usd(spend.cost_nanos)
     headers["x-tiergate-saved-usd"] = format_usd(spend.baseline_nanos - spend.cost_nanos)

@@ -5,12 +5,13 @@ uvicorn has no timeout for a request's line and headers: a client sending one by
 held a connection (and a slot) for as long as it liked. ``HeaderTimeoutHttpTools`` is uvicorn's
 httptools protocol with that timeout: armed when the connection opens and when a request starts,
 cancelled when its headers are complete; when it fires the client gets a 408 and the connection
-is closed (a response already being sent on it finishes first). Body reads are timed by
+is closed (a response already being sent on it finishes first). A connection lost mid-response
+runs the response's hang-up hooks from ``connection_lost`` itself (gateway.web.hangup). Body reads are timed by
 gateway.web.request_body, idle keep-alive by uvicorn (``timeout_keep_alive``), and
 ``limit_concurrency`` makes uvicorn answer 503 past that many connections + requests in flight.
 Every log handler redacts exceptions to type + place (gateway.log_safety).
 
-Imports uvicorn, settings and log_safety only.
+Imports uvicorn, settings, log_safety and gateway.web.hangup only.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from gateway.log_safety import log_config
 from gateway.settings import Settings
+from gateway.web.hangup import hang_up, offer
 
 log = logging.getLogger("tiergate.serving")
 DEFAULT_HEADER_TIMEOUT_S = 10.0
@@ -66,6 +68,7 @@ class HeaderTimeoutHttpTools(HttpToolsProtocol):
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
+        offer(self.scope)  # type: ignore[arg-type]  # a lost connection is reported to the response at once (gateway.web.hangup)
         self._arm()
 
     def on_headers_complete(self) -> None:
@@ -74,7 +77,10 @@ class HeaderTimeoutHttpTools(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
+        cycle = self.cycle
         super().connection_lost(exc)
+        if cycle is not None and cycle.disconnected:  # gone before its response completed
+            hang_up(cycle.scope)  # type: ignore[arg-type]
 
     def _headers_too_slow(self) -> None:
         self._header_timer = None

@@ -116,14 +116,15 @@ async def gateway(tmp_path: Path, upstream: ScriptedUpstream, **config: Any) -> 
 
 
 @contextmanager
-def served(app: FastAPI) -> Iterator[str]:
+def served(app: FastAPI, *, http: Any = "auto") -> Iterator[str]:
     """Run ``app`` under a real uvicorn server in a thread on a loopback port; yields its /v1 URL.
-    A real server on a socket: the test must be marked integration (tests/lanes.py)."""
+    ``http``: uvicorn's HTTP protocol (``HeaderTimeoutHttpTools``: the one ``tiergate serve``
+    runs). A real server on a socket: the test must be marked integration (tests/lanes.py)."""
     lanes.note("integration", "it served the gateway under uvicorn on a loopback socket")
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on", loop="asyncio"))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on", loop="asyncio", http=http))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     deadline = time.monotonic() + 20
@@ -140,7 +141,8 @@ def served(app: FastAPI) -> Iterator[str]:
 
 
 @contextmanager
-def served_gateway(tmp_path: Path, upstream: ScriptedUpstream, **config: Any) -> Iterator[tuple[str, Gateway]]:
+def served_gateway(tmp_path: Path, upstream: ScriptedUpstream, *, http: Any = "auto",
+                   **config: Any) -> Iterator[tuple[str, Gateway]]:
     """A real gateway (SQLite, ledger, key store) behind uvicorn; yields (base URL, handles)."""
-    with _app_with_ledger(tmp_path, upstream, **config) as (app, handles), served(app) as base:
+    with _app_with_ledger(tmp_path, upstream, **config) as (app, handles), served(app, http=http) as base:
         yield base, handles(httpx.AsyncClient(base_url=base))

@@ -25,6 +25,7 @@ import pytest
 from gateway.ledger import RequestRecord
 from gateway.money import nanos_to_decimal
 from gateway.providers.metering import count_text_tokens
+from gateway.web import hangup, serving
 from tests.gateway.gateway_harness import Gateway, served_gateway
 from tests.gateway.scripted_models import plan_json
 from tests.gateway.scripted_upstream import ADMIN_KEY, Behaviour, ScriptedUpstream
@@ -101,10 +102,30 @@ def assert_cancelled_record(records: list[RequestRecord], cost: Decimal) -> Requ
     return final
 
 
+def _protocol(name: str, monkeypatch: pytest.MonkeyPatch, hangups: list[int]) -> Any:
+    """``uvicorn``: uvicorn's own httptools protocol, the disconnect seen through ``receive()``;
+    ``tiergate-serve``: the protocol `tiergate serve` runs, which reports the lost connection to
+    the request from ``connection_lost`` (gateway.web.hangup); ``hangups`` gets the number of
+    hooks each report ran."""
+    if name == "uvicorn":
+        return "auto"
+    real_hang_up = serving.hang_up
+
+    def counted(scope: Any) -> None:
+        hangups.append(len(scope.get(hangup.HANGUP_KEY) or ()))
+        real_hang_up(scope)
+
+    monkeypatch.setattr(serving, "hang_up", counted)
+    return serving.HeaderTimeoutHttpTools
+
+
+@pytest.mark.parametrize("protocol", ["uvicorn", "tiergate-serve"])
 async def test_direct_call_is_cancelled_when_the_client_hangs_up(
-        tmp_path: Path, upstream: ScriptedUpstream, monkeypatch: pytest.MonkeyPatch) -> None:
+        tmp_path: Path, upstream: ScriptedUpstream, monkeypatch: pytest.MonkeyPatch, protocol: str) -> None:
+    hangups: list[int] = []
+    http = _protocol(protocol, monkeypatch, hangups)
     upstream.push(Behaviour(block=True))
-    with served_gateway(tmp_path, upstream, timeout_s=UPSTREAM_TIMEOUT_S) as (base, gw):
+    with served_gateway(tmp_path, upstream, http=http, timeout_s=UPSTREAM_TIMEOUT_S) as (base, gw):
         async with gw.client:
             await set_budget(gw)
             records, recorded = final_records(gw, monkeypatch)
@@ -123,6 +144,7 @@ async def test_direct_call_is_cancelled_when_the_client_hangs_up(
             status = await budget_status(gw)
             assert status["held_usd"] == 0 and status["spent_usd"] == 0
             assert len(upstream.requests) == 1  # no retry, no fallback after the hang-up
+            assert hangups == ([1] if protocol == "tiergate-serve" else [])  # the request's hook ran
 
 
 async def test_pipeline_stops_and_bills_its_finished_stages_when_the_client_hangs_up(
@@ -184,10 +206,15 @@ async def test_stream_is_cancelled_when_the_client_hangs_up_before_the_first_chu
             assert len(upstream.requests) == 1  # no retry, no fallback after the hang-up
 
 
+@pytest.mark.parametrize("protocol", ["uvicorn", "tiergate-serve"])
 async def test_stream_waiting_between_chunks_is_cancelled_when_the_client_hangs_up(
-        tmp_path: Path, upstream: ScriptedUpstream, monkeypatch: pytest.MonkeyPatch) -> None:
+        tmp_path: Path, upstream: ScriptedUpstream, monkeypatch: pytest.MonkeyPatch, protocol: str) -> None:
+    """(see ``_protocol``) Under `tiergate serve`'s protocol two hooks run: the stream opening's
+    (its wait for the first chunk is over) and the response's, which cancels the stream."""
+    hangups: list[int] = []
+    http = _protocol(protocol, monkeypatch, hangups)
     upstream.push(Behaviour(stall_after=2))  # the role chunk and "w0", then nothing until dropped
-    with served_gateway(tmp_path, upstream, timeout_s=UPSTREAM_TIMEOUT_S) as (base, gw):
+    with served_gateway(tmp_path, upstream, http=http, timeout_s=UPSTREAM_TIMEOUT_S) as (base, gw):
         async with gw.client:
             await set_budget(gw)
             records, recorded = final_records(gw, monkeypatch)
@@ -206,3 +233,4 @@ async def test_stream_waiting_between_chunks_is_cancelled_when_the_client_hangs_
             assert status["held_usd"] == 0
             assert Decimal(str(status["spent_usd"])) == row.cost_usd
             assert len(upstream.requests) == 1
+            assert hangups == ([2] if protocol == "tiergate-serve" else [])  # the stream's hooks ran

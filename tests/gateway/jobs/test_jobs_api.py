@@ -2,7 +2,8 @@
 file CRUD and tenant scoping, input validation errors in OpenAI's shape, a batch run to the end
 (output lines, request counts, ledger rows and budget spend that add up), a budget that denies
 lines mid-batch, cancel, an attempt slower than its lease (both attempts billed, one result), a
-broker that refuses connections (503, the batch failed) and the start-up re-enqueue."""
+broker that refuses connections (the batch kept, ``validating`` with a ``queue_unavailable``
+note, and queued by the requeuer once the broker takes it) and the start-up re-enqueue."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from gateway.auth import generate_key, hash_key
 from gateway.db.models import LedgerEntryRow, Request
 from gateway.db.queries import add_api_key, create_tenant
 from gateway.jobs import store
-from gateway.jobs.backends import QueueUnavailable, requeue_runnable
+from gateway.jobs.backends import QueueUnavailable, Requeuer, requeue_runnable
 from gateway.jobs.batch import BatchWork
 from gateway.jobs.validate import LineSpec
 from tests.gateway.gateway_harness import make_database
@@ -265,24 +266,53 @@ async def test_an_attempt_slower_than_its_lease_is_billed_and_one_result_is_kept
         assert status["held_usd"] == 0
 
 
-async def test_a_broker_that_refuses_connections_fails_the_batch_with_a_503(
+async def test_a_broker_that_refuses_connections_keeps_the_batch_for_later(
         tmp_path: Path, upstream: ScriptedUpstream, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before: a 503 and the batch ``failed``; the client had to create it again."""
     with socket.socket() as probe:  # a port nothing listens on: connections are refused
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     monkeypatch.setenv("TIERGATE_BROKER_URL", f"amqp://guest:guest@127.0.0.1:{port}//")
-    async with jobs_gateway(tmp_path, upstream, jobs={"backend": "celery"}) as gw:
+    async with jobs_gateway(tmp_path, upstream, jobs={"backend": "celery", "requeue_interval_s": 60}) as gw:
         f = (await upload(gw.client, gw.auth, jsonl([line("a", {"model": "low", "messages": MSGS})]))).json()
         r = await create_batch(gw.client, gw.auth, f["id"])
-        assert r.status_code == 503, r.text
-        err = r.json()["error"]
-        assert err["type"] == "server_error" and err["code"] == "queue_unavailable"
-        assert "batch queue is unavailable" in err["message"]
-        [batch] = (await gw.client.get("/v1/batches", headers=gw.auth)).json()["data"]
-        assert batch["id"] in err["message"]
-        assert batch["status"] == "failed" and batch["failed_at"] is not None  # not stuck in validating
-        assert batch["errors"]["data"][0]["code"] == "queue_unavailable"
+        assert r.status_code == 200, r.text
+        batch = r.json()
+        assert batch["status"] == "validating" and batch["failed_at"] is None
+        [note] = batch["errors"]["data"]
+        assert note["code"] == "queue_unavailable" and "queued when the broker takes tasks again" in note["message"]
+        assert (await gw.client.get(f"/v1/batches/{batch['id']}", headers=gw.auth)).json() == batch
+        requeuer = gw.app.state.tiergate.jobs.requeuer
+        assert requeuer.pending == [batch["id"]]
+        assert await requeuer.retry_once() == []  # still refused: kept
+        assert requeuer.pending == [batch["id"]]
         assert upstream.requests == []
+
+
+async def test_the_requeuer_enqueues_oldest_first_until_the_broker_refuses() -> None:
+    refused = {"b1", "b2", "b3", "b4"}  # the broker is down
+    sent: list[str] = []
+
+    async def enqueue(batch_id: str) -> None:
+        if batch_id in refused:
+            raise QueueUnavailable("The batch queue is unavailable (OperationalError).")
+        sent.append(batch_id)
+
+    requeuer = Requeuer(enqueue, interval_s=0.01)
+    for b in ("b1", "b2", "b3", "b4"):
+        requeuer.add(b)
+    assert await requeuer.retry_once() == [] and requeuer.pending == ["b1", "b2", "b3", "b4"]
+    refused = {"b3", "b4"}  # the broker came back, then went away again mid-round
+    assert await requeuer.retry_once() == ["b1", "b2"]  # b3 refused: the round stops, b4 waits
+    assert requeuer.pending == ["b3", "b4"] and sent == ["b1", "b2"]
+    refused = set()
+    requeuer.start()  # the loop retries on its own
+    for _ in range(200):
+        if not requeuer.pending:
+            break
+        await asyncio.sleep(0.01)
+    await requeuer.stop()
+    assert requeuer.pending == [] and sent == ["b1", "b2", "b3", "b4"]
 
 
 async def test_start_up_requeues_batches_no_one_is_running(tmp_path: Path) -> None:
@@ -304,6 +334,9 @@ async def test_start_up_requeues_batches_no_one_is_running(tmp_path: Path) -> No
     assert await requeue_runnable(sf, broker_down) == []  # logged; the batch stays for the next start
     with sf() as s:
         assert store.get_batch(s, tenant_id, stuck).status == "validating"
+    requeuer = Requeuer(broker_down, interval_s=60)
+    assert await requeue_runnable(sf, broker_down, requeuer) == []
+    assert requeuer.pending == [stuck]  # tried again until the broker takes it
 
 
 async def test_an_auto_line_names_the_model_that_answered(tmp_path: Path, upstream: ScriptedUpstream) -> None:

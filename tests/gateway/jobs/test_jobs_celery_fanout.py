@@ -23,11 +23,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import sqlalchemy as sa
 import typer
 import yaml
 from typer.testing import CliRunner
 
 from gateway.cli import batches_cmd
+from gateway.db.models import LedgerIntentRow
 from gateway.jobs.celery_app import consumers, make_celery
 from gateway.settings import JobsSettings, settings_from_dict
 from tests.gateway.jobs_support import (
@@ -172,4 +174,11 @@ async def test_a_killed_workers_line_runs_again_within_the_default_lease(
         assert out[0]["response"]["request_id"].endswith("_a2")  # line 1 ran again, as a second attempt
         assert len(upstream.requests) == n + 1  # only the killed line ran twice
         rows = gw.ledger_rows()
-        assert len(rows) == n and {r.request_id for r in rows} == {o["response"]["request_id"] for o in out}
+        ok = [r for r in rows if r.status == "ok"]
+        assert len(ok) == n and {r.request_id for r in ok} == {o["response"]["request_id"] for o in out}
+        # the killed call: an ``interrupted`` row once a ledger started after the kill settled its
+        # intent (worker b's, when b opened its runtime after the kill), else its intent is still open
+        with gw.session_factory() as s:
+            open_intents = s.scalar(sa.select(sa.func.count()).select_from(LedgerIntentRow))
+        assert [r.status for r in rows if r not in ok] in ([], ["interrupted"])
+        assert len(rows) + open_intents == len(upstream.requests)

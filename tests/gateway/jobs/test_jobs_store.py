@@ -111,7 +111,7 @@ def test_an_interrupted_attempt_is_billed_whether_or_not_it_owns_the_line(tmp_pa
     engine.dispose()
 
 
-def test_fail_batch_fails_only_a_batch_that_has_not_started(tmp_path: Path) -> None:
+def test_a_queue_unavailable_note_keeps_the_batch_until_a_worker_claims_a_line(tmp_path: Path) -> None:
     engine, sf = _db(tmp_path)
     specs = [LineSpec(1, "a", {"model": "low", "messages": []})]
     with sf() as s, s.begin():
@@ -123,15 +123,16 @@ def test_fail_batch_fails_only_a_batch_that_has_not_started(tmp_path: Path) -> N
         assert [c.batch_id for c in store.claim_lines(s, now=T0, lease_s=60, limit=1, batch_id=started)] == [started]
         assert store.runnable_batch_ids(s, T0) == [waiting]  # the started one's line has a live lease
         assert store.runnable_batch_ids(s, T0 + timedelta(seconds=61)) == both
-        assert store.fail_batch(s, waiting, "queue_unavailable", "broker down", T0) is True
-        assert store.fail_batch(s, started, "queue_unavailable", "broker down", T0) is False
-        failed = store.get_batch(s, "t", waiting)
-        body = store.batch_json(failed, None)
-        assert body["status"] == "failed" and body["failed_at"] is not None
+        assert store.note_waiting(s, waiting, store.QUEUE_UNAVAILABLE, "broker down") is True
+        assert store.note_waiting(s, started, store.QUEUE_UNAVAILABLE, "broker down") is False
+        body = store.batch_json(store.get_batch(s, "t", waiting), None)
+        assert body["status"] == "validating" and body["failed_at"] is None  # kept, not failed
         assert body["errors"] == {"object": "list", "data": [
             {"code": "queue_unavailable", "message": "broker down", "param": None, "line": None}]}
-        assert store.claim_lines(s, now=T0, lease_s=60, limit=5, batch_id=waiting) == []  # never runs
-        assert store.runnable_batch_ids(s, T0 + timedelta(seconds=61)) == [started]
+        assert store.runnable_batch_ids(s, T0) == [waiting]  # still runnable: it is queued later
+        assert len(store.claim_lines(s, now=T0, lease_s=60, limit=5, batch_id=waiting)) == 1
+        body = store.batch_json(store.get_batch(s, "t", waiting), None)
+        assert body["status"] == "in_progress" and body["errors"] is None  # the first claim clears the note
     engine.dispose()
 
 
