@@ -50,12 +50,20 @@ def screenshot_dir() -> Path:
     return out
 
 
+# The elements that stick out of the viewport, for the failure message.
+WIDER_THAN_VIEWPORT = """Array.from(document.querySelectorAll('body *'))
+  .filter(e => e.getBoundingClientRect().right > window.innerWidth + 0.5)
+  .slice(-5).map(e => e.tagName + '.' + e.className + '#' + (e.dataset.testid || '') + ' right='
+                       + Math.round(e.getBoundingClientRect().right) + ' text=' + (e.textContent || '').slice(0, 60))"""
+
+
 def check_layout(page: Any, name: str, shots: Path) -> None:
     """No sideways page scroll at any width; a 1440 px full-page screenshot."""
     for width in WIDTHS:
         page.set_viewport_size({"width": width, "height": 900})
         scroll, inner = page.evaluate("[document.documentElement.scrollWidth, window.innerWidth]")
-        assert scroll <= inner, f"{name} overflows at {width} px: scrollWidth {scroll} > {inner}"
+        wide = page.evaluate(WIDER_THAN_VIEWPORT) if scroll > inner else []
+        assert scroll <= inner, f"{name} overflows at {width} px: scrollWidth {scroll} > {inner}; widest: {wide}"
         if width != 1440 and os.environ.get("TIERGATE_SCREENSHOTS_ALL_WIDTHS"):
             page.screenshot(path=str(shots / f"{name}-{width}.png"), full_page=True)
     page.screenshot(path=str(shots / f"{name}-1440.png"), full_page=True)
