@@ -16,15 +16,13 @@ from fastapi import APIRouter, Request, Response
 
 from gateway.auth import Principal
 from gateway.chat.anthropic import (
-    AnthropicStream,
-    anthropic_error,
     count_input_tokens,
     new_message_id,
     parse_count_tokens_request,
     parse_messages_request,
     to_chat_body,
-    to_message,
 )
+from gateway.chat.anthropic_reply import AnthropicStream, anthropic_error, to_message
 from gateway.errors import AuthenticationFailed, GatewayError
 from gateway.log_safety import describe
 from gateway.money import format_usd

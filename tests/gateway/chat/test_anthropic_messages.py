@@ -181,7 +181,7 @@ async def test_an_unexpected_failure_is_a_500_in_anthropics_shape(tmp_path: Path
 
 
 def test_stream_blocks_from_chunked_tool_calls() -> None:
-    from gateway.chat.anthropic import _Blocks
+    from gateway.chat.anthropic_reply import _Blocks
 
     blocks = _Blocks(thinking=False)
     raw = b"".join([
