@@ -12,8 +12,12 @@ batch per sample interval. Every ``--sample-s`` seconds a line: the server's RSS
 /healthz answers on the loop without I/O), the ledger's rows waiting for the database
 (/readyz ``ledger_state.pending_db``), and the requests done / failed. At the end, after the
 batches finish and the ledger drains: ledger rows vs upstream calls the mock counted, the budget's
-spent vs the ledger's sum, and RSS / fd growth from the first sample after warm-up (20% of the
-run) to the last. Numbers on a shared, busy machine are noisy: compare runs on one machine.
+spent vs the ledger's sum, and RSS / fd growth after warm-up (the first 20% of the run): RSS and
+open fds are also read every second, and growth is the median of the last quarter of those
+readings against the median of the first quarter after warm-up — a trend, not two points, since
+the fd count moves ±20% with the sockets in flight at the instant it is read (the point-to-point
+figure and the range are printed beside it). Numbers on a shared, busy machine are noisy: compare
+runs on one machine.
 
 Bench-only: imported lazily by gateway.cli.bench.
 """
@@ -266,10 +270,21 @@ async def _probe(base: str, key: str, concurrency: int, seconds: float, seed: in
         return counts.done / (time.monotonic() - start)
 
 
-async def _soak(base: str, key: str, pid: int, rate: float, args: SoakArgs, out: list[str]) -> tuple[list[Sample], _Counts]:
+@dataclass
+class Reading:
+    """RSS and open fds, read once a second."""
+
+    t_s: float
+    rss_kib: int
+    fds: int
+
+
+async def _soak(base: str, key: str, pid: int, rate: float, args: SoakArgs,
+                out: list[str]) -> tuple[list[Sample], list[Reading], _Counts]:
     rng = random.Random(args.seed)
     counts = _Counts()
     samples: list[Sample] = []
+    readings: list[Reading] = []
     health: list[float] = []
     duration = args.minutes * 60
     start = time.monotonic()
@@ -280,7 +295,12 @@ async def _soak(base: str, key: str, pid: int, rate: float, args: SoakArgs, out:
             httpx.AsyncClient(base_url=base, timeout=10) as probe:
 
         async def watch_health() -> None:
+            read_at = start
             while time.monotonic() - start < duration:
+                if time.monotonic() >= read_at:
+                    read_at += 1.0
+                    rss, fds = _proc_stats(pid)
+                    readings.append(Reading(time.monotonic() - start, rss, fds))
                 t0 = time.perf_counter()
                 try:
                     await probe.get("/healthz")
@@ -328,13 +348,32 @@ async def _soak(base: str, key: str, pid: int, rate: float, args: SoakArgs, out:
                 if b["status"] in ("completed", "failed", "cancelled", "expired"):
                     break
                 await asyncio.sleep(0.2)
-    return samples, counts
+    return samples, readings, counts
 
 
-def _growth(samples: list[Sample], attr: str, minutes: float) -> float:
-    warm = [s for s in samples if s.t_s >= 0.2 * minutes * 60] or samples
-    first, last = getattr(warm[0], attr), getattr(samples[-1], attr)
-    return (last - first) / first * 100 if first else 0.0
+@dataclass
+class Growth:
+    """Growth of one resource after warm-up, in percent."""
+
+    trend: float  # median of the last quarter of readings vs median of the first quarter
+    endpoints: float  # the last reading vs the first (noisy: what is in flight at two instants)
+    low: int
+    high: int
+
+
+def growth(readings: list[Reading], attr: str, minutes: float) -> Growth:
+    """Growth of ``attr`` over the readings taken after warm-up (the first 20% of the run)."""
+    warm = [r for r in readings if r.t_s >= 0.2 * minutes * 60] or readings
+    values = [getattr(r, attr) for r in warm]
+    if not values:
+        return Growth(0.0, 0.0, 0, 0)
+    q = max(len(values) // 4, 1)
+    first, last = statistics.median(values[:q]), statistics.median(values[-q:])
+
+    def pct(a: float, b: float) -> float:
+        return (b - a) / a * 100 if a else 0.0
+
+    return Growth(pct(first, last), pct(values[0], values[-1]), min(values), max(values))
 
 
 def run_soak(args: SoakArgs) -> str:
@@ -360,7 +399,7 @@ def run_soak(args: SoakArgs) -> str:
             out.append(f"  max RPS (the mix below, {args.probe_concurrency} connections): {max_rps:.1f}; "
                        f"soak at {args.load:.0%} = {rate:.1f} req/s (55% JSON, 25% streams, 10% cut streams, "
                        "10% pipeline, a 5-line batch per sample)")
-            samples, counts = asyncio.run(_soak(base, key, pid, rate, args, out))
+            samples, readings, counts = asyncio.run(_soak(base, key, pid, rate, args, out))
             rows = total = None
             for _ in range(300):  # the ledger drains (60 s at most)
                 rows, total = _ledger(config)
@@ -370,13 +409,18 @@ def run_soak(args: SoakArgs) -> str:
             status = httpx.get(f"{base}/admin/budgets/tenants/{tenant_id}",
                                headers={"Authorization": f"Bearer {ADMIN_KEY}"}, timeout=10).json()["status"]
         spent = Decimal(str(status["spent_usd"]))
-        rss_growth, fd_growth = _growth(samples, "rss_kib", args.minutes), _growth(samples, "fds", args.minutes)
+        rss, fds = growth(readings, "rss_kib", args.minutes), growth(readings, "fds", args.minutes)
         lag = [s.healthz_p99_ms for s in samples if s.healthz_p99_ms == s.healthz_p99_ms]
         ok = rows == upstream.calls and spent == total
         out += [f"  requests: {counts.done} done, {counts.failed} failed, {counts.cut} cut by the client, "
                 f"{len(counts.batches)} batches",
-                f"  after warm-up: RSS growth {rss_growth:+.1f}%, fd growth {fd_growth:+.1f}%; healthz p99 "
-                f"median over samples {statistics.median(lag) if lag else float('nan'):.1f} ms",
+                f"  after warm-up ({len(readings)} readings, one a second; growth = median of the last quarter vs "
+                "the first):",
+                f"    RSS growth {rss.trend:+.1f}% (first vs last reading {rss.endpoints:+.1f}%; range "
+                f"{rss.low / 1024:.1f}-{rss.high / 1024:.1f} MiB)",
+                f"    fd growth {fds.trend:+.1f}% (first vs last reading {fds.endpoints:+.1f}%; range "
+                f"{fds.low}-{fds.high})",
+                f"  healthz p99 median over samples {statistics.median(lag) if lag else float('nan'):.1f} ms",
                 f"  invariant: ledger rows {rows} vs upstream calls {upstream.calls}; budget spent ${spent} vs "
                 f"ledger sum ${total} -> {'OK' if ok else 'BROKEN'}"]
     return "\n".join(out)

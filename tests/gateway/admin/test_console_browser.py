@@ -50,19 +50,44 @@ def screenshot_dir() -> Path:
     return out
 
 
-# The elements that stick out of the viewport, for the failure message.
-WIDER_THAN_VIEWPORT = """Array.from(document.querySelectorAll('body *'))
-  .filter(e => e.getBoundingClientRect().right > window.innerWidth + 0.5)
-  .slice(-5).map(e => e.tagName + '.' + e.className + '#' + (e.dataset.testid || '') + ' right='
-                       + Math.round(e.getBoundingClientRect().right) + ' text=' + (e.textContent || '').slice(0, 60))"""
+# After two animation frames (a resize's layout has settled): the page's scroll width, the viewport's
+# width and, when the first is larger, the elements and text runs that stick out, for the message.
+MEASURE = """async () => {
+  await new Promise(r => requestAnimationFrame(() => requestAnimationFrame(r)));
+  const inner = window.innerWidth, scroll = document.documentElement.scrollWidth;
+  const out = [];
+  if (scroll > inner) {
+    for (const e of document.querySelectorAll('body *')) {
+      const right = e.getBoundingClientRect().right;
+      if (right > inner + 0.5) out.push(e.tagName + '.' + e.className + '#' + (e.dataset.testid || '')
+                                       + ' right=' + Math.round(right) + ' text=' + (e.textContent || '').slice(0, 60));
+    }
+    const walk = document.createTreeWalker(document.body, NodeFilter.SHOW_TEXT);
+    for (let n = walk.nextNode(); n; n = walk.nextNode()) {
+      const range = document.createRange(); range.selectNodeContents(n);
+      const right = range.getBoundingClientRect().right;
+      if (right > inner + 0.5) out.push('text in ' + n.parentElement.tagName + ' right=' + Math.round(right)
+                                       + ' text=' + n.textContent.slice(0, 60));
+    }
+  }
+  return [scroll, inner, out.slice(-8)];
+}"""
 
 
 def check_layout(page: Any, name: str, shots: Path) -> None:
-    """No sideways page scroll at any width; a 1440 px full-page screenshot."""
+    """No sideways page scroll at any width, once the page has loaded (its stylesheet included: an
+    element found in the DOM does not mean admin.css has arrived, and an unstyled page overflows —
+    CI once measured 408 px at 390 with nothing sticking out a moment later) and the layout has
+    settled after the resize (two animation frames; up to 5 tries 200 ms apart, so only a transient
+    state passes); a 1440 px full-page screenshot."""
+    page.wait_for_load_state("load")
     for width in WIDTHS:
         page.set_viewport_size({"width": width, "height": 900})
-        scroll, inner = page.evaluate("[document.documentElement.scrollWidth, window.innerWidth]")
-        wide = page.evaluate(WIDER_THAN_VIEWPORT) if scroll > inner else []
+        for _ in range(5):
+            scroll, inner, wide = page.evaluate(MEASURE)
+            if scroll <= inner:
+                break
+            page.wait_for_timeout(200)
         assert scroll <= inner, f"{name} overflows at {width} px: scrollWidth {scroll} > {inner}; widest: {wide}"
         if width != 1440 and os.environ.get("TIERGATE_SCREENSHOTS_ALL_WIDTHS"):
             page.screenshot(path=str(shots / f"{name}-{width}.png"), full_page=True)
