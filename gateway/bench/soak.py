@@ -82,6 +82,7 @@ class CountingUpstream:
     def __init__(self, latency_s: float) -> None:
         self.latency_s = latency_s
         self.calls = 0
+        self.stopped = 0  # streams the gateway stopped mid-way (its client had cut them)
         self._lock = threading.Lock()
         self.port = 0
         self._ready = threading.Event()
@@ -111,16 +112,20 @@ class CountingUpstream:
                                  "finish_reason": "stop"}], "usage": usage})
             resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
             await resp.prepare(request)
-            for i in range(n):
-                chunk = {"id": "x", "object": "chat.completion.chunk", "created": 0, "model": body.get("model"),
-                         "choices": [{"index": 0, "delta": {"content": "w "}, "finish_reason": None}]}
-                await resp.write(b"data: " + orjson.dumps(chunk) + b"\n\n")
-                await asyncio.sleep(self.latency_s / WORDS if i else 0)
-            if (body.get("stream_options") or {}).get("include_usage"):
-                last = {"id": "x", "object": "chat.completion.chunk", "created": 0, "model": body.get("model"),
-                        "choices": [], "usage": usage}
-                await resp.write(b"data: " + orjson.dumps(last) + b"\n\n")
-            await resp.write(b"data: [DONE]\n\n")
+            try:
+                for i in range(n):
+                    chunk = {"id": "x", "object": "chat.completion.chunk", "created": 0, "model": body.get("model"),
+                             "choices": [{"index": 0, "delta": {"content": "w "}, "finish_reason": None}]}
+                    await resp.write(b"data: " + orjson.dumps(chunk) + b"\n\n")
+                    await asyncio.sleep(self.latency_s / WORDS if i else 0)
+                if (body.get("stream_options") or {}).get("include_usage"):
+                    last = {"id": "x", "object": "chat.completion.chunk", "created": 0, "model": body.get("model"),
+                            "choices": [], "usage": usage}
+                    await resp.write(b"data: " + orjson.dumps(last) + b"\n\n")
+                await resp.write(b"data: [DONE]\n\n")
+            except ConnectionResetError:  # the gateway stopped the call (its client cut the stream): expected
+                with self._lock:
+                    self.stopped += 1
             return resp
 
         async def serve() -> None:
@@ -413,7 +418,7 @@ def run_soak(args: SoakArgs) -> str:
         lag = [s.healthz_p99_ms for s in samples if s.healthz_p99_ms == s.healthz_p99_ms]
         ok = rows == upstream.calls and spent == total
         out += [f"  requests: {counts.done} done, {counts.failed} failed, {counts.cut} cut by the client, "
-                f"{len(counts.batches)} batches",
+                f"{len(counts.batches)} batches; {upstream.stopped} upstream streams stopped by the gateway mid-way",
                 f"  after warm-up ({len(readings)} readings, one a second; growth = median of the last quarter vs "
                 "the first):",
                 f"    RSS growth {rss.trend:+.1f}% (first vs last reading {rss.endpoints:+.1f}%; range "
