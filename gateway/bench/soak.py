@@ -38,6 +38,7 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import httpx
 import orjson
 import yaml
@@ -82,7 +83,7 @@ class CountingUpstream:
     def __init__(self, latency_s: float) -> None:
         self.latency_s = latency_s
         self.calls = 0
-        self.stopped = 0  # streams the gateway stopped mid-way (its client had cut them)
+        self.stopped = 0  # streams the gateway closed before their last line (e.g. its client cut them)
         self._lock = threading.Lock()
         self.port = 0
         self._ready = threading.Event()
@@ -211,23 +212,30 @@ def _p99(values: list[float]) -> float:
     return ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
 
 
-async def _one(client: httpx.AsyncClient, kind: str, counts: _Counts) -> None:
+# The load is generated with aiohttp: httpx's connection pool costs the client CPU that grows
+# with the connections open (a soak at a few hundred requests in flight saturated a core with
+# the client alone, and a slowed client holds more connections open: the server's fd count then
+# measures the client).
+ERRORS = (aiohttp.ClientError, asyncio.TimeoutError)
+
+
+async def _one(client: aiohttp.ClientSession, kind: str, counts: _Counts) -> None:
     body: dict[str, Any] = {"model": "low", "messages": MSGS, "max_tokens": WORDS}
     try:
-        if kind == "json":
-            r = await client.post("/v1/chat/completions", json=body)
-            ok = r.status_code == 200
-        elif kind == "pipeline":
-            r = await client.post("/v1/chat/completions", json={**body, "tiergate": {"pipeline": "on"}})
-            ok = r.status_code == 200
+        if kind in ("json", "pipeline"):
+            payload = body if kind == "json" else {**body, "tiergate": {"pipeline": "on"}}
+            async with client.post("/v1/chat/completions", json=payload) as r:
+                await r.read()
+                ok = r.status == 200
         else:
-            async with client.stream("POST", "/v1/chat/completions", json={**body, "stream": True}) as r:
-                ok = r.status_code == 200
-                async for _ in r.aiter_lines():
+            async with client.post("/v1/chat/completions", json={**body, "stream": True}) as r:
+                ok = r.status == 200
+                async for _ in r.content:  # one SSE line at a time
                     if kind == "cut":
                         counts.cut += 1
-                        break  # leaving the block closes the connection mid-stream
-    except httpx.HTTPError:
+                        r.close()  # drop the connection mid-stream
+                        break
+    except ERRORS:
         ok = False
     if ok:
         counts.done += 1
@@ -235,20 +243,29 @@ async def _one(client: httpx.AsyncClient, kind: str, counts: _Counts) -> None:
         counts.failed += 1
 
 
-async def _batch(client: httpx.AsyncClient, counts: _Counts) -> None:
+async def _batch(client: aiohttp.ClientSession, counts: _Counts) -> None:
     lines = [orjson.dumps({"custom_id": f"c{i}", "method": "POST", "url": "/v1/chat/completions",
                            "body": {"model": "low", "messages": MSGS, "max_tokens": WORDS}}) for i in range(5)]
+    form = aiohttp.FormData()
+    form.add_field("purpose", "batch")
+    form.add_field("file", b"\n".join(lines), filename="soak.jsonl", content_type="application/jsonl")
     try:
-        f = await client.post("/v1/files", files={"file": ("soak.jsonl", b"\n".join(lines))},
-                              data={"purpose": "batch"})
-        r = await client.post("/v1/batches", json={"input_file_id": f.json()["id"], "endpoint": "/v1/chat/completions",
-                                                   "completion_window": "24h"})
-        if r.status_code == 200:
-            counts.batches.append(r.json()["id"])
-        else:
-            counts.failed += 1
-    except (httpx.HTTPError, KeyError):
+        async with client.post("/v1/files", data=form) as f:
+            file_id = (await f.json())["id"]
+        async with client.post("/v1/batches", json={"input_file_id": file_id, "endpoint": "/v1/chat/completions",
+                                                    "completion_window": "24h"}) as r:
+            if r.status == 200:
+                counts.batches.append((await r.json())["id"])
+            else:
+                counts.failed += 1
+    except (*ERRORS, KeyError):
         counts.failed += 1
+
+
+def _session(base: str, key: str, connections: int, timeout_s: float) -> aiohttp.ClientSession:
+    return aiohttp.ClientSession(base_url=base, headers={"Authorization": f"Bearer {key}"},
+                                 connector=aiohttp.TCPConnector(limit=connections),
+                                 timeout=aiohttp.ClientTimeout(total=timeout_s))
 
 
 def _kind(rng: random.Random) -> str:
@@ -263,13 +280,11 @@ async def _probe(base: str, key: str, concurrency: int, seconds: float, seed: in
     counts = _Counts()
     stop = time.monotonic() + seconds
 
-    async def worker(client: httpx.AsyncClient) -> None:
+    async def worker(client: aiohttp.ClientSession) -> None:
         while time.monotonic() < stop:
             await _one(client, _kind(rng), counts)
 
-    limits = httpx.Limits(max_connections=concurrency)
-    async with httpx.AsyncClient(base_url=base, headers={"Authorization": f"Bearer {key}"}, timeout=30,
-                                 limits=limits) as client:
+    async with _session(base, key, concurrency, 30) as client:
         start = time.monotonic()
         await asyncio.gather(*(worker(client) for _ in range(concurrency)))
         return counts.done / (time.monotonic() - start)
@@ -294,10 +309,7 @@ async def _soak(base: str, key: str, pid: int, rate: float, args: SoakArgs,
     duration = args.minutes * 60
     start = time.monotonic()
     pending: set[asyncio.Task[None]] = set()
-    auth = {"Authorization": f"Bearer {key}"}
-    async with httpx.AsyncClient(base_url=base, headers=auth, timeout=60,
-                                 limits=httpx.Limits(max_connections=256)) as client, \
-            httpx.AsyncClient(base_url=base, timeout=10) as probe:
+    async with _session(base, key, 256, 60) as client, httpx.AsyncClient(base_url=base, timeout=10) as probe:
 
         async def watch_health() -> None:
             read_at = start
@@ -349,7 +361,8 @@ async def _soak(base: str, key: str, pid: int, rate: float, args: SoakArgs,
         await sampler
         for batch_id in counts.batches:  # every batch to its end
             for _ in range(600):
-                b = (await client.get(f"/v1/batches/{batch_id}")).json()
+                async with client.get(f"/v1/batches/{batch_id}") as r:
+                    b = await r.json()
                 if b["status"] in ("completed", "failed", "cancelled", "expired"):
                     break
                 await asyncio.sleep(0.2)
@@ -418,7 +431,7 @@ def run_soak(args: SoakArgs) -> str:
         lag = [s.healthz_p99_ms for s in samples if s.healthz_p99_ms == s.healthz_p99_ms]
         ok = rows == upstream.calls and spent == total
         out += [f"  requests: {counts.done} done, {counts.failed} failed, {counts.cut} cut by the client, "
-                f"{len(counts.batches)} batches; {upstream.stopped} upstream streams stopped by the gateway mid-way",
+                f"{len(counts.batches)} batches; {upstream.stopped} upstream streams closed by the gateway before the mock wrote their last line",
                 f"  after warm-up ({len(readings)} readings, one a second; growth = median of the last quarter vs "
                 "the first):",
                 f"    RSS growth {rss.trend:+.1f}% (first vs last reading {rss.endpoints:+.1f}%; range "
