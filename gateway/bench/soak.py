@@ -377,6 +377,7 @@ class Growth:
     endpoints: float  # the last reading vs the first (noisy: what is in flight at two instants)
     low: int
     high: int
+    readings: int  # how many readings after warm-up
 
 
 def growth(readings: list[Reading], attr: str, minutes: float) -> Growth:
@@ -384,14 +385,14 @@ def growth(readings: list[Reading], attr: str, minutes: float) -> Growth:
     warm = [r for r in readings if r.t_s >= 0.2 * minutes * 60] or readings
     values = [getattr(r, attr) for r in warm]
     if not values:
-        return Growth(0.0, 0.0, 0, 0)
+        return Growth(0.0, 0.0, 0, 0, 0)
     q = max(len(values) // 4, 1)
     first, last = statistics.median(values[:q]), statistics.median(values[-q:])
 
     def pct(a: float, b: float) -> float:
         return (b - a) / a * 100 if a else 0.0
 
-    return Growth(pct(first, last), pct(values[0], values[-1]), min(values), max(values))
+    return Growth(pct(first, last), pct(values[0], values[-1]), min(values), max(values), len(values))
 
 
 def run_soak(args: SoakArgs) -> str:
@@ -432,7 +433,7 @@ def run_soak(args: SoakArgs) -> str:
         ok = rows == upstream.calls and spent == total
         out += [f"  requests: {counts.done} done, {counts.failed} failed, {counts.cut} cut by the client, "
                 f"{len(counts.batches)} batches; {upstream.stopped} upstream streams closed by the gateway before the mock wrote their last line",
-                f"  after warm-up ({len(readings)} readings, one a second; growth = median of the last quarter vs "
+                f"  after warm-up ({fds.readings} readings, one a second; growth = median of the last quarter vs "
                 "the first):",
                 f"    RSS growth {rss.trend:+.1f}% (first vs last reading {rss.endpoints:+.1f}%; range "
                 f"{rss.low / 1024:.1f}-{rss.high / 1024:.1f} MiB)",

@@ -24,6 +24,7 @@ def test_growth_ignores_in_flight_noise_and_sees_a_steady_leak() -> None:
     assert g.endpoints > 40  # what the old point-to-point figure would have reported
     assert abs(g.trend) < 5
     assert (g.low, g.high) == (45, 65)
+    assert g.readings == 960  # the 240 readings of the first 20% (warm-up) left out
 
     leak = [50 + i // 40 + rng.randint(-5, 5) for i in range(1200)]  # one fd every 40 s
     assert growth(_readings(leak), "fds", minutes=20).trend > 20
