@@ -209,8 +209,9 @@ def time_spend_reads(sf: Any, repeats: int) -> tuple[list[float], list[float]]:
     return rollup, base
 
 
-def run(admin_url: str, tenants: int, rows: int, repeats: int) -> list[str]:
-    """Create a temp database, seed it, time every page, drop it; returns the report lines."""
+def run(admin_url: str, tenants: int, rows: int, repeats: int, *, keep: bool = False) -> list[str]:
+    """Create a temp database, seed it, time every page, drop it (``keep``: leave it, for
+    EXPLAIN and profiling; its URL is the last line); returns the report lines."""
     from gateway.app import create_app
     from gateway.auth import KeyStore
     from gateway.db.migrate import upgrade
@@ -244,8 +245,9 @@ def run(admin_url: str, tenants: int, rows: int, repeats: int) -> list[str]:
             os.environ.pop("TIERGATE_ADMIN_KEY", None)
         else:
             os.environ["TIERGATE_ADMIN_KEY"] = old
-        with admin.connect() as conn:
-            conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        if not keep:
+            with admin.connect() as conn:
+                conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
         admin.dispose()
     base = statistics.median(next(iter(times.values())))
     lines = [f"dashboard: {tenants} tenants, {rows} requests (+ ledger rows, daily_spend) seeded by COPY in "
@@ -262,4 +264,6 @@ def run(admin_url: str, tenants: int, rows: int, repeats: int) -> list[str]:
                  f"(before the rollups) p50 {b50:.2f} ms p99 {b99:.2f} ms; p50 ratio aggregate/rollups x{b50 / r50:.1f}")
     lines.append(f"  overview numbers (rollups) equal daily_spend's sums exactly for {checked} tenants and every "
                  "day x tier of the 30-day window")
+    if keep:
+        lines.append(f"  database kept (drop it when done): {sa.engine.make_url(url).render_as_string(hide_password=True)}")
     return lines
