@@ -34,6 +34,7 @@ def test_bench_dashboard_small(postgres_url: str, monkeypatch: pytest.MonkeyPatc
                  "audit log (JSON)"):
         assert re.search(re.escape(page) + r"\s+p50\s+[\d.]+ ms\s+p99\s+[\d.]+ ms\s+p50 x[\d.]+ of the baseline", text), page
     assert re.search(r"worst console page p99: [\d.]+ ms", text)
+    assert re.search(r"full garbage collections while timed: \d+, longest [\d.]+ ms", text)
     assert re.search(r"rollups p50 [\d.]+ ms .* daily_spend aggregate .* p50 ratio aggregate/rollups x[\d.]+", text)
     assert re.search(r"equal daily_spend's sums exactly for \d+ tenants", text)
     assert _bench_databases(postgres_url) == before  # dropped
