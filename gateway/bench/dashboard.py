@@ -285,4 +285,6 @@ def run(admin_url: str, tenants: int, rows: int, repeats: int, *, keep: bool = F
                  "day x tier of the 30-day window")
     if keep:
         lines.append(f"  database kept (drop it when done): {sa.engine.make_url(url).render_as_string(hide_password=True)}")
+    else:
+        lines.append(f"  database {name} dropped")
     return lines
