@@ -2,8 +2,10 @@
 
 A temporary database beside ``--postgres-url`` gets ``--tenants`` tenants (3 keys each, a budget
 on every tenth, an alert and an audit row on some) and ``--rows`` requests, each with one ledger
-row, spread over 90 days, COPYed in; ``daily_spend`` is built from the ledger. The real app
-(create_app, as ``tiergate serve`` builds it) then answers each console page ``--repeats`` times
+row, spread over 90 days, COPYed in; ``daily_spend`` is built from the ledger; the tables are
+vacuumed and analysed, as autovacuum would after the load. The real app
+(create_app, as ``tiergate serve`` builds it: ``freeze_heap=True``, so full garbage collections
+skip the startup heap) then answers each console page ``--repeats`` times
 in-process (httpx over ASGI: no socket, so the time is the server's): the overview (HTML and
 JSON), a tenant page (HTML and JSON, a different tenant each time), a tenant's keys and the
 audit log. The overview reads the rollups of daily_spend (``tenant_spend_spans``,
@@ -19,6 +21,8 @@ dropped after. Numbers taken on a shared, busy machine are noisy; compare ratios
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import gc
 import os
 import statistics
 import tempfile
@@ -31,7 +35,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from gateway.bench.ledger_pg import NullLedger, SleepingUpstream, _pct, _settings
+from gateway.bench.ledger_pg import FullCollections, NullLedger, SleepingUpstream, _pct, _settings
 from gateway.db.rollups import SPANS
 
 DAYS = 90
@@ -41,7 +45,7 @@ ADMIN_ENV = "TIERGATE_BENCH_DASHBOARD_ADMIN_KEY"
 
 def seed(url: str, tenants: int, rows: int) -> float:
     """COPY tenants, keys, requests and ledger rows; build daily_spend; add budgets, alerts and
-    audit rows. Seconds taken."""
+    audit rows; VACUUM (ANALYZE). Seconds taken."""
     import psycopg
 
     t0 = time.perf_counter()
@@ -105,13 +109,19 @@ def seed(url: str, tenants: int, rows: int) -> float:
             cur.execute("INSERT INTO admin_audit (id, created_at, actor, client, action, target, tenant_id, after) "
                         "VALUES (%s, %s, 'bearer', '127.0.0.1', 'budget.set', %s, %s, %s)",
                         (f"aud_{t}", now, f"tenant:ten_{t:05d}", f"ten_{t:05d}", '{"limit_usd": "5"}'))
+    # What autovacuum does after a bulk load (PostgreSQL's default; a server may run with it off):
+    # statistics for the planner, and the visibility map that lets index-only scans skip the heap.
+    with psycopg.connect(dsn, autocommit=True) as conn, conn.cursor() as cur:
         for table in ("tenants", "api_keys", "requests", "ledger_entries", "daily_spend", "tenant_spend_spans",
                       "daily_tier_spend", "budgets"):
-            cur.execute(f"ANALYZE {table}")
+            cur.execute(f"VACUUM (ANALYZE) {table}")
     return time.perf_counter() - t0
 
 
-async def _time_pages(app: Any, admin_key: str, tenants: int, repeats: int) -> dict[str, list[float]]:
+async def _time_pages(app: Any, admin_key: str, tenants: int, repeats: int,
+                      pauses: FullCollections | None = None) -> dict[str, list[float]]:
+    """Each page ``repeats`` times, interleaved; seconds per request. ``pauses`` is entered for
+    the timed requests only (not startup, whose heap freeze runs one full collection)."""
     import httpx
 
     bearer = {"Authorization": f"Bearer {admin_key}"}
@@ -136,14 +146,15 @@ async def _time_pages(app: Any, admin_key: str, tenants: int, repeats: int) -> d
             r = await client.get(path, headers=headers)
             if r.status_code != 200:
                 raise RuntimeError(f"{name}: {path} answered {r.status_code}")
-        for i in range(repeats):
-            for name, page in pages.items():  # interleaved, so no page always runs on a quieter machine
-                path, headers = page(i + 1)
-                t0 = time.perf_counter()
-                r = await client.get(path, headers=headers)
-                out[name].append(time.perf_counter() - t0)
-                if r.status_code != 200:
-                    raise RuntimeError(f"{name}: {path} answered {r.status_code}")
+        with pauses if pauses is not None else contextlib.nullcontext():
+            for i in range(repeats):
+                for name, page in pages.items():  # interleaved, so no page always runs on a quieter machine
+                    path, headers = page(i + 1)
+                    t0 = time.perf_counter()
+                    r = await client.get(path, headers=headers)
+                    out[name].append(time.perf_counter() - t0)
+                    if r.status_code != 200:
+                        raise RuntimeError(f"{name}: {path} answered {r.status_code}")
     return out
 
 
@@ -196,21 +207,27 @@ def time_spend_reads(sf: Any, repeats: int) -> tuple[list[float], list[float]]:
     since = until - timedelta(days=29)
     rollup: list[float] = []
     base: list[float] = []
-    with sf() as s:
-        aq.overview_spend(s, since, until)
-        _daily_spend_overview(s, since, until)
-        for _ in range(repeats):
-            t0 = time.perf_counter()
+    gc.collect()
+    gc.freeze()  # as in the served app: full collections skip what was alive before (cf. create_app)
+    try:
+        with sf() as s:
             aq.overview_spend(s, since, until)
-            rollup.append(time.perf_counter() - t0)
-            t0 = time.perf_counter()
             _daily_spend_overview(s, since, until)
-            base.append(time.perf_counter() - t0)
+            for _ in range(repeats):
+                t0 = time.perf_counter()
+                aq.overview_spend(s, since, until)
+                rollup.append(time.perf_counter() - t0)
+                t0 = time.perf_counter()
+                _daily_spend_overview(s, since, until)
+                base.append(time.perf_counter() - t0)
+    finally:
+        gc.unfreeze()
     return rollup, base
 
 
-def run(admin_url: str, tenants: int, rows: int, repeats: int) -> list[str]:
-    """Create a temp database, seed it, time every page, drop it; returns the report lines."""
+def run(admin_url: str, tenants: int, rows: int, repeats: int, *, keep: bool = False) -> list[str]:
+    """Create a temp database, seed it, time every page, drop it (``keep``: leave it, for
+    EXPLAIN and profiling; its URL is the last line); returns the report lines."""
     from gateway.app import create_app
     from gateway.auth import KeyStore
     from gateway.db.migrate import upgrade
@@ -234,8 +251,9 @@ def run(admin_url: str, tenants: int, rows: int, repeats: int) -> list[str]:
             settings = _settings(Path(tmp), url)
             ledger: Any = NullLedger()  # nothing is recorded while pages are read
             app = create_app(settings, RuntimeParts(session_factory=sf, ledger=ledger, keys=KeyStore(sf),
-                                                    local_provider=SleepingUpstream(0.0)))
-            times = asyncio.run(_time_pages(app, key, tenants, repeats))
+                                                    local_provider=SleepingUpstream(0.0)), freeze_heap=True)
+            pauses = FullCollections()
+            times = asyncio.run(_time_pages(app, key, tenants, repeats, pauses))
         checked = check_overview_sums(sf)
         reads = time_spend_reads(sf, repeats)
         engine.dispose()
@@ -244,8 +262,9 @@ def run(admin_url: str, tenants: int, rows: int, repeats: int) -> list[str]:
             os.environ.pop("TIERGATE_ADMIN_KEY", None)
         else:
             os.environ["TIERGATE_ADMIN_KEY"] = old
-        with admin.connect() as conn:
-            conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        if not keep:
+            with admin.connect() as conn:
+                conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
         admin.dispose()
     base = statistics.median(next(iter(times.values())))
     lines = [f"dashboard: {tenants} tenants, {rows} requests (+ ledger rows, daily_spend) seeded by COPY in "
@@ -257,9 +276,15 @@ def run(admin_url: str, tenants: int, rows: int, repeats: int) -> list[str]:
             worst = max(worst, p99)
         lines.append(f"  {page:<36} p50 {p50:8.2f} ms  p99 {p99:8.2f} ms  p50 x{p50 / (base * 1000):.1f} of the baseline")
     lines.append(f"  worst console page p99: {worst:.2f} ms (target <= 200 ms at 1M rows, 1,000 tenants)")
+    lines.append(f"  full garbage collections while timed: {len(pauses.pauses_ms)}, longest "
+                 f"{max(pauses.pauses_ms, default=0.0):.1f} ms (startup heap frozen, as `tiergate serve` does)")
     (r50, r99), (b50, b99) = ((statistics.median(x) * 1000, _pct(x, 0.99) * 1000) for x in reads)
     lines.append(f"  overview spend read, 30 days: rollups p50 {r50:.2f} ms p99 {r99:.2f} ms; daily_spend aggregate "
                  f"(before the rollups) p50 {b50:.2f} ms p99 {b99:.2f} ms; p50 ratio aggregate/rollups x{b50 / r50:.1f}")
     lines.append(f"  overview numbers (rollups) equal daily_spend's sums exactly for {checked} tenants and every "
                  "day x tier of the 30-day window")
+    if keep:
+        lines.append(f"  database kept (drop it when done): {sa.engine.make_url(url).render_as_string(hide_password=True)}")
+    else:
+        lines.append(f"  database {name} dropped")
     return lines

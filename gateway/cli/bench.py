@@ -159,11 +159,12 @@ def dashboard_bench(
     tenants: int = typer.Option(1000, help="tenants seeded (3 keys each, a budget on every tenth)"),
     rows: int = typer.Option(1_000_000, help="requests seeded (each with one ledger row) over 90 days"),
     repeats: int = typer.Option(50, help="timed requests per page"),
+    keep_database: bool = typer.Option(False, help="leave the seeded database (its URL is printed) for EXPLAIN or profiling"),
 ) -> None:
     """Every admin console page at scale: p50/p99 server time, and the ratio to a page with no database."""
     from gateway.bench.dashboard import run
 
-    for line in run(postgres_url, tenants, rows, repeats):
+    for line in run(postgres_url, tenants, rows, repeats, keep=keep_database):
         typer.echo(line)
 
 
