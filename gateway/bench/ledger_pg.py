@@ -39,7 +39,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from gateway.bench.stalls import LoopLag, Stall, longest_stall, overlapping
+from gateway.bench.stalls import Lag, LoopLag, Stall, longest_stall, overlapping
 
 SUMMARY_DAYS = 30
 
@@ -139,7 +139,8 @@ class Phase:
     round: int
     spans: list[tuple[float, float]]
     origin: float
-    loop_lag: tuple[float, float]
+    loop_lag: Lag
+    loop_sched: tuple[float, float] = (0.0, 0.0)  # the loop thread's (s on a CPU, s waiting for one)
 
     @property
     def latencies(self) -> list[float]:
@@ -174,7 +175,7 @@ async def _serve_phase(app: Any, key: str, n: int, concurrency: int, pauses: Ful
                 await asyncio.gather(*(worker() for _ in range(concurrency)))
         finally:
             await lag.stop()
-    return Phase(kind, round_, spans, origin, lag.worst())
+    return Phase(kind, round_, spans, origin, lag.worst(), lag.totals())
 
 
 def _extra_replica(url: str, journal_dir: str, rate: float, stop: Any) -> None:
@@ -349,10 +350,15 @@ def phase_line(phase: Phase) -> str:
     stall = longest_stall(phase.spans, phase.origin) or Stall(0.0, 0.0, 0)
     clear = [x for x, hit in zip(lat, overlapping(phase.spans, stall, phase.origin), strict=True) if not hit]
     without = f"{_pct(clear, 0.99) * 1000:.2f} ms" if clear else "-"
-    when, lag = phase.loop_lag
+    lag = phase.loop_lag
+    cpu_s, queued_s = phase.loop_sched
+    wall_s = max((e for _, e in phase.spans), default=phase.origin) - phase.origin
     return (f"    round {phase.round} ledger {phase.kind + ':':<4} p99 {_pct(lat, 0.99) * 1000:6.2f} ms, "
             f"{without} without its longest stall: {stall.duration_s * 1000:.0f} ms at {stall.start_s:.2f} s "
-            f"({stall.in_flight} in flight); loop lag max {lag * 1000:.0f} ms at {when:.2f} s")
+            f"({stall.in_flight} in flight); loop lag max {lag.lag_s * 1000:.0f} ms at {lag.at_s:.2f} s "
+            f"(loop thread meanwhile: {lag.on_cpu_s * 1000:.0f} ms on a CPU, {lag.run_queue_s * 1000:.0f} ms "
+            f"waiting for one); phase {wall_s:.2f} s, loop thread {cpu_s:.2f} s on a CPU, {queued_s:.2f} s "
+            f"waiting for one")
 
 
 def _pauses_text(pauses_ms: list[float]) -> str:
@@ -388,8 +394,9 @@ def run(admin_url: str, n: int, concurrency: int, upstream_ms: float, extra_rows
             f"{r['on_p99_ms'] / r['base_p99_ms']:.3f}",
             f"  full GC pauses while timed: ledger off {_pauses_text(r['off_gc_pauses_ms'])}, "
             f"ledger on {_pauses_text(r['on_gc_pauses_ms'])}",
-            "  per phase (stall: the longest time with requests in flight and none completing; loop lag: how "
-            "late a 5 ms sleeper woke):",
+            "  per phase (stall: the longest time with requests in flight and none completing, and the p99 of "
+            "the requests it did not hold; loop lag: how late a 5 ms sleeper woke; 'waiting for a CPU': the loop "
+            "thread runnable while other processes had the cores):",
             *(phase_line(p) for p in r["phases"]),
         ]
         seconds = seed_ledger(url, seed_rows)

@@ -6,8 +6,11 @@ at least one request was in flight and none completed. A p99 set by one such win
 in-flight request waits through it) is a different finding from a tail spread over the phase,
 so the bench prints both the p99 and the p99 of the requests that did not overlap the window.
 ``LoopLag`` samples the event loop while a phase runs: a task that sleeps ``interval_s`` and
-records how late it woke. A stall with as much loop lag is the loop (or the GIL) being held;
-a stall without it is requests awaiting something slow (a lock, a thread, I/O).
+records how late it woke. A stall with as much loop lag is the loop not running callbacks; a
+stall without it is requests awaiting something slow (a lock, a thread, I/O). Where Linux
+schedstat is there, each sample also says how the loop thread spent the time: on a CPU (this
+process's own work on the loop), runnable but waiting for a CPU (other processes had the
+cores: a machine too busy to measure on), or neither (the GIL held by another thread).
 """
 
 from __future__ import annotations
@@ -64,22 +67,56 @@ def overlapping(spans: Sequence[tuple[float, float]], stall: Stall, origin: floa
     return [s < hi and e > lo for s, e in spans]
 
 
+def thread_sched() -> tuple[float, float] | None:
+    """The calling thread's (seconds on a CPU, seconds runnable but waiting for one) so far, from
+    Linux's /proc/thread-self/schedstat; None where that file is missing."""
+    try:
+        with open("/proc/thread-self/schedstat") as f:
+            on_cpu, waiting = f.read().split()[:2]
+    except (OSError, ValueError):
+        return None
+    return int(on_cpu) / 1e9, int(waiting) / 1e9
+
+
+@dataclass(frozen=True)
+class Lag:
+    """One late wake-up of the sampler: when it was due (seconds from origin), how late it woke,
+    and how the loop thread spent the sleep: on a CPU (running callbacks: this process's own
+    work), runnable but waiting for a CPU (other processes had the cores), and the rest (blocked:
+    the GIL held by another thread, a page fault; or idle). Seconds; the last two are 0 without
+    schedstat."""
+
+    at_s: float
+    lag_s: float
+    on_cpu_s: float = 0.0
+    run_queue_s: float = 0.0
+
+
 class LoopLag:
-    """Samples how late the running event loop wakes a task that sleeps ``interval_s``:
-    ``samples`` holds (seconds from ``origin``, lag in seconds) per wake-up."""
+    """Samples how late the running event loop wakes a task that sleeps ``interval_s``
+    (``samples``), and the loop thread's CPU and run-queue time meanwhile (``totals``)."""
 
     def __init__(self, interval_s: float = 0.005) -> None:
         self.interval_s = interval_s
-        self.samples: list[tuple[float, float]] = []
+        self.samples: list[Lag] = []
         self.origin = 0.0
         self._task: asyncio.Task[None] | None = None
+        self._first: tuple[float, float] | None = None
+        self._last: tuple[float, float] | None = None
 
     async def _run(self) -> None:
+        sched = self._first = thread_sched()
         while True:
             before = time.perf_counter()
             await asyncio.sleep(self.interval_s)
             due = before + self.interval_s
-            self.samples.append((due - self.origin, max(0.0, time.perf_counter() - due)))
+            lag = max(0.0, time.perf_counter() - due)
+            now = thread_sched()
+            if now is not None and sched is not None:
+                self.samples.append(Lag(due - self.origin, lag, now[0] - sched[0], now[1] - sched[1]))
+            else:
+                self.samples.append(Lag(due - self.origin, lag))
+            sched = self._last = now
 
     def start(self, origin: float) -> None:
         self.origin = origin
@@ -94,7 +131,13 @@ class LoopLag:
                 pass
             self._task = None
 
-    def worst(self) -> tuple[float, float]:
-        """(when the late wake-up was due, in seconds from origin; the largest lag), (0, 0)
-        without samples."""
-        return max(self.samples, key=lambda s: s[1], default=(0.0, 0.0))
+    def worst(self) -> Lag:
+        """The latest wake-up (a zero one without samples)."""
+        return max(self.samples, key=lambda s: s.lag_s, default=Lag(0.0, 0.0))
+
+    def totals(self) -> tuple[float, float]:
+        """The loop thread's (seconds on a CPU, seconds waiting for one) while sampled; zeros
+        without schedstat."""
+        if self._first is None or self._last is None:
+            return 0.0, 0.0
+        return self._last[0] - self._first[0], self._last[1] - self._first[1]

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from gateway.bench.ledger_pg import Phase, phase_line
-from gateway.bench.stalls import LoopLag, Stall, longest_stall, overlapping
+from gateway.bench.stalls import Lag, LoopLag, Stall, longest_stall, overlapping, thread_sched
 
 
 def test_longest_stall_is_the_longest_gap_between_completions_with_requests_in_flight() -> None:
@@ -48,13 +48,15 @@ def test_overlapping_marks_the_requests_in_flight_during_the_window() -> None:
 def test_phase_line_reports_the_p99_with_and_without_the_stall_window() -> None:
     # 100 requests of 10 ms, one after another, then 5 together that wait 200 ms
     spans = [(i * 0.01, (i + 1) * 0.01) for i in range(100)] + [(1.0, 1.2)] * 5
-    line = phase_line(Phase("off", 2, spans, 0.0, (1.05, 0.19)))
+    line = phase_line(Phase("off", 2, spans, 0.0, Lag(1.05, 0.19, 0.03, 0.15), (0.6, 0.25)))
     m = re.search(r"round 2 ledger off: p99 +([\d.]+) ms, ([\d.]+) ms without its longest stall: (\d+) ms at "
-                  r"([\d.]+) s \((\d+) in flight\); loop lag max (\d+) ms at ([\d.]+) s", line)
+                  r"([\d.]+) s \((\d+) in flight\); loop lag max (\d+) ms at ([\d.]+) s \(loop thread meanwhile: "
+                  r"(\d+) ms on a CPU, (\d+) ms waiting for one\); phase ([\d.]+) s, loop thread ([\d.]+) s on a "
+                  r"CPU, ([\d.]+) s waiting for one", line)
     assert m is not None, line
     assert float(m.group(1)) == pytest.approx(200.0)
     assert float(m.group(2)) == pytest.approx(10.0)
-    assert (m.group(3), m.group(4), m.group(5), m.group(6), m.group(7)) == ("200", "1.00", "5", "190", "1.05")
+    assert m.groups()[2:] == ("200", "1.00", "5", "190", "1.05", "30", "150", "1.20", "0.60", "0.25")
 
 
 def test_loop_lag_sees_a_blocked_loop() -> None:
@@ -68,6 +70,33 @@ def test_loop_lag_sees_a_blocked_loop() -> None:
         return lag
 
     lag = asyncio.run(main())
-    when, worst = lag.worst()
-    assert worst >= 0.04 and when >= 0.0
+    worst = lag.worst()
+    assert worst.lag_s >= 0.04 and worst.at_s >= 0.0
     assert len(lag.samples) >= 2
+
+
+@pytest.mark.skipif(thread_sched() is None, reason="no /proc/thread-self/schedstat (not Linux)")
+def test_loop_lag_tells_a_busy_loop_thread_from_a_blocked_one() -> None:
+    def spin(seconds: float) -> None:
+        end = time.perf_counter() + seconds
+        while time.perf_counter() < end:
+            pass
+
+    async def main(block: object) -> LoopLag:
+        lag = LoopLag(interval_s=0.005)
+        lag.start(time.perf_counter())
+        await asyncio.sleep(0.02)
+        block(0.05)  # type: ignore[operator]
+        await asyncio.sleep(0.02)
+        await lag.stop()
+        return lag
+
+    # spinning, the loop thread is on a CPU or waiting for one the whole time, so those two
+    # cover the late wake-up; sleeping, it is on neither
+    busy = asyncio.run(main(spin)).worst()
+    assert busy.lag_s >= 0.04 and busy.on_cpu_s + busy.run_queue_s >= 0.045
+    blocked = asyncio.run(main(time.sleep))
+    assert blocked.worst().lag_s >= 0.04 and blocked.worst().on_cpu_s < 0.04  # asleep: not on a CPU
+    cpu_s, queued_s = blocked.totals()
+    assert cpu_s == pytest.approx(sum(s.on_cpu_s for s in blocked.samples))  # the samples add up to the totals
+    assert queued_s == pytest.approx(sum(s.run_queue_s for s in blocked.samples))
