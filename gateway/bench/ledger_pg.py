@@ -15,7 +15,10 @@ the p99 ratio on/off as the median of the rounds' ratios, so one disturbed phase
 (target: ≥ 2,000 rows/s, p99 ratio ≤ 1.10), each round's ratio and the pooled one; and the
 full (generation-2) garbage collections that paused the loop while timed, so a stall like
 the one these used to cause (every in-flight request, ~150 ms) shows instead of silently
-setting a p99.
+setting a p99. Per phase (gateway.bench.stalls): its longest stall (requests in flight, none
+completing) with the p99 of the requests it did not hold, and its worst event-loop lag split
+into the loop thread's time on a CPU and waiting for one (other processes had the cores: the
+phase measured the machine, not the gateway).
 
 Part 2, reading spend. ``--seed-rows`` ledger rows are COPYed into the temp database and
 ``daily_spend`` is built from them; then the spend summary (one tenant, 30 days, by day,
