@@ -364,6 +364,26 @@ def phase_line(phase: Phase) -> str:
             f"waiting for one")
 
 
+BUSY_SHARE = 0.10  # a ledger-off phase whose loop thread waited for a CPU longer than this share of it
+
+
+def _queued_share(phase: Phase) -> float:
+    wall_s = max((e for _, e in phase.spans), default=phase.origin) - phase.origin
+    return phase.loop_sched[1] / wall_s if wall_s > 0 else 0.0
+
+
+def busy_line(phases: list[Phase]) -> str:
+    """How long the loop thread waited for a CPU, as a share of each phase (max per kind). The
+    ledger-off phases run only this loop, the other replica and PostgreSQL for it: more than
+    ``BUSY_SHARE`` there means other processes had the cores and the p99s measured the machine."""
+    worst = {kind: max((_queued_share(p) for p in phases if p.kind == kind), default=0.0) for kind in ("off", "on")}
+    busy = sum(1 for p in phases if p.kind == "off" and _queued_share(p) > BUSY_SHARE)
+    verdict = (f"BUSY MACHINE: {busy} ledger-off phase(s) above {BUSY_SHARE:.0%}, other processes had the cores; "
+               "rerun on an idle machine" if busy else f"ledger-off phases within {BUSY_SHARE:.0%}")
+    return (f"  loop thread waiting for a CPU, max share of a phase: ledger off {worst['off']:.0%}, ledger on "
+            f"{worst['on']:.0%} ({verdict})")
+
+
 def _pauses_text(pauses_ms: list[float]) -> str:
     return f"{len(pauses_ms)} (max {max(pauses_ms, default=0.0):.1f} ms)"
 
@@ -401,6 +421,7 @@ def run(admin_url: str, n: int, concurrency: int, upstream_ms: float, extra_rows
             "the requests it did not hold; loop lag: how late a 5 ms sleeper woke; 'waiting for a CPU': the loop "
             "thread runnable while other processes had the cores):",
             *(phase_line(p) for p in r["phases"]),
+            busy_line(r["phases"]),
         ]
         seconds = seed_ledger(url, seed_rows)
         t = time_summaries(url)

@@ -40,6 +40,7 @@ def test_bench_ledger_pg_small(postgres_url: str) -> None:
                         r"at [\d.]+ s \(\d+ in flight\); loop lag max \d+ ms at [\d.]+ s \(loop thread meanwhile: "
                         r"\d+ ms on a CPU, \d+ ms waiting for one\); phase [\d.]+ s", text)
     assert phases == [("1", "off"), ("1", "on"), ("2", "on"), ("2", "off")]  # ABBA, one line per phase
+    assert re.search(r"loop thread waiting for a CPU, max share of a phase: ledger off \d+%, ledger on \d+%", text)
     assert "3000 ledger rows seeded" in text and "spend summary (daily_spend" in text
     assert _bench_databases() == before  # the temp database was dropped
 

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from gateway.bench.ledger_pg import Phase, phase_line
+from gateway.bench.ledger_pg import Phase, busy_line, phase_line
 from gateway.bench.stalls import Lag, LoopLag, Stall, longest_stall, overlapping, thread_sched
 
 
@@ -100,3 +100,13 @@ def test_loop_lag_tells_a_busy_loop_thread_from_a_blocked_one() -> None:
     cpu_s, queued_s = blocked.totals()
     assert cpu_s == pytest.approx(sum(s.on_cpu_s for s in blocked.samples))  # the samples add up to the totals
     assert queued_s == pytest.approx(sum(s.run_queue_s for s in blocked.samples))
+
+
+def test_busy_line_flags_ledger_off_phases_whose_loop_waited_for_a_cpu() -> None:
+    spans = [(0.0, 1.0)]  # one-second phases
+    quiet = [Phase("off", 1, spans, 0.0, Lag(0, 0), (0.5, 0.05)), Phase("on", 1, spans, 0.0, Lag(0, 0), (0.6, 0.2))]
+    line = busy_line(quiet)
+    assert "ledger off 5%, ledger on 20% (ledger-off phases within 10%)" in line, line
+    busy = [*quiet, Phase("off", 2, spans, 0.0, Lag(0, 0), (0.5, 0.4))]
+    line = busy_line(busy)
+    assert "ledger off 40%" in line and "BUSY MACHINE: 1 ledger-off phase(s) above 10%" in line, line
