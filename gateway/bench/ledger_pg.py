@@ -15,7 +15,10 @@ the p99 ratio on/off as the median of the rounds' ratios, so one disturbed phase
 (target: ≥ 2,000 rows/s, p99 ratio ≤ 1.10), each round's ratio and the pooled one; and the
 full (generation-2) garbage collections that paused the loop while timed, so a stall like
 the one these used to cause (every in-flight request, ~150 ms) shows instead of silently
-setting a p99.
+setting a p99. Per phase (gateway.bench.stalls): its longest stall (requests in flight, none
+completing) with the p99 of the requests it did not hold, and its worst event-loop lag split
+into the loop thread's time on a CPU and waiting for one (other processes had the cores: the
+phase measured the machine, not the gateway).
 
 Part 2, reading spend. ``--seed-rows`` ledger rows are COPYed into the temp database and
 ``daily_spend`` is built from them; then the spend summary (one tenant, 30 days, by day,
@@ -32,11 +35,14 @@ import statistics
 import tempfile
 import time
 import uuid
+from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
+
+from gateway.bench.stalls import Lag, LoopLag, Stall, longest_stall, overlapping
 
 SUMMARY_DAYS = 30
 
@@ -127,12 +133,31 @@ def _pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-async def _serve_phase(app: Any, key: str, n: int, concurrency: int, pauses: FullCollections) -> list[float]:
+@dataclass
+class Phase:
+    """One timed phase: each request's (start, end) perf_counter times, the time the timed part
+    began, and how late the event loop woke a 5 ms sleeper at worst (when, seconds)."""
+
+    kind: str
+    round: int
+    spans: list[tuple[float, float]]
+    origin: float
+    loop_lag: Lag
+    loop_sched: tuple[float, float] = (0.0, 0.0)  # the loop thread's (s on a CPU, s waiting for one)
+
+    @property
+    def latencies(self) -> list[float]:
+        return [e - s for s, e in self.spans]
+
+
+async def _serve_phase(app: Any, key: str, n: int, concurrency: int, pauses: FullCollections,
+                       kind: str = "", round_: int = 0) -> Phase:
     import httpx
 
     body = {"model": "low", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 5}
-    latencies: list[float] = []
+    spans: list[tuple[float, float]] = []
     queue = list(range(n))
+    lag = LoopLag()
     async with app.router.lifespan_context(app), httpx.AsyncClient(
             transport=httpx.ASGITransport(app=app), base_url="http://bench") as client:
         async def worker() -> None:
@@ -140,15 +165,20 @@ async def _serve_phase(app: Any, key: str, n: int, concurrency: int, pauses: Ful
                 queue.pop()
                 t0 = time.perf_counter()
                 r = await client.post("/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {key}"})
-                latencies.append(time.perf_counter() - t0)
+                spans.append((t0, time.perf_counter()))
                 if r.status_code != 200:
                     raise RuntimeError(f"bench request failed: {r.status_code} {r.text[:200]}")
 
         for _ in range(20):  # warm-up
             await client.post("/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {key}"})
-        with pauses:
-            await asyncio.gather(*(worker() for _ in range(concurrency)))
-    return latencies
+        origin = time.perf_counter()
+        lag.start(origin)
+        try:
+            with pauses:
+                await asyncio.gather(*(worker() for _ in range(concurrency)))
+        finally:
+            await lag.stop()
+    return Phase(kind, round_, spans, origin, lag.worst(), lag.totals())
 
 
 def _extra_replica(url: str, journal_dir: str, rate: float, stop: Any) -> None:
@@ -209,19 +239,25 @@ def run_serving(url: str, workdir: Path, n: int, concurrency: int, upstream_ms: 
         base: list[float] = []
         on: list[float] = []
         round_p99_ms: list[tuple[float, float]] = []
+        phases: list[Phase] = []
         pauses = {"off": FullCollections(), "on": FullCollections()}
         during, serve_s = 0, 0.0
         for i in range(rounds):
             latencies: dict[str, list[float]] = {}
             for kind in ("off", "on") if i % 2 == 0 else ("on", "off"):  # ABBA
                 if kind == "off":
-                    latencies[kind] = asyncio.run(_serve_phase(app_with(NullLedger()), raw, per_phase, concurrency,
-                                                               pauses[kind]))
+                    phase = asyncio.run(_serve_phase(app_with(NullLedger()), raw, per_phase, concurrency,
+                                                     pauses[kind], kind, i + 1))
+                    phases.append(phase)
+                    latencies[kind] = phase.latencies
                     continue
                 with sf() as s:
                     before = s.scalar(sa.select(sa.func.count()).select_from(LedgerEntryRow)) or 0
                 t0 = time.perf_counter()
-                latencies[kind] = asyncio.run(_serve_phase(app_with(ledger), raw, per_phase, concurrency, pauses[kind]))
+                phase = asyncio.run(_serve_phase(app_with(ledger), raw, per_phase, concurrency, pauses[kind], kind,
+                                                 i + 1))
+                phases.append(phase)
+                latencies[kind] = phase.latencies
                 serve_s += time.perf_counter() - t0
                 with sf() as s:
                     during += (s.scalar(sa.select(sa.func.count()).select_from(LedgerEntryRow)) or 0) - before
@@ -244,7 +280,7 @@ def run_serving(url: str, workdir: Path, n: int, concurrency: int, upstream_ms: 
     return {"rows": during, "serve_s": serve_s, "rows_per_s": during / serve_s,
             "base_p50_ms": statistics.median(base) * 1000, "base_p99_ms": _pct(base, 0.99) * 1000,
             "on_p50_ms": statistics.median(on) * 1000, "on_p99_ms": _pct(on, 0.99) * 1000,
-            "requests": per_phase * rounds, "rounds": rounds, "round_p99_ms": round_p99_ms,
+            "requests": per_phase * rounds, "rounds": rounds, "round_p99_ms": round_p99_ms, "phases": phases,
             "off_gc_pauses_ms": pauses["off"].pauses_ms, "on_gc_pauses_ms": pauses["on"].pauses_ms}
 
 
@@ -310,6 +346,44 @@ def time_summaries(url: str, repeats: int = 50, tenants: int = 50) -> dict[str, 
             "raw_p50_ms": statistics.median(raw) * 1000, "raw_p99_ms": _pct(raw, 0.99) * 1000}
 
 
+def phase_line(phase: Phase) -> str:
+    """A phase's p99, its longest stall (with the p99 of the requests that did not overlap it) and
+    its worst event-loop lag."""
+    lat = phase.latencies
+    stall = longest_stall(phase.spans, phase.origin) or Stall(0.0, 0.0, 0)
+    clear = [x for x, hit in zip(lat, overlapping(phase.spans, stall, phase.origin), strict=True) if not hit]
+    without = f"{_pct(clear, 0.99) * 1000:.2f} ms" if clear else "-"
+    lag = phase.loop_lag
+    cpu_s, queued_s = phase.loop_sched
+    wall_s = max((e for _, e in phase.spans), default=phase.origin) - phase.origin
+    return (f"    round {phase.round} ledger {phase.kind + ':':<4} p99 {_pct(lat, 0.99) * 1000:6.2f} ms, "
+            f"{without} without its longest stall: {stall.duration_s * 1000:.0f} ms at {stall.start_s:.2f} s "
+            f"({stall.in_flight} in flight); loop lag max {lag.lag_s * 1000:.0f} ms at {lag.at_s:.2f} s "
+            f"(loop thread meanwhile: {lag.on_cpu_s * 1000:.0f} ms on a CPU, {lag.run_queue_s * 1000:.0f} ms "
+            f"waiting for one); phase {wall_s:.2f} s, loop thread {cpu_s:.2f} s on a CPU, {queued_s:.2f} s "
+            f"waiting for one")
+
+
+BUSY_SHARE = 0.10  # a ledger-off phase whose loop thread waited for a CPU longer than this share of it
+
+
+def _queued_share(phase: Phase) -> float:
+    wall_s = max((e for _, e in phase.spans), default=phase.origin) - phase.origin
+    return phase.loop_sched[1] / wall_s if wall_s > 0 else 0.0
+
+
+def busy_line(phases: list[Phase]) -> str:
+    """How long the loop thread waited for a CPU, as a share of each phase (max per kind). The
+    ledger-off phases run only this loop, the other replica and PostgreSQL for it: more than
+    ``BUSY_SHARE`` there means other processes had the cores and the p99s measured the machine."""
+    worst = {kind: max((_queued_share(p) for p in phases if p.kind == kind), default=0.0) for kind in ("off", "on")}
+    busy = sum(1 for p in phases if p.kind == "off" and _queued_share(p) > BUSY_SHARE)
+    verdict = (f"BUSY MACHINE: {busy} ledger-off phase(s) above {BUSY_SHARE:.0%}, other processes had the cores; "
+               "rerun on an idle machine" if busy else f"ledger-off phases within {BUSY_SHARE:.0%}")
+    return (f"  loop thread waiting for a CPU, max share of a phase: ledger off {worst['off']:.0%}, ledger on "
+            f"{worst['on']:.0%} ({verdict})")
+
+
 def _pauses_text(pauses_ms: list[float]) -> str:
     return f"{len(pauses_ms)} (max {max(pauses_ms, default=0.0):.1f} ms)"
 
@@ -343,6 +417,11 @@ def run(admin_url: str, n: int, concurrency: int, upstream_ms: float, extra_rows
             f"{r['on_p99_ms'] / r['base_p99_ms']:.3f}",
             f"  full GC pauses while timed: ledger off {_pauses_text(r['off_gc_pauses_ms'])}, "
             f"ledger on {_pauses_text(r['on_gc_pauses_ms'])}",
+            "  per phase (stall: the longest time with requests in flight and none completing, and the p99 of "
+            "the requests it did not hold; loop lag: how late a 5 ms sleeper woke; 'waiting for a CPU': the loop "
+            "thread runnable while other processes had the cores):",
+            *(phase_line(p) for p in r["phases"]),
+            busy_line(r["phases"]),
         ]
         seconds = seed_ledger(url, seed_rows)
         t = time_summaries(url)

@@ -36,6 +36,11 @@ def test_bench_ledger_pg_small(postgres_url: str) -> None:
     per_round = re.search(r"p99 ratio on/off per round: ([\d. ]+); all rounds pooled: \d+\.\d+", text)
     assert per_round is not None and len(per_round.group(1).split()) == 2
     assert re.search(r"full GC pauses while timed: ledger off \d+ \(max [\d.]+ ms\), ledger on \d+", text)
+    phases = re.findall(r"round (\d) ledger (off|on): +p99 +[\d.]+ ms, [\d.]+ ms without its longest stall: \d+ ms "
+                        r"at [\d.]+ s \(\d+ in flight\); loop lag max \d+ ms at [\d.]+ s \(loop thread meanwhile: "
+                        r"\d+ ms on a CPU, \d+ ms waiting for one\); phase [\d.]+ s", text)
+    assert phases == [("1", "off"), ("1", "on"), ("2", "on"), ("2", "off")]  # ABBA, one line per phase
+    assert re.search(r"loop thread waiting for a CPU, max share of a phase: ledger off \d+%, ledger on \d+%", text)
     assert "3000 ledger rows seeded" in text and "spend summary (daily_spend" in text
     assert _bench_databases() == before  # the temp database was dropped
 

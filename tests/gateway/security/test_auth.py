@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 from pathlib import Path
 
 import pytest
@@ -163,5 +164,80 @@ async def test_a_database_outage_serves_keys_from_the_stale_cache_within_its_bou
     with pytest.raises(ServiceUnavailable):  # a key never seen: it cannot be checked
         await store.authenticate(f"Bearer {generate_key()}")
     clock.now += 31  # past the stale bound
+    with pytest.raises(ServiceUnavailable):
+        await store.authenticate(f"Bearer {raw}")
+
+
+class GatedSessions:
+    """A session factory whose sessions open only while ``gate`` is set (lookups run in threads)."""
+
+    def __init__(self, factory) -> None:  # type: ignore[no-untyped-def]
+        self.factory = factory
+        self.gate = threading.Event()
+        self.gate.set()
+
+    def __call__(self):  # type: ignore[no-untyped-def]
+        assert self.gate.wait(30), "the test never opened the gate"
+        return self.factory()
+
+
+async def _answered_without_the_database(store: KeyStore, raw: str) -> bool:
+    """Whether authenticate answers while every database lookup is held at the gate."""
+    task = asyncio.ensure_future(store.authenticate(f"Bearer {raw}"))
+    for _ in range(5):
+        await asyncio.sleep(0)
+    return task.done()
+
+
+async def _refreshes_done(store: KeyStore) -> None:
+    """Wait for the background lookups the store started (none, in a store that starts none)."""
+    await asyncio.gather(*getattr(store, "_refreshing", {}).values(), return_exceptions=True)
+
+
+async def test_a_key_in_steady_use_is_refreshed_in_the_background_and_never_waits(setup) -> None:  # type: ignore[no-untyped-def]
+    factory, raw, tenant_id, _ = setup
+    sessions, clock = GatedSessions(factory), FakeClock()
+    store = KeyStore(sessions, ttl_s=1.0, clock=clock)  # type: ignore[arg-type]
+    await store.authenticate(f"Bearer {raw}")  # cached until 1001.0
+    sessions.gate.clear()
+    clock.now += 0.6  # past half its TTL: answered from the cache, looked up again meanwhile
+    assert await _answered_without_the_database(store, raw)
+    sessions.gate.set()
+    await _refreshes_done(store)
+    assert store.db_lookups == 2
+    sessions.gate.clear()
+    clock.now = 1001.2  # the first lookup's entry has expired; the refreshed one (until 1001.6) answers
+    assert await _answered_without_the_database(store, raw)
+    sessions.gate.set()
+    await _refreshes_done(store)
+    assert (await store.authenticate(f"Bearer {raw}")).tenant_id == tenant_id
+
+
+async def test_a_background_refresh_that_finds_the_key_revoked_refuses_it_at_once(setup) -> None:  # type: ignore[no-untyped-def]
+    factory, raw, _, key_id = setup
+    clock = FakeClock()
+    store = KeyStore(factory, ttl_s=30, clock=clock)
+    await store.authenticate(f"Bearer {raw}")
+    with factory() as s, s.begin():
+        queries.revoke_api_key(s, key_id)
+    clock.now += 20  # inside the TTL: still accepted, and looked up again in the background
+    await store.authenticate(f"Bearer {raw}")
+    await _refreshes_done(store)
+    with pytest.raises(AuthenticationFailed):  # refused before the 30 s TTL ran out
+        await store.authenticate(f"Bearer {raw}")
+
+
+async def test_a_failed_background_refresh_leaves_the_cached_key_until_it_expires(setup) -> None:  # type: ignore[no-untyped-def]
+    factory, raw, tenant_id, _ = setup
+    clock = FakeClock()
+    store = KeyStore(factory, ttl_s=1.0, clock=clock, stale_s=0.0)
+    await store.authenticate(f"Bearer {raw}")
+    with factory() as s, s.begin():
+        s.execute(sa.text("DROP TABLE api_keys"))
+    clock.now += 0.6
+    assert (await store.authenticate(f"Bearer {raw}")).tenant_id == tenant_id
+    await _refreshes_done(store)
+    assert (await store.authenticate(f"Bearer {raw}")).tenant_id == tenant_id  # the refresh failed: still cached
+    clock.now += 0.5  # expired: the lookup in the request's path fails, no stale allowance
     with pytest.raises(ServiceUnavailable):
         await store.authenticate(f"Bearer {raw}")
