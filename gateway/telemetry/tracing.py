@@ -27,7 +27,8 @@ propagators' header names are looked up once per propagator, not per request; th
 state (its span, whether it is recorded and sampled) is one context variable read by the
 annotate/stage/attempt helpers instead of a walk of the OpenTelemetry context each; and an
 unsampled request's upstream headers are built once and reused by every upstream call. What is
-left at full sampling is the SDK's own floor per recorded span (see gateway.bench.obs_cost).
+left at full sampling is the SDK's own floor per recorded span (see gateway.bench.obs_cost), which
+is why ``sample_ratio`` defaults to 0.1.
 
 Imports opentelemetry and settings only.
 """
@@ -41,8 +42,8 @@ from contextvars import ContextVar, Token
 from typing import Any
 
 import orjson
+from opentelemetry import baggage, propagate, trace
 from opentelemetry import context as otel_context
-from opentelemetry import propagate, trace
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
@@ -52,7 +53,8 @@ from opentelemetry.trace import SpanKind, StatusCode
 from gateway.settings import TracingSettings
 
 NANOS_PER_USD = 1_000_000_000
-_state: dict[str, Any] = {"tracer": None, "capture": False, "propagator": None, "fields": frozenset()}
+_state: dict[str, Any] = {"tracer": None, "capture": False, "propagator": None, "fields": frozenset(), "w3c": False}
+_W3C_FIELDS = frozenset({b"traceparent", b"tracestate", b"baggage"})  # the default propagators' (W3C)
 
 
 def enabled() -> bool:
@@ -110,9 +112,11 @@ _request: ContextVar[ServerSpan | None] = ContextVar("tiergate_server_span", def
 
 def _header_fields(propagator: Any) -> frozenset[bytes]:
     """The header names ``propagator`` reads, as ASGI spells them (lower-case bytes), looked up
-    once per propagator (a composite builds its set on every ``fields`` call)."""
+    once per propagator (a composite builds its set on every ``fields`` call); and whether they
+    are W3C trace context and baggage's only (``_state["w3c"]``, see ``_trace_headers``)."""
     if _state["propagator"] is not propagator:
         _state["fields"] = frozenset(f.lower().encode("latin-1") for f in propagator.fields)
+        _state["w3c"] = _state["fields"] == _W3C_FIELDS
         _state["propagator"] = propagator
     fields: frozenset[bytes] = _state["fields"]
     return fields
@@ -291,16 +295,29 @@ def end(span: Any, error: BaseException | None = None) -> None:
 
 
 # -- upstream calls -------------------------------------------------------------------------------
+def _trace_headers(span: trace.Span, ctx: otel_context.Context) -> tuple[tuple[str, str], ...]:
+    """The headers the configured propagators send upstream for ``span`` in context ``ctx`` (its
+    baggage). With the default W3C propagators and no baggage that is ``traceparent`` (and
+    ``tracestate`` when the trace has one), written here as the trace context propagator writes
+    it; anything else goes through the propagators."""
+    sc = span.get_span_context()
+    _header_fields(propagate.get_global_textmap())  # _state["w3c"] for the propagators in use now
+    if _state["w3c"] and sc.is_valid and not baggage.get_all(ctx):
+        traceparent = ("traceparent", f"00-{sc.trace_id:032x}-{sc.span_id:016x}-{sc.trace_flags:02x}")
+        return (traceparent, ("tracestate", sc.trace_state.to_header())) if sc.trace_state else (traceparent,)
+    carrier: dict[str, str] = {}
+    propagate.inject(carrier, context=trace.set_span_in_context(span, ctx))
+    return tuple(carrier.items())
+
+
 def _unsampled_headers() -> tuple[tuple[str, str], ...]:
     """The trace context headers for an upstream call of an unsampled request: the current
     context's (its server span's), built once per request and reused while that context is
-    current (inject depends on nothing else)."""
+    current (they depend on nothing else)."""
     s, ctx = _request.get(), otel_context.get_current()
     if s is not None and s.headers is not None and s.headers[0] is ctx:
         return s.headers[1]
-    carrier: dict[str, str] = {}
-    propagate.inject(carrier, context=ctx)
-    headers = tuple(carrier.items())
+    headers = _trace_headers(trace.get_current_span(ctx), ctx)
     if s is not None:
         s.headers = (ctx, headers)
     return headers
@@ -320,9 +337,7 @@ def attempt(name: str, model: Any, options: Any, on_attempt: Callable[[Any], Non
     span = tracer.start_span(f"chat {model.model}", kind=SpanKind.CLIENT, attributes={
         "gen_ai.operation.name": "chat", "gen_ai.system": model.provider, "gen_ai.request.model": model.model,
         "tiergate.model": name})
-    carrier: dict[str, str] = {}
-    propagate.inject(carrier, context=trace.set_span_in_context(span))
-    options = dataclasses.replace(options, trace_headers=tuple(carrier.items()))
+    options = dataclasses.replace(options, trace_headers=_trace_headers(span, otel_context.get_current()))
 
     def report(a: Any) -> None:
         try:

@@ -190,3 +190,33 @@ async def test_an_unsampled_requests_upstream_calls_share_its_trace_context(tmp_
     assert len(first) > 1 and len(set(first)) == 1 and len(set(second)) == 1
     assert not int(first[0].split("-")[3], 16) & 1  # flagged unsampled
     assert first[0].split("-")[1] != second[0].split("-")[1]  # a new trace per request: headers not kept across
+
+
+@pytest.mark.parametrize("case", ["sampled", "unsampled", "tracestate", "baggage", "not-w3c"])
+def test_upstream_headers_are_what_the_propagators_write(case: str) -> None:
+    """The headers written directly (default W3C propagators, no baggage) equal what
+    ``propagate.inject`` writes, and the other cases go through the propagators."""
+    from opentelemetry import baggage, propagate, trace
+    from opentelemetry import context as otel_context
+    from opentelemetry.propagators.composite import CompositePropagator
+    from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags, TraceState
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+    from gateway.telemetry import tracing
+
+    flags = TraceFlags(0x02 if case == "unsampled" else 0x03)
+    state = TraceState([("vendor", "v1")]) if case == "tracestate" else None
+    span = NonRecordingSpan(SpanContext(0x4BF92F3577B34DA6A3CE929D0E0E4736, 0x00F067AA0BA902B7, False, flags, state))
+    ctx = baggage.set_baggage("tenant", "t1") if case == "baggage" else otel_context.get_current()
+    before = propagate.get_global_textmap()
+    if case == "not-w3c":
+        propagate.set_global_textmap(CompositePropagator([TraceContextTextMapPropagator()]))
+    try:
+        expected: dict[str, str] = {}
+        propagate.inject(expected, context=trace.set_span_in_context(span, ctx))
+        got = tracing._trace_headers(span, ctx)
+    finally:
+        propagate.set_global_textmap(before)
+    assert dict(got) == expected and [k for k, _ in got] == list(expected)
+    assert expected["traceparent"] == f"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-{int(flags):02x}"
+    assert ("baggage" in expected) == (case == "baggage") and ("tracestate" in expected) == (case == "tracestate")
