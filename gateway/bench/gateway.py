@@ -147,8 +147,8 @@ class BenchArgs:
     rounds: int = 3
     observability_variants: bool = True
     only_observability: bool = False  # direct + the tiergate observability variants only
-    cost_requests: int = 300  # in-process CPU cost: requests per variant and round (0: skip)
-    cost_rounds: int = 10
+    cost_requests: int = 100  # in-process CPU cost: requests per variant and round (0: skip)
+    cost_rounds: int = 30  # many short interleaved rounds: each pair of variants measured close in time
 
 
 # The default tiergate target runs the default observability: Prometheus metrics on, tracing off.

@@ -213,7 +213,7 @@ async def _measure(upstream: str, requests: int, rounds: int, vs: list[Variant],
     return results
 
 
-def measure(upstream: str, requests: int = 300, rounds: int = 5, vs: list[Variant] | None = None, *,
+def measure(upstream: str, requests: int = 100, rounds: int = 30, vs: list[Variant] | None = None, *,
             model: str = "mock", api_key_env: str | None = None) -> list[CostResult]:
     """Run the in-process measurement against ``upstream`` (an OpenAI-compatible base URL
     serving ``model``; its key in the ``api_key_env`` variable, if it wants one)."""
@@ -308,8 +308,8 @@ def main() -> None:
     import sys
 
     upstream = sys.argv[1]
-    n = int(sys.argv[2]) if len(sys.argv) > 2 else 300
-    rounds = int(sys.argv[3]) if len(sys.argv) > 3 else 5
+    n = int(sys.argv[2]) if len(sys.argv) > 2 else 100
+    rounds = int(sys.argv[3]) if len(sys.argv) > 3 else 30
     print("\n".join(report(measure(upstream, n, rounds), n, rounds, sdk_floor())))
 
 
