@@ -150,7 +150,10 @@ def end_server_span(s: ServerSpan, route: str | None, status: int, error: BaseEx
     the attributes the request collected on it (one ``set_attributes``)."""
     otel_context.detach(s.token)
     if s.var_token is not None:
-        _request.reset(s.var_token)
+        try:
+            _request.reset(s.var_token)
+        except ValueError:  # ended in another context than it started in (as detach, no error)
+            _request.set(None)
     if not s.recording:
         return
     s.recording = False  # what the request annotates from here on is not kept (as for an ended span)
