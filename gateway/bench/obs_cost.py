@@ -9,7 +9,9 @@ whole request in it) per request. CPU time rather than wall time: while the requ
 the upstream the thread uses none, and other processes on a shared machine do not add to it.
 Reported: each variant's median µs of CPU per request and its spread over the rounds, and the
 median of the per-round differences to ``off`` (metrics and tracing off), i.e. what metrics and
-tracing add per request. Work done in other threads (the span exporter's batches, the ledger's
+tracing add per request; and, counted once more per variant under cProfile after the timed
+rounds, the Python function calls per request in the same thread: a count, so the same from run
+to run however loaded the machine is, where the times on a shared machine swing by ±10%. Work done in other threads (the span exporter's batches, the ledger's
 database flushes) is not counted here.
 
 Variants: ``off``; ``metrics`` (the default: Prometheus metrics on, tracing off);
@@ -31,7 +33,9 @@ Bench-only: imported lazily by gateway.bench.gateway.
 from __future__ import annotations
 
 import asyncio
+import cProfile
 import gc
+import pstats
 import shutil
 import statistics
 import tempfile
@@ -81,6 +85,7 @@ class CostResult:
     spans: int  # spans exported (recorded) in all
     attributes: int = 0  # attributes on those spans
     requests: int = 0  # requests made in all (warm-up included): spans / requests = spans per request
+    calls_per_request: float = 0.0  # Python function calls in the event loop's thread per request (cProfile)
 
     @property
     def spans_per_request(self) -> float:
@@ -197,6 +202,15 @@ async def _measure(upstream: str, requests: int, rounds: int, vs: list[Variant],
                 t0 = time.thread_time()
                 await batch(client, raw, requests)
                 per_round[v.name].append((time.thread_time() - t0) / requests * 1e6)
+        calls: dict[str, float] = {}
+        counted = min(requests, 50)
+        for v, client, raw, settings, provider, _ in apps:  # the steady proxy: calls, not time
+            activate(v, settings, provider)
+            profiler = cProfile.Profile()
+            profiler.enable()
+            await batch(client, raw, counted)
+            profiler.disable()
+            calls[v.name] = sum(row[1] for row in pstats.Stats(profiler).stats.values()) / counted  # type: ignore[attr-defined]
         for _, _, _, _, provider, _ in apps:
             if provider is not None:
                 provider.force_flush()
@@ -209,7 +223,7 @@ async def _measure(upstream: str, requests: int, rounds: int, vs: list[Variant],
         added = [a - b for a, b in zip(us, base, strict=True)]
         results.append(CostResult(v.name, statistics.median(us), (min(us), max(us)), statistics.median(added),
                                   (min(added), max(added)), spans[v.name], attributes[v.name],
-                                  min(50, requests) + requests * rounds))
+                                  min(50, requests) * 2 + requests * rounds, calls[v.name]))
     return results
 
 
@@ -265,6 +279,13 @@ def sdk_floor(spans: int = 20_000, rounds: int = 5, attributes: int = 12) -> Flo
     return Floor(span_us, max(0.0, statistics.median(full) - span_us) / attributes)
 
 
+def _added_calls(r: CostResult, off: CostResult) -> str:
+    """The variant's added Python calls per request as a share of off's (counted: no noise)."""
+    if not off.calls_per_request:
+        return "-"
+    return f"{(r.calls_per_request - off.calls_per_request) / off.calls_per_request * 100:+.1f}%"
+
+
 def _verdict(r: CostResult, off: float) -> str:
     share = r.added_us / off
     rps = "met" if share <= RPS_TARGET else "NOT met"
@@ -277,21 +298,22 @@ def report(results: list[CostResult], requests: int, rounds: int, floor: Floor |
     lines = [f"in-process CPU per request (thread CPU time, {requests} sequential requests through the ASGI app "
              f"per variant and round, {rounds} interleaved rounds; median [min..max]):",
              f"{'variant':<16}{'CPU us/req':>12}{'spread':>22}{'added us':>12}{'added spread':>22}{'% of off':>10}"
-             f"{'spans':>8}{'spans/req':>11}{'attrs/req':>11}"]
+             f"{'spans':>8}{'spans/req':>11}{'attrs/req':>11}{'calls/req':>11}{'+calls':>9}"]
     off, off_best = results[0].us_per_request, results[0].spread_us[0]
     for r in results:
         lines.append(f"{r.variant:<16}{r.us_per_request:>12.1f}{f'[{r.spread_us[0]:.1f}..{r.spread_us[1]:.1f}]':>22}"
                      f"{r.added_us:>+12.1f}"
                      f"{f'[{r.added_spread_us[0]:+.1f}..{r.added_spread_us[1]:+.1f}]':>22}"
                      f"{r.added_us / off * 100:>+9.1f}%{r.spans:>8}{r.spans_per_request:>11.2f}"
-                     f"{r.attributes_per_request:>11.1f}")
+                     f"{r.attributes_per_request:>11.1f}{r.calls_per_request:>11.0f}{_added_calls(r, results[0]):>9}")
     best = [f"{r.variant} {r.spread_us[0] - off_best:+.1f} us ({(r.spread_us[0] - off_best) / off_best * 100:+.1f}%)"
             for r in results[1:]]
     lines.append(f"the same from each variant's best round (least disturbed by other load; off {off_best:.0f} us/req): "
                  + ", ".join(best))
     lines.append(f"verdict vs the targets (added CPU share of off's {off:.0f} us/req ~ the RPS a CPU-bound server "
-                 "loses; added CPU ~ added p50 of a sequential request):")
-    lines += ["  " + _verdict(r, off) for r in results[1:]]
+                 "loses; added CPU ~ added p50 of a sequential request; '+calls': the added Python calls per "
+                 "request, counted, the steady proxy of the same share when other load makes the times swing):")
+    lines += [f"  {_verdict(r, off)}; added calls {_added_calls(r, results[0])}" for r in results[1:]]
     traced = max(results, key=lambda r: r.spans_per_request)
     if floor is not None and traced.spans:
         at = floor.per_request(traced.spans_per_request, traced.attributes_per_request)
