@@ -318,13 +318,16 @@ class MetricsSettings(_Strict):
 class TracingSettings(_Strict):
     """OpenTelemetry traces, off by default. ``exporter: otlp`` sends OTLP/HTTP to ``endpoint``
     (default: the ``OTEL_EXPORTER_OTLP_ENDPOINT`` convention, else localhost:4318);
-    ``capture_content``: put prompt and completion text on spans (never, unless set)."""
+    ``capture_content``: put prompt and completion text on spans (never, unless set);
+    ``sample_ratio``: the share of new traces recorded (parent-based: a client's sampled flag is
+    followed). 0.1 by default: a recorded request costs the OpenTelemetry SDK's per-span floor,
+    well over the 5% CPU budget at 1.0 (``tiergate bench gateway --only-observability``)."""
 
     enabled: bool = False
     exporter: Literal["otlp", "console", "none"] = "otlp"
     endpoint: str | None = None
     service_name: str = "tiergate"
-    sample_ratio: float = Field(1.0, ge=0, le=1)
+    sample_ratio: float = Field(0.1, ge=0, le=1)
     capture_content: bool = False
 
 

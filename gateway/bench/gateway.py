@@ -147,16 +147,17 @@ class BenchArgs:
     rounds: int = 3
     observability_variants: bool = True
     only_observability: bool = False  # direct + the tiergate observability variants only
-    cost_requests: int = 300  # in-process CPU cost: requests per variant and round (0: skip)
-    cost_rounds: int = 5
+    cost_requests: int = 100  # in-process CPU cost: requests per variant and round (0: skip)
+    cost_rounds: int = 30  # many short interleaved rounds: each pair of variants measured close in time
 
 
 # The default tiergate target runs the default observability: Prometheus metrics on, tracing off.
 OBSERVABILITY: dict[str, dict[str, Any]] = {
     "tiergate-no-metrics": {"metrics": {"enabled": False}},
     # every span created and recorded, then dropped (exporter none): the in-process cost of tracing
-    "tiergate-traced": {"metrics": {"enabled": True}, "tracing": {"enabled": True, "exporter": "none"}},
-    # one request in ten sampled (parent-based): the others pay a sampling decision only
+    "tiergate-traced": {"metrics": {"enabled": True}, "tracing": {"enabled": True, "exporter": "none",
+                                                                "sample_ratio": 1.0}},
+    # one request in ten sampled (parent-based; the default ratio): the others pay a sampling decision only
     "tiergate-traced@0.1": {"metrics": {"enabled": True}, "tracing": {"enabled": True, "exporter": "none",
                                                                     "sample_ratio": 0.1}},
 }
@@ -297,7 +298,7 @@ def run_gateway_bench(args: BenchArgs) -> str:
             notes.append("tiergate: Prometheus metrics on (the default), tracing off; tiergate-no-metrics: metrics "
                          "off; tiergate-traced: metrics and OpenTelemetry tracing on (every span recorded, exporter "
                          "none: the in-process cost, without an exporter's network I/O); tiergate-traced@0.1: "
-                         "the same with sample_ratio 0.1")
+                         "the same with sample_ratio 0.1 (the default ratio)")
         litellm_bin = args.litellm_venv / "bin" / "litellm"
         if args.only_observability:
             pass
@@ -330,7 +331,7 @@ def run_gateway_bench(args: BenchArgs) -> str:
 
             sys.stderr.write("  measuring the in-process CPU cost per request ...\n")
             cost_lines = obs_cost.report(obs_cost.measure(upstream, args.cost_requests, args.cost_rounds),
-                                         args.cost_requests, args.cost_rounds)
+                                         args.cost_requests, args.cost_rounds, obs_cost.sdk_floor())
     rows = _ledger_rows(config)
     notes.append(f"ledger rows written by the durable tiergate run: {rows} (auth + journaled ledger on, SQLite)")
     shutil.rmtree(work, ignore_errors=True)

@@ -57,8 +57,8 @@ def gateway_bench(
     observability: bool = typer.Option(True, help="also measure metrics off and metrics + tracing on"),
     only_observability: bool = typer.Option(False, "--only-observability",
                                             help="measure direct and the tiergate observability variants only"),
-    cost_requests: int = typer.Option(300, help="in-process CPU cost: requests per variant and round (0: skip)"),
-    cost_rounds: int = typer.Option(5, min=1, help="in-process CPU cost: interleaved rounds"),
+    cost_requests: int = typer.Option(100, help="in-process CPU cost: requests per variant and round (0: skip)"),
+    cost_rounds: int = typer.Option(30, min=1, help="in-process CPU cost: interleaved rounds"),
 ) -> None:
     """Gateway overhead: direct-to-mock vs tiergate (auth + ledger on) vs the LiteLLM proxy."""
     from pathlib import Path

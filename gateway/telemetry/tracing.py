@@ -21,6 +21,15 @@ is not sampled no stage or client span is started at all (a sampled-out parent's
 never sampled), only its trace context is passed upstream, so a sampled-out request costs the
 server span's sampling decision and little else.
 
+Per-request work is kept to what the SDK needs: the request's attributes are collected in a plain
+dict and handed to the server span once, when it ends (one validation pass, one lock); the
+propagators' header names are looked up once per propagator, not per request; the request's
+state (its span, whether it is recorded and sampled) is one context variable read by the
+annotate/stage/attempt helpers instead of a walk of the OpenTelemetry context each; and an
+unsampled request's upstream headers are built once and reused by every upstream call. What is
+left at full sampling is the SDK's own floor per recorded span (see gateway.bench.obs_cost), which
+is why ``sample_ratio`` defaults to 0.1.
+
 Imports opentelemetry and settings only.
 """
 
@@ -29,12 +38,12 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
-from contextvars import Token
+from contextvars import ContextVar, Token
 from typing import Any
 
 import orjson
+from opentelemetry import baggage, propagate, trace
 from opentelemetry import context as otel_context
-from opentelemetry import propagate, trace
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
@@ -44,7 +53,8 @@ from opentelemetry.trace import SpanKind, StatusCode
 from gateway.settings import TracingSettings
 
 NANOS_PER_USD = 1_000_000_000
-_state: dict[str, Any] = {"tracer": None, "capture": False}
+_state: dict[str, Any] = {"tracer": None, "capture": False, "propagator": None, "fields": frozenset(), "w3c": False}
+_W3C_FIELDS = frozenset({b"traceparent", b"tracestate", b"baggage"})  # the default propagators' (W3C)
 
 
 def enabled() -> bool:
@@ -83,12 +93,33 @@ def configure(cfg: TracingSettings, provider: TracerProvider | None = None) -> T
 
 # -- the request span (the server span, current in the request's context) -----------------------
 class ServerSpan:
-    """One request's server span and the context token that made it current."""
+    """One request's server span, the context tokens that made it current, and what is pending
+    for it: the attributes set when it ends, the upstream headers of an unsampled request."""
 
-    __slots__ = ("scope", "span", "token")
+    __slots__ = ("attributes", "headers", "recording", "sampled", "scope", "span", "token", "var_token")
 
     def __init__(self, span: trace.Span, token: Token[otel_context.Context], scope: Any) -> None:
         self.span, self.token, self.scope = span, token, scope
+        self.recording = span.is_recording()
+        self.sampled = bool(span.get_span_context().trace_flags.sampled)
+        self.attributes: dict[str, Any] = {}
+        self.headers: tuple[otel_context.Context, tuple[tuple[str, str], ...]] | None = None
+        self.var_token: Token[ServerSpan | None] | None = None
+
+
+_request: ContextVar[ServerSpan | None] = ContextVar("tiergate_server_span", default=None)
+
+
+def _header_fields(propagator: Any) -> frozenset[bytes]:
+    """The header names ``propagator`` reads, as ASGI spells them (lower-case bytes), looked up
+    once per propagator (a composite builds its set on every ``fields`` call); and whether they
+    are W3C trace context and baggage's only (``_state["w3c"]``, see ``_trace_headers``)."""
+    if _state["propagator"] is not propagator:
+        _state["fields"] = frozenset(f.lower().encode("latin-1") for f in propagator.fields)
+        _state["w3c"] = _state["fields"] == _W3C_FIELDS
+        _state["propagator"] = propagator
+    fields: frozenset[bytes] = _state["fields"]
+    return fields
 
 
 def server_span(scope: Any) -> ServerSpan | None:
@@ -100,27 +131,38 @@ def server_span(scope: Any) -> ServerSpan | None:
     if tracer is None:
         return None
     propagator = propagate.get_global_textmap()
-    fields = propagator.fields
-    carrier = {}
+    fields = _header_fields(propagator)
+    carrier: dict[str, str] | None = None
     for key, value in scope["headers"]:
-        name = key.decode("latin-1")
-        if name in fields:
-            carrier[name] = value.decode("latin-1")
+        if key in fields:
+            if carrier is None:
+                carrier = {}
+            carrier[key.decode("latin-1")] = value.decode("latin-1")
     parent = propagator.extract(carrier) if carrier else None
     span = tracer.start_span(scope.get("method") or "HTTP", context=parent, kind=SpanKind.SERVER)
-    return ServerSpan(span, otel_context.attach(trace.set_span_in_context(span, parent)), scope)
+    s = ServerSpan(span, otel_context.attach(trace.set_span_in_context(span, parent)), scope)
+    s.var_token = _request.set(s)
+    return s
 
 
 def end_server_span(s: ServerSpan, route: str | None, status: int, error: BaseException | None = None) -> None:
-    """End the request's span: route template (None: no route matched), status, error."""
+    """End the request's span: route template (None: no route matched), status, error; with
+    the attributes the request collected on it (one ``set_attributes``)."""
     otel_context.detach(s.token)
-    span = s.span
-    if not span.is_recording():
+    if s.var_token is not None:
+        try:
+            _request.reset(s.var_token)
+        except ValueError:  # ended in another context than it started in (as detach, no error)
+            _request.set(None)
+    if not s.recording:
         return
-    scope = s.scope
+    s.recording = False  # what the request annotates from here on is not kept (as for an ended span)
+    span, scope, attributes = s.span, s.scope, s.attributes
     method = scope.get("method") or "HTTP"
-    attributes: dict[str, Any] = {"http.request.method": method, "url.scheme": scope.get("scheme", "http"),
-                                  "url.path": scope.get("path", ""), "http.response.status_code": status}
+    attributes["http.request.method"] = method
+    attributes["url.scheme"] = scope.get("scheme", "http")
+    attributes["url.path"] = scope.get("path", "")
+    attributes["http.response.status_code"] = status
     if scope.get("http_version"):
         attributes["network.protocol.version"] = scope["http_version"]
     if route is not None:
@@ -133,45 +175,59 @@ def end_server_span(s: ServerSpan, route: str | None, status: int, error: BaseEx
     span.end()
 
 
+def _pending() -> dict[str, Any] | None:
+    """Where the current request's span attributes go: the request's pending dict (set when its
+    span ends), a dict to put on the current span right away (``_flush``) when no request span
+    of this module's is current, or None when nothing is recorded."""
+    s = _request.get()
+    if s is not None:
+        return s.attributes if s.recording else None
+    return {} if trace.get_current_span().is_recording() else None
+
+
+def _flush(attributes: dict[str, Any]) -> None:
+    """Attributes collected outside a request span of this module's: onto the current span."""
+    if _request.get() is None and attributes:
+        trace.get_current_span().set_attributes(attributes)
+
+
 def annotate_request(decision: Any, messages: list[dict[str, Any]] | None = None) -> None:
     """The routing decision on the current request span (``decision``: a RouteDecision)."""
-    if _state["tracer"] is None:
+    if _state["tracer"] is None or (attributes := _pending()) is None:
         return
-    span = trace.get_current_span()
-    if not span.is_recording():
-        return
-    span.set_attributes({"gen_ai.operation.name": "chat", "gen_ai.request.model": decision.requested_model,
-                         "tiergate.tier": decision.tier, "tiergate.effort": decision.tier,
-                         "tiergate.effort_source": decision.effort_source, "tiergate.pipeline": decision.uses_pipeline,
-                         "tiergate.model": decision.models[0]})
+    attributes["gen_ai.operation.name"] = "chat"
+    attributes["gen_ai.request.model"] = decision.requested_model
+    attributes["tiergate.tier"] = attributes["tiergate.effort"] = decision.tier
+    attributes["tiergate.effort_source"] = decision.effort_source
+    attributes["tiergate.pipeline"] = decision.uses_pipeline
+    attributes["tiergate.model"] = decision.models[0]
     if _state["capture"] and messages is not None:
-        span.set_attribute("gen_ai.input.messages", orjson.dumps(messages).decode())
+        attributes["gen_ai.input.messages"] = orjson.dumps(messages).decode()
+    _flush(attributes)
 
 
 def annotate_outcome(record: Any) -> None:
     """A finished request's usage, cost and status on the current request span (``record``: a
     RequestRecord)."""
-    if _state["tracer"] is None:
+    if _state["tracer"] is None or (attributes := _pending()) is None:
         return
-    span = trace.get_current_span()
-    if not span.is_recording():
-        return
-    span.set_attributes({"tiergate.request_id": record.id, "gen_ai.response.id": record.id,
-                         "gen_ai.usage.input_tokens": record.prompt_tokens,
-                         "gen_ai.usage.output_tokens": record.completion_tokens,
-                         "tiergate.cost_usd": record.cost_nanos / NANOS_PER_USD, "tiergate.status": record.status})
+    attributes["tiergate.request_id"] = attributes["gen_ai.response.id"] = record.id
+    attributes["gen_ai.usage.input_tokens"] = record.prompt_tokens
+    attributes["gen_ai.usage.output_tokens"] = record.completion_tokens
+    attributes["tiergate.cost_usd"] = record.cost_nanos / NANOS_PER_USD
+    attributes["tiergate.status"] = record.status
     if record.error_code:
-        span.set_attribute("error.type", record.error_code)
+        attributes["error.type"] = record.error_code
+    _flush(attributes)
 
 
 def annotate_completion(response: dict[str, Any]) -> None:
     """The answer's messages on the current request span — only with ``capture_content``."""
-    if _state["tracer"] is None or not _state["capture"]:
+    if _state["tracer"] is None or not _state["capture"] or (attributes := _pending()) is None:
         return
-    span = trace.get_current_span()
-    if span.is_recording():
-        span.set_attribute("gen_ai.output.messages", orjson.dumps(
-            [c.get("message") for c in response.get("choices") or ()]).decode())
+    attributes["gen_ai.output.messages"] = orjson.dumps(
+        [c.get("message") for c in response.get("choices") or ()]).decode()
+    _flush(attributes)
 
 
 # -- pipeline stages ------------------------------------------------------------------------------
@@ -185,7 +241,11 @@ def _stage(name: str, tier: str, attributes: dict[str, Any]) -> Iterator[trace.S
 
 def _sampled_out() -> bool:
     """Whether the current request's trace is not sampled: its children are not either (the
-    samplers here are parent-based), so none is started."""
+    samplers here are parent-based), so none is started. In a request whose server span is not
+    sampled nothing else is ever started, so its span is the current one: its flag decides."""
+    s = _request.get()
+    if s is not None and not s.sampled:
+        return True
     ctx = trace.get_current_span().get_span_context()
     return ctx.is_valid and not ctx.trace_flags.sampled
 
@@ -238,6 +298,34 @@ def end(span: Any, error: BaseException | None = None) -> None:
 
 
 # -- upstream calls -------------------------------------------------------------------------------
+def _trace_headers(span: trace.Span, ctx: otel_context.Context) -> tuple[tuple[str, str], ...]:
+    """The headers the configured propagators send upstream for ``span`` in context ``ctx`` (its
+    baggage). With the default W3C propagators and no baggage that is ``traceparent`` (and
+    ``tracestate`` when the trace has one), written here as the trace context propagator writes
+    it; anything else goes through the propagators."""
+    sc = span.get_span_context()
+    _header_fields(propagate.get_global_textmap())  # _state["w3c"] for the propagators in use now
+    if _state["w3c"] and sc.is_valid and not baggage.get_all(ctx):
+        traceparent = ("traceparent", f"00-{sc.trace_id:032x}-{sc.span_id:016x}-{sc.trace_flags:02x}")
+        return (traceparent, ("tracestate", sc.trace_state.to_header())) if sc.trace_state else (traceparent,)
+    carrier: dict[str, str] = {}
+    propagate.inject(carrier, context=trace.set_span_in_context(span, ctx))
+    return tuple(carrier.items())
+
+
+def _unsampled_headers() -> tuple[tuple[str, str], ...]:
+    """The trace context headers for an upstream call of an unsampled request: the current
+    context's (its server span's), built once per request and reused while that context is
+    current (they depend on nothing else)."""
+    s, ctx = _request.get(), otel_context.get_current()
+    if s is not None and s.headers is not None and s.headers[0] is ctx:
+        return s.headers[1]
+    headers = _trace_headers(trace.get_current_span(ctx), ctx)
+    if s is not None:
+        s.headers = (ctx, headers)
+    return headers
+
+
 def attempt(name: str, model: Any, options: Any, on_attempt: Callable[[Any], None]
             ) -> tuple[Callable[[Any], None], Any]:
     """One upstream attempt about to be made: (its reporter, its options). With tracing on a
@@ -248,15 +336,11 @@ def attempt(name: str, model: Any, options: Any, on_attempt: Callable[[Any], Non
     if tracer is None:
         return on_attempt, options
     if _sampled_out():  # no span; the upstream still continues the (unsampled) trace
-        carrier: dict[str, str] = {}
-        propagate.inject(carrier)
-        return on_attempt, dataclasses.replace(options, trace_headers=tuple(carrier.items()))
+        return on_attempt, dataclasses.replace(options, trace_headers=_unsampled_headers())
     span = tracer.start_span(f"chat {model.model}", kind=SpanKind.CLIENT, attributes={
         "gen_ai.operation.name": "chat", "gen_ai.system": model.provider, "gen_ai.request.model": model.model,
         "tiergate.model": name})
-    carrier = {}
-    propagate.inject(carrier, context=trace.set_span_in_context(span))
-    options = dataclasses.replace(options, trace_headers=tuple(carrier.items()))
+    options = dataclasses.replace(options, trace_headers=_trace_headers(span, otel_context.get_current()))
 
     def report(a: Any) -> None:
         try:

@@ -144,3 +144,79 @@ async def test_a_sampled_out_request_starts_no_child_span_but_propagates(tmp_pat
         assert r.status_code == 200, r.text
     assert sampler.calls == len(exporter.get_finished_spans()) > 2
     provider.shutdown()
+
+
+def test_annotations_outside_a_request_span_go_to_the_current_span(
+        exported: tuple[TracerProvider, InMemorySpanExporter]) -> None:
+    """Called where no request span of tiergate's is current (a job, a test), the annotate helpers
+    put their attributes on whatever span is current, at once; with none recording, nowhere."""
+    from types import SimpleNamespace
+
+    from gateway.settings import TracingSettings
+    from gateway.telemetry import tracing
+
+    provider, exporter = exported
+    tracing.configure(TracingSettings(enabled=True, exporter="none"), provider)
+    record = SimpleNamespace(id="req-1", prompt_tokens=4, completion_tokens=2, cost_nanos=3_000_000_000,
+                             status="error", error_code="upstream_timeout")
+    try:
+        tracing.annotate_outcome(record)  # no span current: nothing, no error
+        with provider.get_tracer("t").start_as_current_span("job"):
+            tracing.annotate_outcome(record)
+    finally:
+        tracing.configure(TracingSettings())
+    (span,) = exporter.get_finished_spans()
+    a = dict(span.attributes or {})
+    assert (a["tiergate.request_id"], a["gen_ai.usage.output_tokens"], a["error.type"]) == ("req-1", 2, "upstream_timeout")
+    assert a["tiergate.cost_usd"] == 3.0
+
+
+async def test_an_unsampled_requests_upstream_calls_share_its_trace_context(tmp_path: Path,
+                                                                            upstream: ScriptedUpstream) -> None:
+    """The headers an unsampled request sends upstream (built once per request) are the same on
+    every call of it; the next request gets its own trace, not the first one's headers."""
+    from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
+
+    provider = TracerProvider(sampler=ParentBased(ALWAYS_OFF))
+    body = {"model": "auto", "reasoning_effort": "high", "messages": MSGS, "max_tokens": 200}
+    async with app_with(tmp_path, upstream, tracer_provider=provider, **ON) as gw:
+        sent: list[list[str]] = []
+        for _ in range(2):
+            before = len(upstream.requests)
+            assert (await gw.client.post("/v1/chat/completions", json=body, headers=gw.auth)).status_code == 200
+            sent.append([req.headers["traceparent"] for req in upstream.requests[before:]])
+    provider.shutdown()
+    first, second = sent
+    assert len(first) > 1 and len(set(first)) == 1 and len(set(second)) == 1
+    assert not int(first[0].split("-")[3], 16) & 1  # flagged unsampled
+    assert first[0].split("-")[1] != second[0].split("-")[1]  # a new trace per request: headers not kept across
+
+
+@pytest.mark.parametrize("case", ["sampled", "unsampled", "tracestate", "baggage", "not-w3c"])
+def test_upstream_headers_are_what_the_propagators_write(case: str) -> None:
+    """The headers written directly (default W3C propagators, no baggage) equal what
+    ``propagate.inject`` writes, and the other cases go through the propagators."""
+    from opentelemetry import baggage, propagate, trace
+    from opentelemetry import context as otel_context
+    from opentelemetry.propagators.composite import CompositePropagator
+    from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags, TraceState
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+    from gateway.telemetry import tracing
+
+    flags = TraceFlags(0x02 if case == "unsampled" else 0x03)
+    state = TraceState([("vendor", "v1")]) if case == "tracestate" else None
+    span = NonRecordingSpan(SpanContext(0x4BF92F3577B34DA6A3CE929D0E0E4736, 0x00F067AA0BA902B7, False, flags, state))
+    ctx = baggage.set_baggage("tenant", "t1") if case == "baggage" else otel_context.get_current()
+    before = propagate.get_global_textmap()
+    if case == "not-w3c":
+        propagate.set_global_textmap(CompositePropagator([TraceContextTextMapPropagator()]))
+    try:
+        expected: dict[str, str] = {}
+        propagate.inject(expected, context=trace.set_span_in_context(span, ctx))
+        got = tracing._trace_headers(span, ctx)
+    finally:
+        propagate.set_global_textmap(before)
+    assert dict(got) == expected and [k for k, _ in got] == list(expected)
+    assert expected["traceparent"] == f"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-{int(flags):02x}"
+    assert ("baggage" in expected) == (case == "baggage") and ("tracestate" in expected) == (case == "tracestate")

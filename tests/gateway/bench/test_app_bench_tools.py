@@ -92,9 +92,41 @@ def test_in_process_cost_counts_each_variants_spans(upstream: ScriptedUpstream) 
           obs_cost.Variant("traced@0", True, 0.0)]
     results = obs_cost.measure(upstream.base_url, requests=3, rounds=2, vs=vs, model="up-a", api_key_env=UPSTREAM_KEY_ENV)
     by = {r.variant: r for r in results}
-    # a direct request: its server span and one client span; 3 warm-up + 2 x 3 measured requests
-    assert (by["off"].spans, by["traced"].spans, by["traced@0"].spans) == (0, 18, 0)
+    # a direct request: its server span and one client span; 3 warm-up + 2 x 3 measured + 3 counted requests
+    assert (by["off"].spans, by["traced"].spans, by["traced@0"].spans) == (0, 24, 0)
+    assert by["traced"].calls_per_request > by["off"].calls_per_request > 0  # spans are calls too
+    assert by["traced"].spans_per_request == 2 and by["traced"].attributes_per_request > 2
+    assert by["traced@0"].attributes == by["off"].attributes == 0
     assert all(r.us_per_request > 0 for r in results) and by["off"].added_us == 0
     assert not tracing.enabled() and metrics.enabled()  # the process's switches as they were
     lines = obs_cost.report(results, 3, 2)
     assert lines[2].startswith("off") and "traced@0" in lines[4]
+
+
+def test_cost_report_gives_a_verdict_per_variant_and_the_sdk_floor() -> None:
+    from gateway.bench.obs_cost import CostResult, Floor, report
+
+    def result(name: str, us: float, added: float, spans: int = 0, attributes: int = 0) -> CostResult:
+        return CostResult(name, us, (us - 10, us + 10), added, (added - 5, added + 5), spans, attributes, 100,
+                          2000 + added * 2)
+
+    results = [result("off", 1000, 0), result("metrics", 1030, 30), result("traced", 1150, 150, 200, 2600),
+               result("traced@0.1", 1040, 40, 20, 260)]
+    lines = report(results, 300, 5, Floor(10.0, 0.4))
+    text = "\n".join(lines)
+    assert "+3.0%" in lines[3] and "+15.0%" in lines[4]  # the % of off column
+    assert lines[4].endswith("2300   +15.0%")  # calls per request, and their added share of off's 2000
+    verdicts = {line.split(":")[0].strip(): line for line in lines if "RPS target" in line}
+    assert "RPS target (<= 5%) met" in verdicts["metrics"] and "p50 target (<= 0.1 ms) met" in verdicts["metrics"]
+    assert "RPS target (<= 5%) NOT met" in verdicts["traced"] and "p50 target (<= 0.1 ms) NOT met" in verdicts["traced"]
+    assert "RPS target (<= 5%) met" in verdicts["traced@0.1"]
+    # the floor of the variant recording the most: 2 spans x 10 us + 26 attributes x 0.4 us per request
+    assert "traced records 2.00 spans and 26.0 attributes per request -> 30.4 us = 3.0% of off" in text
+
+
+def test_sdk_floor_measures_a_span_and_an_attribute() -> None:
+    from gateway.bench.obs_cost import sdk_floor
+
+    floor = sdk_floor(spans=800, rounds=1, attributes=4)
+    assert floor.span_us > 0 and floor.attribute_us >= 0
+    assert floor.per_request(2, 0) == 2 * floor.span_us
