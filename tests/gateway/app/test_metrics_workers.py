@@ -58,19 +58,25 @@ def test_two_workers_samples_are_merged(served: tuple[Served, Path, int]) -> Non
                                json={"model": "low", "messages": [{"role": "user", "content": "hi"}],
                                      "max_tokens": 2}).status_code
 
+    # The kernel hands each new connection to one of the workers; on a busy machine one of them can
+    # take a whole round, so rounds go on (10 at most) until both workers have served some.
+    sent = 0
     with ThreadPoolExecutor(8) as pool:
-        assert set(pool.map(one, range(N_REQUESTS))) == {200}
-
-    per_worker = _per_worker(samples)
+        for _ in range(10):
+            assert set(pool.map(one, range(N_REQUESTS))) == {200}
+            sent += N_REQUESTS
+            per_worker = _per_worker(samples)
+            if len([n for n in per_worker.values() if n > 0]) == 2:
+                break
     assert len([n for n in per_worker.values() if n > 0]) == 2, per_worker  # both workers served some
-    assert sum(per_worker.values()) == N_REQUESTS
+    assert sum(per_worker.values()) == sent
     pids = set()
     for _ in range(6):  # several scrapes, answered by either worker: each sees every worker's samples
         r = httpx.get(f"{srv.base}/metrics", headers=ADMIN, timeout=10)
         assert r.status_code == 200, r.text
-        assert _chat_count(r.text) == N_REQUESTS
+        assert _chat_count(r.text) == sent
         pids |= {s.labels["pid"] for f in text_string_to_metric_families(r.text) for s in f.samples
                  if s.name == "tiergate_worker_up"}
     assert len(pids) == 2
     # the separate metrics port is the supervisor's: the same merged samples, no key
-    assert _chat_count(httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text) == N_REQUESTS
+    assert _chat_count(httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text) == sent
