@@ -163,15 +163,28 @@ def engine_decode_tokens_per_s(engine: LLMEngine, prompts: list[list[int]], n: i
     return len(ids) * (n - 1) / (time.perf_counter() - start)
 
 
+# The HF baseline runs the engine's computation: plain greedy, n tokens. A checkpoint's
+# generation_config.json may carry decoding settings that HF's generate applies even when greedy
+# (the demo model's sets repetition_penalty 1.05, which changed HF's tokens on 2 of 5 prompts);
+# they are overridden here, so the two sides compute the same tokens.
+HF_GREEDY: dict[str, Any] = {"do_sample": False, "repetition_penalty": 1.0, "no_repeat_ngram_size": 0,
+                             "temperature": None, "top_p": None, "top_k": None}
+
+
 @torch.inference_mode()
-def hf_tokens_per_s(hf_model: Any, prompt: list[int], n: int) -> float:
+def hf_greedy(hf_model: Any, prompt: list[int], n: int) -> list[int]:
+    """HF transformers' ``generate``: ``n`` plain greedy tokens after ``prompt``."""
     ids = torch.tensor([prompt])
-    start = time.perf_counter()
     out = hf_model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n,
-                            do_sample=False)
-    elapsed = time.perf_counter() - start
+                            **HF_GREEDY)
     assert out.shape[1] == len(prompt) + n
-    return n / elapsed
+    return [int(t) for t in out[0, len(prompt):]]
+
+
+def hf_tokens_per_s(hf_model: Any, prompt: list[int], n: int) -> float:
+    start = time.perf_counter()
+    hf_greedy(hf_model, prompt, n)
+    return n / (time.perf_counter() - start)
 
 
 def best_interleaved(measures: dict[Any, Callable[[], float]], repeats: int) -> dict[Any, float]:
