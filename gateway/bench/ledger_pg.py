@@ -32,6 +32,7 @@ import asyncio
 import gc
 import multiprocessing
 import statistics
+import sys
 import tempfile
 import time
 import uuid
@@ -144,6 +145,7 @@ class Phase:
     origin: float
     loop_lag: Lag
     loop_sched: tuple[float, float] = (0.0, 0.0)  # the loop thread's (s on a CPU, s waiting for one)
+    switch_interval_s: float = 0.0  # the GIL switch interval while timed (the app sets it as serve does)
 
     @property
     def latencies(self) -> list[float]:
@@ -172,13 +174,14 @@ async def _serve_phase(app: Any, key: str, n: int, concurrency: int, pauses: Ful
         for _ in range(20):  # warm-up
             await client.post("/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {key}"})
         origin = time.perf_counter()
+        switch_s = sys.getswitchinterval()
         lag.start(origin)
         try:
             with pauses:
                 await asyncio.gather(*(worker() for _ in range(concurrency)))
         finally:
             await lag.stop()
-    return Phase(kind, round_, spans, origin, lag.worst(), lag.totals())
+    return Phase(kind, round_, spans, origin, lag.worst(), lag.totals(), switch_s)
 
 
 def _extra_replica(url: str, journal_dir: str, rate: float, stop: Any) -> None:
@@ -281,7 +284,7 @@ def run_serving(url: str, workdir: Path, n: int, concurrency: int, upstream_ms: 
             "base_p50_ms": statistics.median(base) * 1000, "base_p99_ms": _pct(base, 0.99) * 1000,
             "on_p50_ms": statistics.median(on) * 1000, "on_p99_ms": _pct(on, 0.99) * 1000,
             "requests": per_phase * rounds, "rounds": rounds, "round_p99_ms": round_p99_ms, "phases": phases,
-            "off_gc_pauses_ms": pauses["off"].pauses_ms, "on_gc_pauses_ms": pauses["on"].pauses_ms}
+            "switch_interval_ms": max(p.switch_interval_s for p in phases) * 1000, "off_gc_pauses_ms": pauses["off"].pauses_ms, "on_gc_pauses_ms": pauses["on"].pauses_ms}
 
 
 def seed_ledger(url: str, rows: int, tenants: int = 50, days: int = 90) -> float:
@@ -407,7 +410,8 @@ def run(admin_url: str, n: int, concurrency: int, upstream_ms: float, extra_rows
         lines += [
             f"serving: {r['requests']:.0f} chat requests per kind of phase (ledger off, on) in {r['rounds']} ABBA "
             f"rounds, concurrency {concurrency}, upstream {upstream_ms:g} ms, extra ledger load "
-            f"{extra_rows_per_s:g} rows/s",
+            f"{extra_rows_per_s:g} rows/s; the app built as `tiergate serve` builds it (startup heap frozen, "
+            f"GIL switch interval {r['switch_interval_ms']:g} ms)",
             f"  ledger rows committed to PostgreSQL while serving (this process + 1 extra replica): "
             f"{r['rows']:.0f} in {r['serve_s']:.2f} s = {r['rows_per_s']:.0f} rows/s (target >= 2000)",
             f"  request latency, ledger off (baseline): p50 {r['base_p50_ms']:.2f} ms  p99 {r['base_p99_ms']:.2f} ms",

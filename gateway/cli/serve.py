@@ -20,23 +20,16 @@ if TYPE_CHECKING:
     from gateway.settings import Settings
 
 DEMO_TENANT = "demo"
-SWITCH_INTERVAL_S = "0.0002"
 ConfigOption = typer.Option(None, "--config", "-c", envvar="TIERGATE_CONFIG", help="Path to config.yaml.")
 
 
 def app_from_env():  # type: ignore[no-untyped-def]  # uvicorn factory: returns the FastAPI app
-    import sys
-
     from gateway.app import create_app
     from gateway.settings import load_settings
 
-    # The ledger's journal and DB threads share the GIL with the event loop; Python's default
-    # 5 ms switch interval lets them hold it that long while a response waits. 0.2 ms halves the
-    # gateway's added latency under load (measured with `tiergate bench gateway`).
-    sys.setswitchinterval(float(os.environ.get("TIERGATE_SWITCH_INTERVAL_S", SWITCH_INTERVAL_S)))
-
     # One app per process: after startup its heap is frozen out of full garbage collections,
-    # which otherwise stop the loop (every in-flight request) ~100+ ms every few seconds.
+    # which otherwise stop the loop (every in-flight request) ~100+ ms every few seconds, and the
+    # GIL switch interval is 0.2 ms (gateway.app.SWITCH_INTERVAL_S).
     return create_app(load_settings(os.environ.get("TIERGATE_CONFIG")), freeze_heap=True)
 
 

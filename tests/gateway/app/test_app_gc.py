@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gateway.app import GEN0_THRESHOLD, create_app
+from gateway.app import GEN0_THRESHOLD, SWITCH_INTERVAL_S, create_app
 from gateway.auth import KeyStore
 from gateway.cli.serve import app_from_env
 from gateway.ledger import Ledger
@@ -43,11 +43,14 @@ async def test_freeze_heap_freezes_the_startup_heap_until_shutdown(tmp_path: Pat
     app = create_app(settings, RuntimeParts(session_factory=sf, ledger=ledger, keys=KeyStore(sf)), freeze_heap=True)
     before_startup = [object()]
     thresholds = gc.get_threshold()
+    switch = sys.getswitchinterval()
     assert gc.get_freeze_count() == 0 and _tracked(before_startup)
+    assert switch != SWITCH_INTERVAL_S
     try:
         async with asgi_client(app) as client:
             assert gc.get_freeze_count() > 0
             assert gc.get_threshold() == (GEN0_THRESHOLD, *thresholds[1:])  # young collections rarer
+            assert sys.getswitchinterval() == pytest.approx(SWITCH_INTERVAL_S)  # as a server process
             assert not _tracked(before_startup)  # a full collection no longer walks it
             r = await client.post("/v1/chat/completions", headers={"Authorization": f"Bearer {raw}"},
                                   json={"model": "low", "messages": MSGS})
@@ -59,14 +62,16 @@ async def test_freeze_heap_freezes_the_startup_heap_until_shutdown(tmp_path: Pat
             assert gone() is None  # what requests leave behind is still collected
         assert gc.get_freeze_count() == 0 and _tracked(before_startup)
         assert gc.get_threshold() == thresholds
+        assert sys.getswitchinterval() == switch  # restored at shutdown
     finally:
         ledger.stop()
 
 
 async def test_without_freeze_heap_the_collector_is_left_alone(tmp_path: Path, upstream: ScriptedUpstream) -> None:
-    thresholds = gc.get_threshold()
+    thresholds, switch = gc.get_threshold(), sys.getswitchinterval()
     async with gateway(tmp_path, upstream) as gw:
         assert gc.get_freeze_count() == 0 and gc.get_threshold() == thresholds
+        assert sys.getswitchinterval() == switch
         r = await gw.client.post("/v1/chat/completions", headers=gw.auth, json={"model": "low", "messages": MSGS})
         assert r.status_code == 200, r.text
 
@@ -82,9 +87,10 @@ async def test_serve_builds_the_app_with_a_frozen_heap(tmp_path: Path, upstream:
         app = app_from_env()
         async with asgi_client(app) as client:
             assert gc.get_freeze_count() > 0
+            assert sys.getswitchinterval() == pytest.approx(SWITCH_INTERVAL_S)
             r = await client.post("/v1/chat/completions", headers={"Authorization": f"Bearer {raw}"},
                                   json={"model": "low", "messages": MSGS})
             assert r.status_code == 200, r.text
         assert gc.get_freeze_count() == 0
     finally:
-        sys.setswitchinterval(switch)  # app_from_env tunes the process for serving
+        sys.setswitchinterval(switch)  # in case the app did not shut down
