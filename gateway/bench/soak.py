@@ -43,6 +43,8 @@ import httpx
 import orjson
 import yaml
 
+from gateway.bench.proc_growth import Reading, growth, proc_stats
+
 ADMIN_KEY = "soak-admin-key"
 MSGS = [{"role": "user", "content": "Say hello"}]
 WORDS = 8
@@ -197,14 +199,6 @@ def _ledger(config: Path) -> tuple[int, Decimal]:
     return int(n), Decimal(total)
 
 
-def _proc_stats(pid: int) -> tuple[int, int]:
-    rss = 0
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            rss = int(line.split()[1])
-    return rss, len(os.listdir(f"/proc/{pid}/fd"))
-
-
 def _p99(values: list[float]) -> float:
     if not values:
         return float("nan")
@@ -290,15 +284,6 @@ async def _probe(base: str, key: str, concurrency: int, seconds: float, seed: in
         return counts.done / (time.monotonic() - start)
 
 
-@dataclass
-class Reading:
-    """RSS and open fds, read once a second."""
-
-    t_s: float
-    rss_kib: int
-    fds: int
-
-
 async def _soak(base: str, key: str, pid: int, rate: float, args: SoakArgs,
                 out: list[str]) -> tuple[list[Sample], list[Reading], _Counts]:
     rng = random.Random(args.seed)
@@ -316,7 +301,7 @@ async def _soak(base: str, key: str, pid: int, rate: float, args: SoakArgs,
             while time.monotonic() - start < duration:
                 if time.monotonic() >= read_at:
                     read_at += 1.0
-                    rss, fds = _proc_stats(pid)
+                    rss, fds = proc_stats(pid)
                     readings.append(Reading(time.monotonic() - start, rss, fds))
                 t0 = time.perf_counter()
                 try:
@@ -331,7 +316,7 @@ async def _soak(base: str, key: str, pid: int, rate: float, args: SoakArgs,
             while True:
                 await asyncio.sleep(max(next_at - time.monotonic(), 0))
                 next_at += args.sample_s
-                rss, fds = _proc_stats(pid)
+                rss, fds = proc_stats(pid)
                 ready = (await probe.get("/readyz")).json()
                 s = Sample(time.monotonic() - start, rss, fds, _p99(health), ready["ledger_state"]["pending_db"],
                            counts.done, counts.failed)
@@ -367,32 +352,6 @@ async def _soak(base: str, key: str, pid: int, rate: float, args: SoakArgs,
                     break
                 await asyncio.sleep(0.2)
     return samples, readings, counts
-
-
-@dataclass
-class Growth:
-    """Growth of one resource after warm-up, in percent."""
-
-    trend: float  # median of the last quarter of readings vs median of the first quarter
-    endpoints: float  # the last reading vs the first (noisy: what is in flight at two instants)
-    low: int
-    high: int
-    readings: int  # how many readings after warm-up
-
-
-def growth(readings: list[Reading], attr: str, minutes: float) -> Growth:
-    """Growth of ``attr`` over the readings taken after warm-up (the first 20% of the run)."""
-    warm = [r for r in readings if r.t_s >= 0.2 * minutes * 60] or readings
-    values = [getattr(r, attr) for r in warm]
-    if not values:
-        return Growth(0.0, 0.0, 0, 0, 0)
-    q = max(len(values) // 4, 1)
-    first, last = statistics.median(values[:q]), statistics.median(values[-q:])
-
-    def pct(a: float, b: float) -> float:
-        return (b - a) / a * 100 if a else 0.0
-
-    return Growth(pct(first, last), pct(values[0], values[-1]), min(values), max(values), len(values))
 
 
 def run_soak(args: SoakArgs) -> str:

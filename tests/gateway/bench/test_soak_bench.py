@@ -9,7 +9,8 @@ import re
 
 import pytest
 
-from gateway.bench.soak import Reading, SoakArgs, growth, run_soak
+from gateway.bench.proc_growth import Reading, growth
+from gateway.bench.soak import SoakArgs, run_soak
 
 
 def _readings(values: list[int]) -> list[Reading]:
