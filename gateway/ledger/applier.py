@@ -9,8 +9,8 @@ increments in the same statement batch, so they always equal daily_spend's sums.
 where an ``in_progress`` record never overwrites a final one. Exceptions propagate (the
 caller retries the batch durably); nothing here swallows an error. Money: the records' integer
 nano-USD become ``Numeric(18, 9)`` decimals exactly (``nanos_to_decimal``); ``daily_spend``
-increments are summed as integers first. Imports only gateway.db.models, gateway.db.rollups, gateway.money and
-ledger.entries.
+increments are summed as integers first. Imports only gateway.db.models, gateway.db.rollups, gateway.money,
+ledger.entries and ledger.applier_pg (PostgreSQL's bulk statements: one per table per batch).
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from gateway.db.models import (
     TenantSpendSpan,
 )
 from gateway.db.rollups import ROLLUP_SUMS, rollup_rows
+from gateway.ledger import applier_pg
 from gateway.ledger.entries import (
     IN_PROGRESS,
     INTERRUPTED,
@@ -209,11 +210,22 @@ def write_records(session: Session, records: Sequence[Record]) -> BatchResult:
             requests.append(r)
     stmts = _statements_for(session)
     conn = session.connection()
-    if intents:
-        conn.execute(stmts.intents, [_intent_row(i) for i in intents.values()])
+    bulk = conn.dialect.name == "postgresql"  # one statement per table (applier_pg), not one per row
+    # An intent whose call's row is in the same batch never needs to reach the database: the row
+    # and the end of the intent commit together. (Its delete below stays: a replayed segment can
+    # carry both after an earlier run committed the intent alone.)
+    pending = [i for k, i in intents.items() if k not in entries]
+    if pending:
+        if bulk:
+            applier_pg.insert_intents(conn, pending)
+        else:
+            conn.execute(stmts.intents, [_intent_row(i) for i in pending])
     inserted: set[str] = set()
     if entries:
-        inserted = set(conn.execute(stmts.entries, [_entry_row(e) for e in entries.values()]).scalars())
+        if bulk:
+            inserted = applier_pg.insert_entries(conn, list(entries.values()))
+        else:
+            inserted = set(conn.execute(stmts.entries, [_entry_row(e) for e in entries.values()]).scalars())
         superseding = [e for i, e in entries.items() if i not in inserted and e.status != INTERRUPTED]
         taken_back = _supersede_interrupted(session, superseding) if superseding else []
         new_rows = daily_rows([e for i, e in entries.items() if i in inserted]
@@ -226,7 +238,9 @@ def write_records(session: Session, records: Sequence[Record]) -> BatchResult:
     # An intent is done once its call has a ledger row: the row just written, or one written
     # before (a replayed segment re-inserts an intent whose row is already committed).
     done = list(entries.keys() | intents.keys())
-    for i in range(0, len(done), 500):
+    if bulk and done:
+        applier_pg.delete_done_intents(conn, done)
+    for i in range(0, len(done) if not bulk else 0, 500):
         chunk = done[i:i + 500]
         conn.execute(delete(LedgerIntentRow).where(LedgerIntentRow.id.in_(chunk),
                                                    exists().where(LedgerEntryRow.id == LedgerIntentRow.id)))
@@ -234,7 +248,10 @@ def write_records(session: Session, records: Sequence[Record]) -> BatchResult:
         conn.execute(delete(LedgerIntentRow).where(LedgerIntentRow.id.in_(list(voids))))
     folded = _fold_requests(requests)
     if folded:
-        conn.execute(stmts.requests, [_request_row(r) for r in folded])
+        if bulk:
+            applier_pg.upsert_requests(conn, folded)
+        else:
+            conn.execute(stmts.requests, [_request_row(r) for r in folded])
     return BatchResult(len(inserted), len(entries) - len(inserted), len(folded))
 
 

@@ -20,3 +20,14 @@ def db(tmp_path: Path) -> Iterator[sessionmaker[Session]]:
     Base.metadata.create_all(engine)
     yield make_session_factory(engine)
     engine.dispose()
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def any_db(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[sessionmaker[Session]]:
+    """``db`` on SQLite, then on a fresh PostgreSQL database (where the applier's bulk
+    statements, gateway.ledger.applier_pg, run instead of the generic ones)."""
+    url = f"sqlite:///{tmp_path}/l.db" if request.param == "sqlite" else request.getfixturevalue("postgres_url")
+    engine = make_engine(url)
+    Base.metadata.create_all(engine)
+    yield make_session_factory(engine)
+    engine.dispose()

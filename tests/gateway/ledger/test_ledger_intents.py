@@ -49,7 +49,8 @@ def test_intent_round_trips_through_the_journal_encoding() -> None:
     assert decode_line(encode_line(IntentVoid("c1"))) == IntentVoid("c1")
 
 
-def test_a_row_supersedes_its_intent_and_a_replayed_intent_stays_closed(db: sessionmaker[Session]) -> None:
+def test_a_row_supersedes_its_intent_and_a_replayed_intent_stays_closed(any_db: sessionmaker[Session]) -> None:
+    db = any_db
     write_batch(db, [_intent("c1")])
     assert _state(db)[1] == 1
     write_batch(db, [_finish("c1")])
@@ -59,14 +60,33 @@ def test_a_row_supersedes_its_intent_and_a_replayed_intent_stays_closed(db: sess
     assert (len(rows), intents, cost, calls) == (1, 0, Decimal("0.000024"), 1)
 
 
-def test_a_voided_intent_bills_nothing(db: sessionmaker[Session]) -> None:
+def test_an_intent_and_its_row_in_one_batch_close_an_intent_committed_before(any_db: sessionmaker[Session]) -> None:
+    """An intent committed alone (its run died before the row), then a replayed segment that
+    carries both: the intent row goes, the call is billed once. And an intent finished within
+    its own batch never reaches the intents table at all."""
+    db = any_db
+    write_batch(db, [_intent("c1")])
+    assert _state(db)[1] == 1
+    write_batch(db, [_intent("c1"), _finish("c1")])
+    rows, intents, cost, calls = _state(db)
+    assert ([r.id for r in rows], intents, cost, calls) == (["c1"], 0, Decimal("0.000024"), 1)
+    write_batch(db, [_intent("c2"), _intent("c3"), _finish("c2")])
+    with db() as s:
+        assert list(s.scalars(sa.select(LedgerIntentRow.id))) == ["c3"]
+    assert settle_owners(db, ["o-dead"], "estimate") == 1  # c3 only: c2 has its row
+    assert sorted((r.id, r.status) for r in _state(db)[0]) == [("c1", "ok"), ("c2", "ok"), ("c3", "interrupted")]
+
+
+def test_a_voided_intent_bills_nothing(any_db: sessionmaker[Session]) -> None:
+    db = any_db
     write_batch(db, [_intent("c1")])
     write_batch(db, [IntentVoid("c1")])
     assert settle_owners(db, ["o-dead"], "estimate") == 0
     assert _state(db) == ([], 0, Decimal(0), 0)
 
 
-def test_settlement_policies_bill_the_intent_priced_at_the_call(db: sessionmaker[Session]) -> None:
+def test_settlement_policies_bill_the_intent_priced_at_the_call(any_db: sessionmaker[Session]) -> None:
+    db = any_db
     write_batch(db, [_intent("c1"), _intent("c2", owner="o-other"), _intent("c3")])
     write_batch(db, [_finish("c3")])  # finished: not interrupted
     assert settle_owners(db, ["o-dead"], "reserved") == 1
@@ -79,7 +99,8 @@ def test_settlement_policies_bill_the_intent_priced_at_the_call(db: sessionmaker
     assert _state(db)[2] == Decimal("0.00021") + Decimal("0.000024") + Decimal("0.00011")
 
 
-def test_a_finishing_row_after_the_settlement_replaces_the_interrupted_row(db: sessionmaker[Session]) -> None:
+def test_a_finishing_row_after_the_settlement_replaces_the_interrupted_row(any_db: sessionmaker[Session]) -> None:
+    db = any_db
     write_batch(db, [_intent("c1")])
     settle_owners(db, ["o-dead"], "estimate")
     assert [r.status for r in _state(db)[0]] == ["interrupted"]
