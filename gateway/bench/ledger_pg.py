@@ -9,16 +9,22 @@ on, on off, ...), so neither kind always runs first or on a warmer machine. Ever
 from the same state: the ledger drained, a fresh app whose lifespan collects and freezes the
 heap, its own 20-request warm-up. During both kinds a second process (another replica's
 ``Ledger``) records ``--extra-rows-per-s`` entries into the same database, so the phases differ
-only in this process's own ledger. Printed: ledger rows/s committed to PostgreSQL during the
-timed ledger-on phases (both processes); the request p50/p99 of both kinds (all rounds pooled);
-the p99 ratio on/off as the median of the rounds' ratios, so one disturbed phase cannot set it
-(target: ≥ 2,000 rows/s, p99 ratio ≤ 1.10), each round's ratio and the pooled one; and the
-full (generation-2) garbage collections that paused the loop while timed, so a stall like
-the one these used to cause (every in-flight request, ~150 ms) shows instead of silently
-setting a p99. Per phase (gateway.bench.stalls): its longest stall (requests in flight, none
-completing) with the p99 of the requests it did not hold, and its worst event-loop lag split
-into the loop thread's time on a CPU and waiting for one (other processes had the cores: the
-phase measured the machine, not the gateway).
+only in this process's own ledger. The rounds run twice, in the two shapes of
+gateway.bench.ledger_load: first *closed loop* (``--concurrency`` workers, at saturation: the
+ledger's cost in throughput, which a saturated server can only show as queueing), then *open
+loop* at ``--open-fraction`` of the requests/s the closed loop served without a ledger (Poisson
+arrivals, the same schedule for both kinds, latency counted from each request's scheduled time):
+the latency clients see at a load the server keeps up with, which the target is about. For each:
+ledger rows/s committed to PostgreSQL during the timed ledger-on phases (both processes); the
+request p50/p99 of both kinds (all rounds pooled); the p99 ratio on/off as the median of the
+rounds' ratios, so one disturbed phase cannot set it (target, open loop: ≥ 2,000 rows/s, p99
+ratio ≤ 1.10), each round's ratio and the pooled one; and the full (generation-2) garbage
+collections that paused the loop while timed, so a stall like the one these used to cause
+(every in-flight request, ~150 ms) shows instead of silently setting a p99. Per phase
+(gateway.bench.stalls): its longest stall (requests in flight, none completing) with the p99 of
+the requests it did not hold, and its worst event-loop lag split into the loop thread's time on
+a CPU and waiting for one (other processes had the cores: the phase measured the machine, not
+the gateway).
 
 Part 2, reading spend. ``--seed-rows`` ledger rows are COPYed into the temp database and
 ``daily_spend`` is built from them; then the spend summary (one tenant, 30 days, by day,
@@ -29,68 +35,25 @@ ledger (target: ≤ 200 ms). Everything runs in a temporary database that is dro
 from __future__ import annotations
 
 import asyncio
-import gc
 import multiprocessing
 import statistics
-import sys
 import tempfile
 import time
 import uuid
-from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
 
-from gateway.bench.stalls import Lag, LoopLag, Stall, longest_stall, overlapping
+from gateway.bench.ledger_load import FullCollections, NullLedger, Phase, SleepingUpstream, serve_phase
+from gateway.bench.ledger_load import pct as _pct
+from gateway.bench.stalls import Stall, longest_stall, overlapping
 
 SUMMARY_DAYS = 30
+OPEN_FRACTION = 0.6  # the open-loop phases' offered load, as a share of the ledger-off closed-loop throughput
 
-
-class NullLedger:
-    """The baseline: a ledger that keeps nothing."""
-
-    def record(self, entry: Any) -> None:
-        pass
-
-    async def begin(self, intent: Any) -> None:
-        pass
-
-    async def await_settled(self, timeout_s: float | None = 10.0) -> bool:
-        return True
-
-    def record_request(self, rec: Any) -> None:
-        pass
-
-    async def wait_durable(self, level: str = "fsync") -> None:
-        pass
-
-    async def aflush(self, timeout_s: float | None = 10.0) -> bool:
-        return True
-
-    def health(self) -> Any:
-        return type("Health", (), {"ok": True})()
-
-
-class SleepingUpstream:
-    """An in-process ChatProvider: answers after ``delay_s`` with fixed usage."""
-
-    def __init__(self, delay_s: float) -> None:
-        self.delay_s = delay_s
-
-    async def complete(self, model: Any, body: dict[str, Any], options: Any = None) -> dict[str, Any]:
-        await asyncio.sleep(self.delay_s)
-        return {"id": "up", "object": "chat.completion", "created": int(time.time()), "model": model.model,
-                "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"},
-                             "finish_reason": "stop"}],
-                "usage": {"prompt_tokens": 20, "completion_tokens": 5, "total_tokens": 25}}
-
-    def stream(self, model: Any, body: dict[str, Any], options: Any = None) -> Any:
-        raise NotImplementedError("the bench does not stream")
-
-    async def aclose(self) -> None:
-        pass
+__all__ = ["FullCollections", "NullLedger", "Phase", "SleepingUpstream", "run"]
 
 
 def _settings(workdir: Path, db_url: str) -> Any:
@@ -103,85 +66,6 @@ def _settings(workdir: Path, db_url: str) -> Any:
         "models": {"bench": model},
         "tiers": {t: {"model": "bench"} for t in ("none", "minimal", "low", "medium", "high", "xhigh")},
     }, base_dir=workdir)
-
-
-class FullCollections:
-    """Records the full (generation-2) garbage collections while entered, in any thread: each
-    stops the event loop, so every in-flight request sees the whole pause."""
-
-    def __init__(self) -> None:
-        self.pauses_ms: list[float] = []
-        self._started = 0.0
-
-    def _callback(self, phase: str, info: dict[str, Any]) -> None:
-        if info["generation"] != 2:
-            return
-        if phase == "start":
-            self._started = time.perf_counter()
-        else:
-            self.pauses_ms.append((time.perf_counter() - self._started) * 1000)
-
-    def __enter__(self) -> FullCollections:
-        gc.callbacks.append(self._callback)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        gc.callbacks.remove(self._callback)
-
-
-def _pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
-@dataclass
-class Phase:
-    """One timed phase: each request's (start, end) perf_counter times, the time the timed part
-    began, and how late the event loop woke a 5 ms sleeper at worst (when, seconds)."""
-
-    kind: str
-    round: int
-    spans: list[tuple[float, float]]
-    origin: float
-    loop_lag: Lag
-    loop_sched: tuple[float, float] = (0.0, 0.0)  # the loop thread's (s on a CPU, s waiting for one)
-    switch_interval_s: float = 0.0  # the GIL switch interval while timed (the app sets it as serve does)
-
-    @property
-    def latencies(self) -> list[float]:
-        return [e - s for s, e in self.spans]
-
-
-async def _serve_phase(app: Any, key: str, n: int, concurrency: int, pauses: FullCollections,
-                       kind: str = "", round_: int = 0) -> Phase:
-    import httpx
-
-    body = {"model": "low", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 5}
-    spans: list[tuple[float, float]] = []
-    queue = list(range(n))
-    lag = LoopLag()
-    async with app.router.lifespan_context(app), httpx.AsyncClient(
-            transport=httpx.ASGITransport(app=app), base_url="http://bench") as client:
-        async def worker() -> None:
-            while queue:
-                queue.pop()
-                t0 = time.perf_counter()
-                r = await client.post("/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {key}"})
-                spans.append((t0, time.perf_counter()))
-                if r.status_code != 200:
-                    raise RuntimeError(f"bench request failed: {r.status_code} {r.text[:200]}")
-
-        for _ in range(20):  # warm-up
-            await client.post("/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {key}"})
-        origin = time.perf_counter()
-        switch_s = sys.getswitchinterval()
-        lag.start(origin)
-        try:
-            with pauses:
-                await asyncio.gather(*(worker() for _ in range(concurrency)))
-        finally:
-            await lag.stop()
-    return Phase(kind, round_, spans, origin, lag.worst(), lag.totals(), switch_s)
 
 
 def _extra_replica(url: str, journal_dir: str, rate: float, stop: Any) -> None:
@@ -207,10 +91,9 @@ def _extra_replica(url: str, journal_dir: str, rate: float, stop: Any) -> None:
 
 
 def run_serving(url: str, workdir: Path, n: int, concurrency: int, upstream_ms: float,
-                extra_rows_per_s: float, rounds: int = 2) -> dict[str, Any]:
+                extra_rows_per_s: float, rounds: int = 2, open_fraction: float = OPEN_FRACTION) -> dict[str, Any]:
     from gateway.app import create_app
     from gateway.auth import KeyStore, generate_key, hash_key
-    from gateway.db.models import LedgerEntryRow
     from gateway.db.queries import add_api_key, create_tenant
     from gateway.db.session import make_engine, make_session_factory
     from gateway.ledger import Ledger
@@ -238,38 +121,12 @@ def run_serving(url: str, workdir: Path, n: int, concurrency: int, upstream_ms: 
         time.sleep(3.0)  # let the replica import and reach its steady rate
         ledger = Ledger(sf, workdir / "journal", flush_interval_ms=50, batch_size=500)
         ledger.start()
-        per_phase = max(1, n // rounds)
-        base: list[float] = []
-        on: list[float] = []
-        round_p99_ms: list[tuple[float, float]] = []
-        phases: list[Phase] = []
-        pauses = {"off": FullCollections(), "on": FullCollections()}
-        during, serve_s = 0, 0.0
-        for i in range(rounds):
-            latencies: dict[str, list[float]] = {}
-            for kind in ("off", "on") if i % 2 == 0 else ("on", "off"):  # ABBA
-                if kind == "off":
-                    phase = asyncio.run(_serve_phase(app_with(NullLedger()), raw, per_phase, concurrency,
-                                                     pauses[kind], kind, i + 1))
-                    phases.append(phase)
-                    latencies[kind] = phase.latencies
-                    continue
-                with sf() as s:
-                    before = s.scalar(sa.select(sa.func.count()).select_from(LedgerEntryRow)) or 0
-                t0 = time.perf_counter()
-                phase = asyncio.run(_serve_phase(app_with(ledger), raw, per_phase, concurrency, pauses[kind], kind,
-                                                 i + 1))
-                phases.append(phase)
-                latencies[kind] = phase.latencies
-                serve_s += time.perf_counter() - t0
-                with sf() as s:
-                    during += (s.scalar(sa.select(sa.func.count()).select_from(LedgerEntryRow)) or 0) - before
-                # Drain this phase's rows before the next phase, so no phase pays for the
-                # ledger-on phase's tail of writes.
-                assert ledger.flush(120), "ledger did not drain"
-            base += latencies["off"]
-            on += latencies["on"]
-            round_p99_ms.append((_pct(latencies["off"], 0.99) * 1000, _pct(latencies["on"], 0.99) * 1000))
+        closed = _rounds(app_with, ledger, sf, raw, n, rounds, concurrency, None)
+        # Open loop at a share of what the closed loop showed the server can do without a ledger
+        # (requests/s over its ledger-off phases): the latency at an offered load it keeps up with.
+        capacity = statistics.median(len(p.spans) / _wall_s(p) for p in closed["phases"] if p.kind == "off")
+        rate = open_fraction * capacity
+        opened = _rounds(app_with, ledger, sf, raw, n, rounds, concurrency, rate) if open_fraction > 0 else None
     finally:  # the replica never outlives the bench, whatever happened
         stop.set()
         replica.join(180)
@@ -280,11 +137,57 @@ def run_serving(url: str, workdir: Path, n: int, concurrency: int, upstream_ms: 
     engine.dispose()
     if replica.exitcode != 0:
         raise RuntimeError(f"the extra ledger replica failed (exit code {replica.exitcode})")
+    return {"closed": closed, "open": opened, "capacity_rps": capacity, "rate_rps": rate,
+            "switch_interval_ms": max(p.switch_interval_s for p in closed["phases"]) * 1000}
+
+
+def _wall_s(phase: Phase) -> float:
+    return max((e for _, e in phase.spans), default=phase.origin) - phase.origin
+
+
+def _rounds(app_with: Any, ledger: Any, sf: Any, raw: str, n: int, rounds: int, concurrency: int,
+            rate: float | None) -> dict[str, Any]:
+    """``rounds`` ABBA rounds of a ledger-off and a ledger-on phase (closed loop, or open loop at
+    ``rate``); every ledger-on phase's rows are committed before the next phase starts."""
+    from gateway.db.models import LedgerEntryRow
+
+    per_phase = max(1, n // rounds)
+    base: list[float] = []
+    on: list[float] = []
+    round_p99_ms: list[tuple[float, float]] = []
+    phases: list[Phase] = []
+    pauses = {"off": FullCollections(), "on": FullCollections()}
+    during, serve_s = 0, 0.0
+    for i in range(rounds):
+        latencies: dict[str, list[float]] = {}
+        for kind in ("off", "on") if i % 2 == 0 else ("on", "off"):  # ABBA
+            if kind == "off":
+                phase = asyncio.run(serve_phase(app_with(NullLedger()), raw, per_phase, concurrency, pauses[kind],
+                                                kind, i + 1, rate=rate, seed=i))
+                phases.append(phase)
+                latencies[kind] = phase.latencies
+                continue
+            with sf() as s:
+                before = s.scalar(sa.select(sa.func.count()).select_from(LedgerEntryRow)) or 0
+            t0 = time.perf_counter()
+            phase = asyncio.run(serve_phase(app_with(ledger), raw, per_phase, concurrency, pauses[kind], kind, i + 1,
+                                            rate=rate, seed=i))
+            phases.append(phase)
+            latencies[kind] = phase.latencies
+            serve_s += time.perf_counter() - t0
+            with sf() as s:
+                during += (s.scalar(sa.select(sa.func.count()).select_from(LedgerEntryRow)) or 0) - before
+            # Drain this phase's rows before the next phase, so no phase pays for the
+            # ledger-on phase's tail of writes.
+            assert ledger.flush(120), "ledger did not drain"
+        base += latencies["off"]
+        on += latencies["on"]
+        round_p99_ms.append((_pct(latencies["off"], 0.99) * 1000, _pct(latencies["on"], 0.99) * 1000))
     return {"rows": during, "serve_s": serve_s, "rows_per_s": during / serve_s,
             "base_p50_ms": statistics.median(base) * 1000, "base_p99_ms": _pct(base, 0.99) * 1000,
             "on_p50_ms": statistics.median(on) * 1000, "on_p99_ms": _pct(on, 0.99) * 1000,
             "requests": per_phase * rounds, "rounds": rounds, "round_p99_ms": round_p99_ms, "phases": phases,
-            "switch_interval_ms": max(p.switch_interval_s for p in phases) * 1000, "off_gc_pauses_ms": pauses["off"].pauses_ms, "on_gc_pauses_ms": pauses["on"].pauses_ms}
+            "off_gc_pauses_ms": pauses["off"].pauses_ms, "on_gc_pauses_ms": pauses["on"].pauses_ms}
 
 
 def seed_ledger(url: str, rows: int, tenants: int = 50, days: int = 90) -> float:
@@ -391,8 +294,31 @@ def _pauses_text(pauses_ms: list[float]) -> str:
     return f"{len(pauses_ms)} (max {max(pauses_ms, default=0.0):.1f} ms)"
 
 
+def _block(r: dict[str, Any], title: str, *, target: bool) -> list[str]:
+    """The report of one set of ABBA rounds (``target``: the p99 ratio is held to the target)."""
+    ratios = [on_ms / off_ms for off_ms, on_ms in r["round_p99_ms"]]
+    verdict = "target <= 1.10" if target else "no target: the latency of a saturated server is its queue"
+    return [
+        f"{title}: {r['requests']:.0f} chat requests per kind of phase (ledger off, on) in {r['rounds']} ABBA rounds",
+        f"  ledger rows committed to PostgreSQL while serving (this process + 1 extra replica): "
+        f"{r['rows']:.0f} in {r['serve_s']:.2f} s = {r['rows_per_s']:.0f} rows/s (target >= 2000)",
+        f"  request latency, ledger off (baseline): p50 {r['base_p50_ms']:.2f} ms  p99 {r['base_p99_ms']:.2f} ms",
+        f"  request latency, ledger on:             p50 {r['on_p50_ms']:.2f} ms  p99 {r['on_p99_ms']:.2f} ms",
+        f"  p99 ratio on/off: {statistics.median(ratios):.3f} (median of the rounds; {verdict})",
+        f"  p99 ratio on/off per round: {'  '.join(f'{x:.3f}' for x in ratios)}; all rounds pooled: "
+        f"{r['on_p99_ms'] / r['base_p99_ms']:.3f}",
+        f"  full GC pauses while timed: ledger off {_pauses_text(r['off_gc_pauses_ms'])}, "
+        f"ledger on {_pauses_text(r['on_gc_pauses_ms'])}",
+        "  per phase (stall: the longest time with requests in flight and none completing, and the p99 of "
+        "the requests it did not hold; loop lag: how late a 5 ms sleeper woke; 'waiting for a CPU': the loop "
+        "thread runnable while other processes had the cores):",
+        *(phase_line(p) for p in r["phases"]),
+        busy_line(r["phases"]),
+    ]
+
+
 def run(admin_url: str, n: int, concurrency: int, upstream_ms: float, extra_rows_per_s: float,
-        seed_rows: int, rounds: int = 2) -> list[str]:
+        seed_rows: int, rounds: int = 2, open_fraction: float = OPEN_FRACTION) -> list[str]:
     """Create a temp database, run both parts, drop it; returns the report lines."""
     from gateway.db.migrate import upgrade
 
@@ -405,28 +331,18 @@ def run(admin_url: str, n: int, concurrency: int, upstream_ms: float, extra_rows
     try:
         upgrade(url)
         with tempfile.TemporaryDirectory(prefix="tiergate-bench-ledger-pg-") as tmp:
-            r = run_serving(url, Path(tmp), n, concurrency, upstream_ms, extra_rows_per_s, rounds)
-        ratios = [on_ms / off_ms for off_ms, on_ms in r["round_p99_ms"]]
-        lines += [
-            f"serving: {r['requests']:.0f} chat requests per kind of phase (ledger off, on) in {r['rounds']} ABBA "
-            f"rounds, concurrency {concurrency}, upstream {upstream_ms:g} ms, extra ledger load "
-            f"{extra_rows_per_s:g} rows/s; the app built as `tiergate serve` builds it (startup heap frozen, "
-            f"GIL switch interval {r['switch_interval_ms']:g} ms)",
-            f"  ledger rows committed to PostgreSQL while serving (this process + 1 extra replica): "
-            f"{r['rows']:.0f} in {r['serve_s']:.2f} s = {r['rows_per_s']:.0f} rows/s (target >= 2000)",
-            f"  request latency, ledger off (baseline): p50 {r['base_p50_ms']:.2f} ms  p99 {r['base_p99_ms']:.2f} ms",
-            f"  request latency, ledger on:             p50 {r['on_p50_ms']:.2f} ms  p99 {r['on_p99_ms']:.2f} ms",
-            f"  p99 ratio on/off: {statistics.median(ratios):.3f} (median of the rounds; target <= 1.10)",
-            f"  p99 ratio on/off per round: {'  '.join(f'{x:.3f}' for x in ratios)}; all rounds pooled: "
-            f"{r['on_p99_ms'] / r['base_p99_ms']:.3f}",
-            f"  full GC pauses while timed: ledger off {_pauses_text(r['off_gc_pauses_ms'])}, "
-            f"ledger on {_pauses_text(r['on_gc_pauses_ms'])}",
-            "  per phase (stall: the longest time with requests in flight and none completing, and the p99 of "
-            "the requests it did not hold; loop lag: how late a 5 ms sleeper woke; 'waiting for a CPU': the loop "
-            "thread runnable while other processes had the cores):",
-            *(phase_line(p) for p in r["phases"]),
-            busy_line(r["phases"]),
-        ]
+            r = run_serving(url, Path(tmp), n, concurrency, upstream_ms, extra_rows_per_s, rounds, open_fraction)
+        lines.append(
+            f"serving: concurrency {concurrency} (closed loop), upstream {upstream_ms:g} ms, extra ledger load "
+            f"{extra_rows_per_s:g} rows/s from another replica's process; the app built as `tiergate serve` "
+            f"builds it (startup heap frozen, GIL switch interval {r['switch_interval_ms']:g} ms)")
+        lines += _block(r["closed"], "closed loop at saturation (each worker sends its next request when answered: "
+                        "what the ledger costs in throughput, shown as latency)", target=False)
+        if r["open"] is not None:
+            lines += _block(r["open"], f"open loop at {r['rate_rps']:.0f} requests/s = {open_fraction:.0%} of the "
+                            f"{r['capacity_rps']:.0f}/s the closed loop served without a ledger (Poisson arrivals, "
+                            "same schedule for both kinds, latency from each request's scheduled time: what a "
+                            "client sees at that load)", target=True)
         seconds = seed_ledger(url, seed_rows)
         t = time_summaries(url)
         lines += [

@@ -110,17 +110,20 @@ def engine_bench(
 def ledger_pg_bench(
     postgres_url: str = typer.Option("postgresql+psycopg://postgres@127.0.0.1:5432/test", envvar="TIERGATE_BENCH_POSTGRES_URL",
                                      help="A PostgreSQL database to connect to; a temporary database is created beside it and dropped."),
-    requests: int = typer.Option(2000, help="chat requests per kind of phase (ledger off, on), split over the rounds"),
+    requests: int = typer.Option(8000, help="chat requests per kind of phase (ledger off, on), split over the rounds"),
     rounds: int = typer.Option(4, help="ABBA rounds of one ledger-off and one ledger-on phase"),
     concurrency: int = typer.Option(32),
     upstream_ms: float = typer.Option(20.0, help="simulated upstream latency per call"),
     extra_rows_per_s: float = typer.Option(2500.0, help="extra ledger rows/s recorded while serving"),
     seed_rows: int = typer.Option(1_000_000, help="ledger rows seeded before timing the spend summary"),
+    open_fraction: float = typer.Option(0.6, min=0.0, max=1.0, help="open-loop rounds' offered load, as a share of "
+                                        "the ledger-off closed-loop requests/s (0: closed loop only)"),
 ) -> None:
-    """Ledger rows/s into PostgreSQL while serving (p99 vs ledger off) and spend-summary latency."""
+    """Ledger rows/s into PostgreSQL while serving (p99 vs ledger off, closed and open loop) and spend-summary latency."""
     from gateway.bench.ledger_pg import run
 
-    for line in run(postgres_url, requests, concurrency, upstream_ms, extra_rows_per_s, seed_rows, rounds):
+    for line in run(postgres_url, requests, concurrency, upstream_ms, extra_rows_per_s, seed_rows, rounds,
+                    open_fraction):
         typer.echo(line)
 
 

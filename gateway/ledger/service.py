@@ -39,7 +39,6 @@ import web frameworks, the pipeline or the app.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import functools
 import logging
 import threading
@@ -262,7 +261,11 @@ class Ledger:
         if self.writer.journal_failures:  # failing (e.g. the disk is full): refuse at once, start nothing
             raise LedgerError(f"ledger journal is not writable ({self.writer.journal_failures} failed write(s), "
                               "retrying)")
-        self._append(dataclasses.replace(intent, owner=self.owner), CallIntent)
+        if not isinstance(intent, CallIntent):
+            raise TypeError(f"expected CallIntent, got {type(intent).__name__}")
+        owned = object.__new__(CallIntent)  # a copy stamped with the owner (copy.copy: ~6 us, replace: ~10)
+        owned.__dict__.update(intent.__dict__, owner=self.owner)
+        self.writer.append(owned)
         self._open_intents.add(intent.id)
         try:
             await self.writer.wait("process")

@@ -1,5 +1,6 @@
 """`tiergate bench ledger` end to end at a tiny size: it creates and drops its temp database,
-serves through the real app in ABBA rounds of both phases, seeds rows by COPY and checks the
+serves through the real app in ABBA rounds of both phases (closed loop, then open loop at a share
+of the closed loop's ledger-off throughput), seeds rows by COPY and checks the
 spend summary from daily_spend against the raw ledger (the command raises if they disagree);
 and the full-collection recorder it uses to report GC pauses."""
 
@@ -30,17 +31,23 @@ def test_bench_ledger_pg_small(postgres_url: str) -> None:
     before = _bench_databases()
     lines = run(postgres_url, n=40, concurrency=4, upstream_ms=1, extra_rows_per_s=200, seed_rows=3000, rounds=2)
     text = "\n".join(lines)
-    m = re.search(r"committed to PostgreSQL while serving .*: (\d+) in [\d.]+ s = (\d+) rows/s", text)
-    assert m is not None and int(m.group(1)) > 0 and int(m.group(2)) > 0
-    assert re.search(r"p99 ratio on/off: \d+\.\d+ \(median of the rounds", text)
-    per_round = re.search(r"p99 ratio on/off per round: ([\d. ]+); all rounds pooled: \d+\.\d+", text)
-    assert per_round is not None and len(per_round.group(1).split()) == 2
-    assert re.search(r"full GC pauses while timed: ledger off \d+ \(max [\d.]+ ms\), ledger on \d+", text)
-    phases = re.findall(r"round (\d) ledger (off|on): +p99 +[\d.]+ ms, [\d.]+ ms without its longest stall: \d+ ms "
-                        r"at [\d.]+ s \(\d+ in flight\); loop lag max \d+ ms at [\d.]+ s \(loop thread meanwhile: "
-                        r"\d+ ms on a CPU, \d+ ms waiting for one\); phase [\d.]+ s", text)
-    assert phases == [("1", "off"), ("1", "on"), ("2", "on"), ("2", "off")]  # ABBA, one line per phase
-    assert re.search(r"loop thread waiting for a CPU, max share of a phase: ledger off \d+%, ledger on \d+%", text)
+    closed, opened = text.split("\nopen loop at ")
+    assert closed.count("\nclosed loop at saturation") == 1
+    m = re.match(r"(\d+) requests/s = 60% of the (\d+)/s the closed loop served without a ledger", opened)
+    assert m is not None and 0 < int(m.group(1)) < int(m.group(2))
+    for block, verdict in ((closed, "no target"), (opened, "target <= 1.10")):
+        m = re.search(r"committed to PostgreSQL while serving .*: (\d+) in [\d.]+ s = (\d+) rows/s", block)
+        assert m is not None and int(m.group(1)) > 0 and int(m.group(2)) > 0
+        assert re.search(rf"p99 ratio on/off: \d+\.\d+ \(median of the rounds; {verdict}", block)
+        per_round = re.search(r"p99 ratio on/off per round: ([\d. ]+); all rounds pooled: \d+\.\d+", block)
+        assert per_round is not None and len(per_round.group(1).split()) == 2
+        assert re.search(r"full GC pauses while timed: ledger off \d+ \(max [\d.]+ ms\), ledger on \d+", block)
+        phases = re.findall(r"round (\d) ledger (off|on): +p99 +[\d.]+ ms, [\d.]+ ms without its longest stall: "
+                            r"\d+ ms at [\d.]+ s \(\d+ in flight\); loop lag max \d+ ms at [\d.]+ s \(loop thread "
+                            r"meanwhile: \d+ ms on a CPU, \d+ ms waiting for one\); phase [\d.]+ s", block)
+        assert phases == [("1", "off"), ("1", "on"), ("2", "on"), ("2", "off")]  # ABBA, one line per phase
+        assert re.search(r"loop thread waiting for a CPU, max share of a phase: ledger off \d+%, ledger on \d+%",
+                         block)
     assert "3000 ledger rows seeded" in text and "spend summary (daily_spend" in text
     assert _bench_databases() == before  # the temp database was dropped
 

@@ -1,0 +1,187 @@
+"""The serving load of the ledger benches (`tiergate bench ledger`, `tiergate bench dashboard`):
+the baseline ledger, the in-process upstream, the GC-pause recorder and one timed phase of chat
+requests through the real app's ASGI interface, in either of two shapes:
+
+* *closed loop* (``rate`` None): ``concurrency`` workers each send their next request when the
+  last one is answered. The loop runs as fast as the server lets it: at saturation every
+  microsecond the server adds per request shows as lost throughput, and (the same thing) as
+  latency, since each worker waits behind everyone else's work;
+* *open loop* (``rate`` requests/s): requests are sent on a fixed schedule of Poisson arrivals
+  (seeded: both kinds of phase get the same schedule), whatever the answers do, and each
+  latency is counted from the request's *scheduled* time, so a server that falls behind is
+  charged the wait it caused (no coordinated omission). This is the latency a service sees at
+  that offered load.
+
+Bench-only (gateway.bench): imports the app lazily.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import random
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from gateway.bench.stalls import Lag, LoopLag
+
+
+class NullLedger:
+    """The baseline: a ledger that keeps nothing."""
+
+    def record(self, entry: Any) -> None:
+        pass
+
+    async def begin(self, intent: Any) -> None:
+        pass
+
+    async def await_settled(self, timeout_s: float | None = 10.0) -> bool:
+        return True
+
+    def record_request(self, rec: Any) -> None:
+        pass
+
+    async def wait_durable(self, level: str = "fsync") -> None:
+        pass
+
+    async def aflush(self, timeout_s: float | None = 10.0) -> bool:
+        return True
+
+    def health(self) -> Any:
+        return type("Health", (), {"ok": True})()
+
+
+class SleepingUpstream:
+    """An in-process ChatProvider: answers after ``delay_s`` with fixed usage."""
+
+    def __init__(self, delay_s: float) -> None:
+        self.delay_s = delay_s
+
+    async def complete(self, model: Any, body: dict[str, Any], options: Any = None) -> dict[str, Any]:
+        await asyncio.sleep(self.delay_s)
+        return {"id": "up", "object": "chat.completion", "created": int(time.time()), "model": model.model,
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"},
+                             "finish_reason": "stop"}],
+                "usage": {"prompt_tokens": 20, "completion_tokens": 5, "total_tokens": 25}}
+
+    def stream(self, model: Any, body: dict[str, Any], options: Any = None) -> Any:
+        raise NotImplementedError("the bench does not stream")
+
+    async def aclose(self) -> None:
+        pass
+
+
+class FullCollections:
+    """Records the full (generation-2) garbage collections while entered, in any thread: each
+    stops the event loop, so every in-flight request sees the whole pause."""
+
+    def __init__(self) -> None:
+        self.pauses_ms: list[float] = []
+        self._started = 0.0
+
+    def _callback(self, phase: str, info: dict[str, Any]) -> None:
+        if info["generation"] != 2:
+            return
+        if phase == "start":
+            self._started = time.perf_counter()
+        else:
+            self.pauses_ms.append((time.perf_counter() - self._started) * 1000)
+
+    def __enter__(self) -> FullCollections:
+        gc.callbacks.append(self._callback)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        gc.callbacks.remove(self._callback)
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+@dataclass
+class Phase:
+    """One timed phase: each request's (start, end) perf_counter times, the time the timed part
+    began, and how late the event loop woke a 5 ms sleeper at worst (when, seconds)."""
+
+    kind: str
+    round: int
+    spans: list[tuple[float, float]]
+    origin: float
+    loop_lag: Lag
+    loop_sched: tuple[float, float] = (0.0, 0.0)  # the loop thread's (s on a CPU, s waiting for one)
+    switch_interval_s: float = 0.0  # the GIL switch interval while timed (the app sets it as serve does)
+
+    @property
+    def latencies(self) -> list[float]:
+        return [e - s for s, e in self.spans]
+
+
+async def serve_phase(app: Any, key: str, n: int, concurrency: int, pauses: FullCollections,
+                      kind: str = "", round_: int = 0, rate: float | None = None, seed: int = 0) -> Phase:
+    """One timed phase of ``n`` chat requests (after a 20-request warm-up): closed loop with
+    ``concurrency`` workers, or open loop at ``rate`` requests/s (Poisson arrivals from
+    ``seed``; at most ``OPEN_LOOP_MAX_IN_FLIGHT`` in flight, later arrivals wait for a slot and
+    their wait counts)."""
+    import httpx
+
+    body = {"model": "low", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 5}
+    headers = {"Authorization": f"Bearer {key}"}
+    spans: list[tuple[float, float]] = []
+    lag = LoopLag()
+    async with app.router.lifespan_context(app), httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app), base_url="http://bench") as client:
+        async def one(t0: float) -> None:
+            r = await client.post("/v1/chat/completions", json=body, headers=headers)
+            spans.append((t0, time.perf_counter()))
+            if r.status_code != 200:
+                raise RuntimeError(f"bench request failed: {r.status_code} {r.text[:200]}")
+
+        for _ in range(20):  # warm-up
+            await client.post("/v1/chat/completions", json=body, headers=headers)
+        origin = time.perf_counter()
+        switch_s = sys.getswitchinterval()
+        lag.start(origin)
+        try:
+            with pauses:
+                if rate is None:
+                    queue = list(range(n))
+
+                    async def worker() -> None:
+                        while queue:
+                            queue.pop()
+                            await one(time.perf_counter())
+
+                    await asyncio.gather(*(worker() for _ in range(concurrency)))
+                else:
+                    await _open_loop(one, n, rate, seed, origin)
+        finally:
+            await lag.stop()
+    return Phase(kind, round_, spans, origin, lag.worst(), lag.totals(), switch_s)
+
+
+OPEN_LOOP_MAX_IN_FLIGHT = 1024
+
+
+async def _open_loop(one: Any, n: int, rate: float, seed: int, origin: float) -> None:
+    rng = random.Random(seed)
+    due, at = [], origin
+    for _ in range(n):
+        at += rng.expovariate(rate)
+        due.append(at)
+    slots = asyncio.Semaphore(OPEN_LOOP_MAX_IN_FLIGHT)
+    tasks: list[asyncio.Task[None]] = []
+
+    async def scheduled(t0: float) -> None:
+        async with slots:
+            await one(t0)
+
+    for t0 in due:
+        wait = t0 - time.perf_counter()
+        if wait > 0:
+            await asyncio.sleep(wait)
+        tasks.append(asyncio.create_task(scheduled(t0)))  # latency from the scheduled time, not the send
+    await asyncio.gather(*tasks)
