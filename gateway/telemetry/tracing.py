@@ -38,7 +38,6 @@ Imports opentelemetry and settings only.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from contextvars import ContextVar, Token
@@ -382,13 +381,13 @@ def attempt(name: str, model: Any, options: Any, on_attempt: Callable[[Any], Non
         return on_attempt, options
     s = _request.get()
     if s is not None and s.upstream is not None:  # decided not sampled ahead of the SDK: headers written
-        return on_attempt, dataclasses.replace(options, trace_headers=s.upstream)
+        return on_attempt, options.with_trace_headers(s.upstream)
     if _sampled_out():  # no span; the upstream still continues the (unsampled) trace
-        return on_attempt, dataclasses.replace(options, trace_headers=_unsampled_headers())
+        return on_attempt, options.with_trace_headers(_unsampled_headers())
     span = tracer.start_span(f"chat {model.model}", kind=SpanKind.CLIENT, attributes={
         "gen_ai.operation.name": "chat", "gen_ai.system": model.provider, "gen_ai.request.model": model.model,
         "tiergate.model": name})
-    options = dataclasses.replace(options, trace_headers=_trace_headers(span, otel_context.get_current()))
+    options = options.with_trace_headers(_trace_headers(span, otel_context.get_current()))
 
     def report(a: Any) -> None:
         try:
