@@ -32,7 +32,7 @@ import random
 import re
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON, ParentBased, TraceIdRatioBased
@@ -88,10 +88,9 @@ def plan(provider: Any) -> Plan | None:
     return Plan(None, presets)  # ALWAYS_ON (every root recorded: nothing to save), or not reproducible
 
 
-@dataclass(frozen=True, slots=True)
-class Decision:
+class Decision(NamedTuple):
     """A request's server span decided here: its trace id, sampled or not, and for one not sampled
-    its new span id and its trace flags."""
+    its new span id and its trace flags (a named tuple: built in half a frozen dataclass's time)."""
 
     trace_id: int
     sampled: bool
