@@ -143,7 +143,9 @@ async def test_a_root_sampled_in_keeps_the_drawn_trace_id(
         r = await gw.client.post("/v1/chat/completions", json={**BODY, "model": "low"}, headers=gw.auth)
         assert r.status_code == 200, r.text
         (sent,) = [req.headers["traceparent"] for req in upstream.requests[before:]]
+    jobs = [provider.get_tracer("job").start_span("job").get_span_context().trace_id for _ in range(2)]
     provider.shutdown()
+    assert len({*jobs, trace_id}) == 3  # the preset id was the request's only: other roots draw their own
     spans = exporter.get_finished_spans()
     (server,) = [s for s in spans if s.kind == SpanKind.SERVER]
     (client,) = [s for s in spans if s.kind == SpanKind.CLIENT]
