@@ -1,11 +1,15 @@
 """In-process CPU cost of the observability per request (part of `tiergate bench gateway`).
 
 The same app (``create_app``: auth, routing, the journaled ledger on SQLite) is built once per
-variant, each over its own database, all calling the same mock upstream over loopback HTTP. Each
-variant answers ``requests`` sequential chat requests through its ASGI interface (httpx's
-``ASGITransport``, no server in between) per round, the variants interleaved round by round;
-the cost is the CPU time of the calling thread (``time.thread_time``: the event loop runs the
-whole request in it) per request. CPU time rather than wall time: while the request waits for
+variant as ``tiergate serve`` builds it (``freeze_heap=True``: startup heap frozen, a server's
+threshold for the youngest GC generation and GIL switch interval; at Python's default threshold of
+700 a traced variant's spans, queued in the BatchSpanProcessor until their batch is exported,
+lived through young collections and set off full ones that a server's settings avoid), each over
+its own database, all calling the same mock upstream over loopback HTTP. Each variant answers
+``requests`` sequential chat requests through its ASGI interface (httpx's ``ASGITransport``, no
+server in between) per round, the variants interleaved round by round; the cost is the CPU time of
+the calling thread (``time.thread_time``: the event loop runs the whole request in it) per request.
+CPU time rather than wall time: while the request waits for
 the upstream the thread uses none, and other processes on a shared machine do not add to it.
 Reported: each variant's median µs of CPU per request and its spread over the rounds, and the
 median of the per-round differences to ``off`` (metrics and tracing off), i.e. what metrics and
@@ -172,7 +176,7 @@ async def _measure(upstream: str, requests: int, rounds: int, vs: list[Variant],
                 exporter = _Discard()
                 provider.add_span_processor(BatchSpanProcessor(exporter))
                 stack.callback(provider.shutdown)
-            app = create_app(settings, tracer_provider=provider)
+            app = create_app(settings, tracer_provider=provider, freeze_heap=True)  # as `tiergate serve`
             await stack.enter_async_context(app.router.lifespan_context(app))
             client = await stack.enter_async_context(httpx.AsyncClient(
                 transport=httpx.ASGITransport(app=app), base_url="http://tiergate"))

@@ -75,6 +75,14 @@ class CallOptions:
     cache_salt: str | None = None
     trace_headers: tuple[tuple[str, str], ...] = ()  # W3C trace context for the upstream (gateway.telemetry.tracing)
 
+    def with_trace_headers(self, headers: tuple[tuple[str, str], ...]) -> CallOptions:
+        """A copy with ``trace_headers`` set (every upstream attempt with tracing on): the instance's
+        dict copied, where ``dataclasses.replace`` walks the fields in Python (~1 us, a quarter of an
+        unsampled request's whole tracing cost); equal to ``replace(self, trace_headers=headers)``."""
+        new = object.__new__(CallOptions)
+        new.__dict__.update(self.__dict__, trace_headers=headers)
+        return new
+
 
 class ChunkStream(Protocol):
     """An opened upstream stream of ``chat.completion.chunk`` dicts. ``aclose()`` (idempotent)

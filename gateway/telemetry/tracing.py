@@ -19,7 +19,10 @@ tracing off every helper here is one check of a module global. Sampling is paren
 client's sampled flag is kept; a new trace is sampled with ``sample_ratio``): in a request that
 is not sampled no stage or client span is started at all (a sampled-out parent's children are
 never sampled), only its trace context is passed upstream, so a sampled-out request costs the
-server span's sampling decision and little else.
+server span's sampling decision and little else. Where the provider's sampler allows it
+(gateway.telemetry.trace_sampling: parent-based, default delegates, roots by ratio) that decision
+is taken ahead of the SDK: a request not sampled then costs a random draw and its ``traceparent``
+string, with no span object and no OpenTelemetry context attached.
 
 Per-request work is kept to what the SDK needs: the request's attributes are collected in a plain
 dict and handed to the server span once, when it ends (one validation pass, one lock); the
@@ -35,7 +38,6 @@ Imports opentelemetry and settings only.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from contextvars import ContextVar, Token
@@ -51,9 +53,11 @@ from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON, ParentBased,
 from opentelemetry.trace import SpanKind, StatusCode
 
 from gateway.settings import TracingSettings
+from gateway.telemetry import trace_sampling
 
 NANOS_PER_USD = 1_000_000_000
-_state: dict[str, Any] = {"tracer": None, "capture": False, "propagator": None, "fields": frozenset(), "w3c": False}
+_state: dict[str, Any] = {"tracer": None, "capture": False, "propagator": None, "fields": frozenset(), "w3c": False,
+                          "plan": None}
 _W3C_FIELDS = frozenset({b"traceparent", b"tracestate", b"baggage"})  # the default propagators' (W3C)
 
 
@@ -68,7 +72,7 @@ def build_provider(cfg: TracingSettings) -> TracerProvider:
     root: Sampler = (ALWAYS_ON if cfg.sample_ratio >= 1 else ALWAYS_OFF if cfg.sample_ratio <= 0
                      else TraceIdRatioBased(cfg.sample_ratio))
     provider = TracerProvider(resource=Resource.create({"service.name": cfg.service_name}),
-                              sampler=ParentBased(root))
+                              sampler=ParentBased(root), id_generator=trace_sampling.PresetTraceIds())
     if cfg.exporter == "otlp":
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
@@ -83,10 +87,11 @@ def configure(cfg: TracingSettings, provider: TracerProvider | None = None) -> T
     """Turn tracing on (``cfg.enabled``; ``provider``: use this one, e.g. a test's) or off in
     this process. Returns the provider in use, or None when off."""
     if not cfg.enabled:
-        _state["tracer"], _state["capture"] = None, False
+        _state["tracer"], _state["capture"], _state["plan"] = None, False, None
         return None
     provider = provider or build_provider(cfg)
     _state["tracer"] = provider.get_tracer("tiergate")
+    _state["plan"] = trace_sampling.plan(provider)  # what tiergate may decide ahead of the SDK
     _state["capture"] = cfg.capture_content
     return provider
 
@@ -94,17 +99,37 @@ def configure(cfg: TracingSettings, provider: TracerProvider | None = None) -> T
 # -- the request span (the server span, current in the request's context) -----------------------
 class ServerSpan:
     """One request's server span, the context tokens that made it current, and what is pending
-    for it: the attributes set when it ends, the upstream headers of an unsampled request."""
+    for it: the attributes set when it ends, the upstream headers of an unsampled request. A
+    request decided not sampled ahead of the SDK (``decision``) has no span object unless one is
+    asked for (``span``), no OpenTelemetry context (``token`` None) and its upstream headers
+    written once (``upstream``)."""
 
-    __slots__ = ("attributes", "headers", "recording", "sampled", "scope", "span", "token", "var_token")
+    __slots__ = ("_span", "attributes", "decision", "headers", "recording", "sampled", "scope", "token",
+                 "upstream", "var_token")
 
-    def __init__(self, span: trace.Span, token: Token[otel_context.Context], scope: Any) -> None:
-        self.span, self.token, self.scope = span, token, scope
-        self.recording = span.is_recording()
-        self.sampled = bool(span.get_span_context().trace_flags.sampled)
+    def __init__(self, span: trace.Span | None, token: Token[otel_context.Context] | None, scope: Any,
+                 decision: trace_sampling.Decision | None = None) -> None:
+        self._span, self.token, self.scope, self.decision = span, token, scope, decision
         self.attributes: dict[str, Any] = {}
         self.headers: tuple[otel_context.Context, tuple[tuple[str, str], ...]] | None = None
         self.var_token: Token[ServerSpan | None] | None = None
+        if span is not None:
+            self.recording = span.is_recording()
+            self.sampled = bool(span.get_span_context().trace_flags.sampled)
+            self.upstream: tuple[tuple[str, str], ...] | None = None
+        else:
+            assert decision is not None and not decision.sampled
+            self.recording = self.sampled = False
+            self.upstream = (("traceparent", decision.traceparent),)
+
+    @property
+    def span(self) -> trace.Span:
+        if self._span is None:  # decided here: the non-recording span the SDK would have made
+            d = self.decision
+            assert d is not None
+            self._span = trace.NonRecordingSpan(trace.SpanContext(d.trace_id, d.span_id, False,
+                                                                  trace.TraceFlags(d.flags)))
+        return self._span
 
 
 _request: ContextVar[ServerSpan | None] = ContextVar("tiergate_server_span", default=None)
@@ -138,8 +163,24 @@ def server_span(scope: Any) -> ServerSpan | None:
             if carrier is None:
                 carrier = {}
             carrier[key.decode("latin-1")] = value.decode("latin-1")
+    plan, decision = _state["plan"], None
+    if (plan is not None and (carrier is not None or plan.bound is not None) and _state["w3c"]
+            and not otel_context.get_current()):  # no ambient span or baggage
+        decision = trace_sampling.decide(plan, carrier)
+        if decision is not None and not decision.sampled:  # no span, no context: a draw and a header
+            s = ServerSpan(None, None, scope, decision)
+            s.var_token = _request.set(s)
+            return s
     parent = propagator.extract(carrier) if carrier else None
-    span = tracer.start_span(scope.get("method") or "HTTP", context=parent, kind=SpanKind.SERVER)
+    name = scope.get("method") or "HTTP"
+    if decision is None:
+        span = tracer.start_span(name, context=parent, kind=SpanKind.SERVER)
+    else:  # a root sampled in here: the SDK starts it with the trace id drawn (its sampler agrees)
+        preset = trace_sampling.preset(decision.trace_id)
+        try:
+            span = tracer.start_span(name, context=parent, kind=SpanKind.SERVER)
+        finally:
+            trace_sampling.clear(preset)
     s = ServerSpan(span, otel_context.attach(trace.set_span_in_context(span, parent)), scope)
     s.var_token = _request.set(s)
     return s
@@ -148,7 +189,8 @@ def server_span(scope: Any) -> ServerSpan | None:
 def end_server_span(s: ServerSpan, route: str | None, status: int, error: BaseException | None = None) -> None:
     """End the request's span: route template (None: no route matched), status, error; with
     the attributes the request collected on it (one ``set_attributes``)."""
-    otel_context.detach(s.token)
+    if s.token is not None:
+        otel_context.detach(s.token)
     if s.var_token is not None:
         try:
             _request.reset(s.var_token)
@@ -242,10 +284,12 @@ def _stage(name: str, tier: str, attributes: dict[str, Any]) -> Iterator[trace.S
 def _sampled_out() -> bool:
     """Whether the current request's trace is not sampled: its children are not either (the
     samplers here are parent-based), so none is started. In a request whose server span is not
-    sampled nothing else is ever started, so its span is the current one: its flag decides."""
+    sampled nothing else is ever started, so its span is the current one: its flag decides. With
+    a sampler whose children follow their parent (``_state["plan"]``) the request's flag decides
+    for a sampled request too, without a look at the current span."""
     s = _request.get()
-    if s is not None and not s.sampled:
-        return True
+    if s is not None and (not s.sampled or _state["plan"] is not None):  # plan: children sampled as their parent
+        return not s.sampled
     ctx = trace.get_current_span().get_span_context()
     return ctx.is_valid and not ctx.trace_flags.sampled
 
@@ -335,12 +379,15 @@ def attempt(name: str, model: Any, options: Any, on_attempt: Callable[[Any], Non
     tracer = _state["tracer"]
     if tracer is None:
         return on_attempt, options
+    s = _request.get()
+    if s is not None and s.upstream is not None:  # decided not sampled ahead of the SDK: headers written
+        return on_attempt, options.with_trace_headers(s.upstream)
     if _sampled_out():  # no span; the upstream still continues the (unsampled) trace
-        return on_attempt, dataclasses.replace(options, trace_headers=_unsampled_headers())
+        return on_attempt, options.with_trace_headers(_unsampled_headers())
     span = tracer.start_span(f"chat {model.model}", kind=SpanKind.CLIENT, attributes={
         "gen_ai.operation.name": "chat", "gen_ai.system": model.provider, "gen_ai.request.model": model.model,
         "tiergate.model": name})
-    options = dataclasses.replace(options, trace_headers=_trace_headers(span, otel_context.get_current()))
+    options = options.with_trace_headers(_trace_headers(span, otel_context.get_current()))
 
     def report(a: Any) -> None:
         try:

@@ -4,6 +4,7 @@ streaming, retries honouring retry-after, fallbacks, timeouts, per-attempt meter
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 import pytest
 
@@ -201,3 +202,15 @@ async def test_closing_a_stream_cancels_upstream_and_bills_generated(upstream: S
     (a,) = attempts
     assert a.status == "cancelled"
     assert 2 <= a.usage.completion_tokens < 50  # what was generated, not the full 200 words
+
+
+def test_call_options_with_trace_headers_is_replace() -> None:
+    """The copy tracing makes per attempt equals ``dataclasses.replace`` for every field set, and
+    leaves the original as it was."""
+    values = {f.name: f"v-{f.name}" for f in dataclasses.fields(CallOptions)}
+    options = CallOptions(**values)  # type: ignore[arg-type]
+    headers = (("traceparent", "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00"),)
+    copy = options.with_trace_headers(headers)
+    assert copy == dataclasses.replace(options, trace_headers=headers) and type(copy) is CallOptions
+    assert hash(copy) == hash(dataclasses.replace(options, trace_headers=headers))
+    assert options == CallOptions(**values) and copy.trace_headers == headers  # type: ignore[arg-type]
