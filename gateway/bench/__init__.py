@@ -7,7 +7,8 @@ they build a Runtime / the app, a Ledger or a Pipeline as the gateway does, and 
 
 - pipeline, workload, quality: `tiergate bench pipeline [--outcomes FILE]`
 - gateway, tools: `tiergate bench gateway` (tools runs as ``python -m gateway.bench.tools``)
-- ledger_pg: `tiergate bench ledger`; ledger_sqlite: `tiergate bench ledger-sqlite`
+- ledger_pg (its serving load: ledger_load): `tiergate bench ledger`; ledger_sqlite: `tiergate bench ledger-sqlite`
+- ttft: `tiergate bench ttft` (time to first token of the cheap tiers through `tiergate serve`)
 - engine: `tiergate bench engine` (the measurements live in engine.bench)
 - routing: `tiergate bench routing` = `tiergate classifier bench-routing`
 - classifier_latency: `tiergate classifier bench`

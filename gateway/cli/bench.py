@@ -6,6 +6,8 @@ Thin typer dispatch: each command parses its options and calls its benchmark in 
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import typer
 
 app = typer.Typer(help="Benchmarks that print ratios against a baseline run in the same process.", no_args_is_help=True)
@@ -197,3 +199,15 @@ def disconnect_bench(
     from gateway.bench.disconnect import DisconnectArgs, run_disconnect_bench
 
     typer.echo(run_disconnect_bench(DisconnectArgs(streams, baseline_streams, seconds, chunk_ms, rounds)))
+
+
+@app.command("ttft")
+def ttft_bench(
+    requests: int = typer.Option(48, help="timed streams per tier and client count"),
+    max_tokens: int = typer.Option(32),
+    config: Path = typer.Option(Path("config.yaml"), help="the config whose tiers are served (its state is moved to a temp dir)"),
+) -> None:
+    """Time to first token of the none/low tiers through `tiergate serve` on the bundled model, 1 and 16 clients."""
+    from gateway.bench.ttft import TtftArgs, run_ttft
+
+    typer.echo(run_ttft(TtftArgs(requests=requests, max_tokens=max_tokens, config=config.resolve())))
