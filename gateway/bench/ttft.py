@@ -81,24 +81,6 @@ def _config(work: Path, source: Path) -> Path:
     return path
 
 
-def _key(config: Path) -> str:
-    from gateway.auth import generate_key, hash_key
-    from gateway.db import migrate
-    from gateway.db.queries import add_api_key, create_tenant
-    from gateway.db.session import database_url, make_engine, make_session_factory
-    from gateway.settings import load_settings
-
-    url = database_url(load_settings(config))
-    migrate.upgrade(url.render_as_string(hide_password=False))
-    engine = make_engine(url)
-    raw = generate_key()
-    with make_session_factory(engine)() as s, s.begin():
-        tenant = create_tenant(s, "ttft")
-        add_api_key(s, tenant.id, raw, hash_key(raw))
-    engine.dispose()
-    return raw
-
-
 async def _stream(client: aiohttp.ClientSession, base: str, tier: str, prompt: str, max_tokens: int) -> Sample:
     body = {"model": tier, "stream": True, "max_tokens": max_tokens, "temperature": 0,
             "messages": [{"role": "user", "content": prompt}], "stream_options": {"include_usage": True}}
@@ -152,13 +134,13 @@ def _pct(values: list[float], q: float) -> float:
 
 
 def run_ttft(args: TtftArgs) -> str:
-    from gateway.bench.gateway import _free_port, _process
+    from gateway.bench.gateway import _free_port, _process, _tiergate_key
 
     out: list[str] = []
     with tempfile.TemporaryDirectory(prefix="tiergate-ttft-") as tmp:
         work = Path(tmp)
         config = _config(work, args.config)
-        key = _key(config)
+        key = _tiergate_key(config)  # a tenant and its key in the bench's database
         port = _free_port()
         base = f"http://127.0.0.1:{port}"
         env = {**os.environ, "TIERGATE_ADMIN_KEY": ADMIN_KEY}

@@ -210,22 +210,16 @@ def write_records(session: Session, records: Sequence[Record]) -> BatchResult:
             requests.append(r)
     stmts = _statements_for(session)
     conn = session.connection()
-    bulk = conn.dialect.name == "postgresql"  # one statement per table (applier_pg), not one per row
+    rows = _rows_for(conn, stmts)
     # An intent whose call's row is in the same batch never needs to reach the database: the row
     # and the end of the intent commit together. (Its delete below stays: a replayed segment can
     # carry both after an earlier run committed the intent alone.)
     pending = [i for k, i in intents.items() if k not in entries]
     if pending:
-        if bulk:
-            applier_pg.insert_intents(conn, pending)
-        else:
-            conn.execute(stmts.intents, [_intent_row(i) for i in pending])
+        rows.insert_intents(conn, pending)
     inserted: set[str] = set()
     if entries:
-        if bulk:
-            inserted = applier_pg.insert_entries(conn, list(entries.values()))
-        else:
-            inserted = set(conn.execute(stmts.entries, [_entry_row(e) for e in entries.values()]).scalars())
+        inserted = rows.insert_entries(conn, list(entries.values()))
         superseding = [e for i, e in entries.items() if i not in inserted and e.status != INTERRUPTED]
         taken_back = _supersede_interrupted(session, superseding) if superseding else []
         new_rows = daily_rows([e for i, e in entries.items() if i in inserted]
@@ -238,21 +232,41 @@ def write_records(session: Session, records: Sequence[Record]) -> BatchResult:
     # An intent is done once its call has a ledger row: the row just written, or one written
     # before (a replayed segment re-inserts an intent whose row is already committed).
     done = list(entries.keys() | intents.keys())
-    if bulk and done:
-        applier_pg.delete_done_intents(conn, done)
-    for i in range(0, len(done) if not bulk else 0, 500):
-        chunk = done[i:i + 500]
-        conn.execute(delete(LedgerIntentRow).where(LedgerIntentRow.id.in_(chunk),
-                                                   exists().where(LedgerEntryRow.id == LedgerIntentRow.id)))
+    if done:
+        rows.delete_done_intents(conn, done)
     if voids:
         conn.execute(delete(LedgerIntentRow).where(LedgerIntentRow.id.in_(list(voids))))
     folded = _fold_requests(requests)
     if folded:
-        if bulk:
-            applier_pg.upsert_requests(conn, folded)
-        else:
-            conn.execute(stmts.requests, [_request_row(r) for r in folded])
+        rows.upsert_requests(conn, folded)
     return BatchResult(len(inserted), len(entries) - len(inserted), len(folded))
+
+
+class _GenericRows:
+    """The row-level statements through SQLAlchemy's executemany (SQLite); PostgreSQL's bulk
+    equivalents are applier_pg's functions of the same names."""
+
+    def __init__(self, stmts: _Statements) -> None:
+        self.stmts = stmts
+
+    def insert_intents(self, conn: Any, intents: Sequence[CallIntent]) -> None:
+        conn.execute(self.stmts.intents, [_intent_row(i) for i in intents])
+
+    def insert_entries(self, conn: Any, entries: Sequence[LedgerEntry]) -> set[str]:
+        return set(conn.execute(self.stmts.entries, [_entry_row(e) for e in entries]).scalars())
+
+    def delete_done_intents(self, conn: Any, ids: Sequence[str]) -> None:
+        for i in range(0, len(ids), 500):
+            conn.execute(delete(LedgerIntentRow).where(LedgerIntentRow.id.in_(ids[i:i + 500]),
+                                                       exists().where(LedgerEntryRow.id == LedgerIntentRow.id)))
+
+    def upsert_requests(self, conn: Any, records: Sequence[RequestRecord]) -> None:
+        conn.execute(self.stmts.requests, [_request_row(r) for r in records])
+
+
+def _rows_for(conn: Any, stmts: _Statements) -> Any:
+    """PostgreSQL: one statement per table per batch (applier_pg); otherwise one row at a time."""
+    return applier_pg if conn.dialect.name == "postgresql" else _GenericRows(stmts)
 
 
 def _row_entry(row: Any) -> LedgerEntry:

@@ -16,7 +16,11 @@ from gateway.db.session import make_engine, make_session_factory
 @pytest.fixture
 def db(tmp_path: Path) -> Iterator[sessionmaker[Session]]:
     """A session factory on ``tmp_path/l.db`` with every table created (no migrations)."""
-    engine = make_engine(f"sqlite:///{tmp_path}/l.db")
+    yield from _tables(f"sqlite:///{tmp_path}/l.db")
+
+
+def _tables(url: str) -> Iterator[sessionmaker[Session]]:
+    engine = make_engine(url)
     Base.metadata.create_all(engine)
     yield make_session_factory(engine)
     engine.dispose()
@@ -26,8 +30,5 @@ def db(tmp_path: Path) -> Iterator[sessionmaker[Session]]:
 def any_db(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[sessionmaker[Session]]:
     """``db`` on SQLite, then on a fresh PostgreSQL database (where the applier's bulk
     statements, gateway.ledger.applier_pg, run instead of the generic ones)."""
-    url = f"sqlite:///{tmp_path}/l.db" if request.param == "sqlite" else request.getfixturevalue("postgres_url")
-    engine = make_engine(url)
-    Base.metadata.create_all(engine)
-    yield make_session_factory(engine)
-    engine.dispose()
+    yield from _tables(f"sqlite:///{tmp_path}/l.db" if request.param == "sqlite"
+                       else request.getfixturevalue("postgres_url"))
