@@ -9,7 +9,7 @@ timestamps without saying that no webhook is configured."""
 from __future__ import annotations
 
 import re
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
 
@@ -235,7 +235,10 @@ async def test_csv_exports_equal_the_database(tmp_path: Path, upstream: Scripted
     async with gateway(tmp_path, upstream) as gw:
         with gw.session_factory.begin() as s:
             s.execute(sa.update(Tenant).where(Tenant.id == gw.tenant_id).values(name="=HYPERLINK(1)"))
-        seed(gw, gw.tenant_id, 30)
+        # 30 hourly requests ending yesterday at 23:30 UTC: two UTC days whatever the time of the run
+        # (from now, they spanned three days between midnight and 06:00 UTC)
+        midnight = datetime.now(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
+        seed(gw, gw.tenant_id, 30, start=midnight - timedelta(minutes=30))
         r = await gw.client.get("/admin/api/export/spend.csv?days=7", headers=BEARER)
         assert r.status_code == 200 and r.headers["content-type"].startswith("text/csv")
         rows = list(csv.DictReader(io.StringIO(r.text)))
