@@ -129,6 +129,18 @@ def ledger_pg_bench(
         typer.echo(line)
 
 
+@app.command("journal-writes")
+def journal_writes_bench(
+    directory: str | None = typer.Option(None, help="where to write (default: the temp dir; use the journal's disk)"),
+    rounds: int = typer.Option(4), seconds: float = typer.Option(2.0, help="per variant and round"),
+) -> None:
+    """Ledger journal write(2) latency beside a syncing thread: appending vs a preallocated segment."""
+    from gateway.bench.journal_writes import run
+
+    for line in run(directory, rounds, seconds):
+        typer.echo(line)
+
+
 @app.command("ledger-sqlite")
 def ledger_sqlite_bench(n: int = typer.Option(3000, help="Entries per variant."),
                         concurrency: int = typer.Option(64, help="Concurrent writers.")) -> None:

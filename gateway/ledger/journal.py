@@ -1,7 +1,17 @@
 """The ledger's crash-safe journal: append-only JSON-lines segment files in one directory.
 
-Each line is ``<crc32 hex8> <json>\\n``; a batch of lines is written with one ``write`` (O_APPEND)
-and made durable with one ``fdatasync`` (group commit). ``write`` and ``sync`` are separate steps
+Each line is ``<crc32 hex8> <json>\\n``; a batch of lines is written with one ``pwrite`` at the
+segment's end and made durable with one ``fdatasync`` (group commit).
+
+Segments are preallocated (``posix_fallocate`` to ``max_segment_bytes``) and written in place, never
+appended to: an appending write(2) changes the file's size, a metadata update that has to join the
+file system's journal, and while a concurrent ``fdatasync`` commits that journal (ext4's jbd2) the
+write waits for the commit (``tiergate bench journal-writes`` measures both kinds of write beside a
+syncing thread). The writer is the event loop (journal_writer.py), so every such wait stalls every
+request in flight. A sealed segment is
+truncated to what was written; a segment left by a crash ends in zeros, which reading ignores.
+Where the file system cannot preallocate (no space for a whole segment, no ``fallocate``), the
+segment is written unpreallocated, as before. ``write`` and ``sync`` are separate steps
 so the caller can acknowledge "handed to the kernel" (survives kill -9 of this process) before
 "on the disk" (survives power loss): ``sync`` may run on another thread while the writer thread
 keeps appending; ``seal`` syncs a segment before closing it, so a sync that finds the segment
@@ -69,16 +79,33 @@ class SegmentContents:
 
 
 def read_segment(path: Path) -> SegmentContents:
+    """The records of one segment. Zero bytes are never part of a line (JSON escapes them), so
+    runs of them end a line like a newline does: the unwritten rest of a preallocated segment is
+    no line, and after a hole a power loss left before later pages the lines after it are read;
+    a line that fails its checksum (one the hole cut) is counted, not returned."""
     records: list[Record] = []
     skipped = 0
-    with path.open("rb") as f:
-        for line in f:
-            rec = decode_line(line)
-            if rec is None:
-                skipped += 1
-            else:
-                records.append(rec)
+    for line in path.read_bytes().replace(b"\0", b"\n").split(b"\n"):
+        if not line:
+            continue
+        rec = decode_line(line)
+        if rec is None:
+            skipped += 1
+        else:
+            records.append(rec)
     return SegmentContents(int(path.stem), path, records, skipped)
+
+
+def _preallocate(fd: int, size: int) -> int:
+    """Allocate ``size`` bytes of the new, empty file ``fd``; how many (0 where the file system
+    has no room for them or cannot preallocate: the segment is then written unpreallocated)."""
+    try:
+        os.posix_fallocate(fd, 0, size)
+    except OSError as exc:
+        log.debug("ledger journal: segment not preallocated (%s)", exc)
+        os.ftruncate(fd, 0)  # whatever part of it was allocated
+        return 0
+    return size
 
 
 def _fsync_dir(directory: Path) -> None:
@@ -103,6 +130,7 @@ class Journal:
         self._fd: int | None = None
         self._seq = 0
         self._size = 0
+        self._allocated = 0  # bytes preallocated in the current segment
         self._opened_at = 0.0
         self._fd_lock = threading.Lock()  # the fd is never closed while a sync uses it
 
@@ -133,7 +161,9 @@ class Journal:
     def _open_next(self) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)
         self._seq += 1
-        self._fd = os.open(self.path_for(self._seq), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o600)
+        fd = os.open(self.path_for(self._seq), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        self._allocated = _preallocate(fd, self.max_segment_bytes)
+        self._fd = fd
         self._size = 0
         self._opened_at = self._clock()
         _fsync_dir(self.directory)
@@ -152,6 +182,8 @@ class Journal:
             fd, self._fd = self._fd, None
             try:
                 os.fdatasync(fd)
+                if self._allocated > self._size:  # give back the unwritten rest (not synced: zeros if lost)
+                    os.ftruncate(fd, self._size)
             finally:
                 os.close(fd)
         return self._seq
@@ -168,9 +200,9 @@ class Journal:
         assert self._fd is not None
         view = memoryview(data)
         while view:
-            n = os.write(self._fd, view)
+            n = os.pwrite(self._fd, view, self._size)
             view = view[n:]
-        self._size += len(data)
+            self._size += n
         return self._seq
 
     def sync(self) -> None:

@@ -1,8 +1,8 @@
 """``JournalWriter``: the ledger's journal side — buffer, group commit, durability waits.
 
 ``append()`` puts a record in an in-memory buffer (a lock and a list append: it never blocks
-on I/O). Everything buffered is then written as one group — one write(2) to the O_APPEND
-segment, see journal.py — marked *written* and handed on (``on_written``: the syncer queues it
+on I/O). Everything buffered is then written as one group — one write(2) at the end of the
+preallocated segment, see journal.py — marked *written* and handed on (``on_written``: the syncer queues it
 for the database). Who writes a group:
 
 * records appended on a thread running an asyncio event loop (the gateway's requests) are
