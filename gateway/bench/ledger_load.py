@@ -74,20 +74,23 @@ class SleepingUpstream:
 
 
 class FullCollections:
-    """Records the full (generation-2) garbage collections while entered, in any thread: each
-    stops the event loop, so every in-flight request sees the whole pause."""
+    """Records the garbage collections while entered, in any thread: each stops the event loop,
+    so every in-flight request sees the whole pause. ``pauses_ms``: the full (generation-2)
+    ones; ``by_generation``: every collection's pause, per generation."""
 
     def __init__(self) -> None:
         self.pauses_ms: list[float] = []
+        self.by_generation: dict[int, list[float]] = {0: [], 1: [], 2: []}
         self._started = 0.0
 
     def _callback(self, phase: str, info: dict[str, Any]) -> None:
-        if info["generation"] != 2:
-            return
         if phase == "start":
             self._started = time.perf_counter()
-        else:
-            self.pauses_ms.append((time.perf_counter() - self._started) * 1000)
+            return
+        ms = (time.perf_counter() - self._started) * 1000
+        self.by_generation[info["generation"]].append(ms)
+        if info["generation"] == 2:
+            self.pauses_ms.append(ms)
 
     def __enter__(self) -> FullCollections:
         gc.callbacks.append(self._callback)
@@ -95,6 +98,11 @@ class FullCollections:
 
     def __exit__(self, *exc: object) -> None:
         gc.callbacks.remove(self._callback)
+
+    def summary(self) -> str:
+        """``gen0 N, M ms in all, max X ms; gen1 ...``"""
+        return "; ".join(f"gen{g} {len(v)}, {sum(v):.0f} ms in all, max {max(v, default=0.0):.1f} ms"
+                         for g, v in self.by_generation.items())
 
 
 def pct(values: list[float], q: float) -> float:

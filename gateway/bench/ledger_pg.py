@@ -187,7 +187,8 @@ def _rounds(app_with: Any, ledger: Any, sf: Any, raw: str, n: int, rounds: int, 
             "base_p50_ms": statistics.median(base) * 1000, "base_p99_ms": _pct(base, 0.99) * 1000,
             "on_p50_ms": statistics.median(on) * 1000, "on_p99_ms": _pct(on, 0.99) * 1000,
             "requests": per_phase * rounds, "rounds": rounds, "round_p99_ms": round_p99_ms, "phases": phases,
-            "off_gc_pauses_ms": pauses["off"].pauses_ms, "on_gc_pauses_ms": pauses["on"].pauses_ms}
+            "off_gc_pauses_ms": pauses["off"].pauses_ms, "on_gc_pauses_ms": pauses["on"].pauses_ms,
+            "gc": {k: v.summary() for k, v in pauses.items()}}
 
 
 def seed_ledger(url: str, rows: int, tenants: int = 50, days: int = 90) -> float:
@@ -309,6 +310,8 @@ def _block(r: dict[str, Any], title: str, *, target: bool) -> list[str]:
         f"{r['on_p99_ms'] / r['base_p99_ms']:.3f}",
         f"  full GC pauses while timed: ledger off {_pauses_text(r['off_gc_pauses_ms'])}, "
         f"ledger on {_pauses_text(r['on_gc_pauses_ms'])}",
+        f"  all garbage collections while timed, ledger off: {r['gc']['off']}",
+        f"  all garbage collections while timed, ledger on:  {r['gc']['on']}",
         "  per phase (stall: the longest time with requests in flight and none completing, and the p99 of "
         "the requests it did not hold; loop lag: how late a 5 ms sleeper woke; 'waiting for a CPU': the loop "
         "thread runnable while other processes had the cores):",
