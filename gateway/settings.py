@@ -91,6 +91,9 @@ class LedgerSettings(_Strict):
     # reserved: its prompt tokens + its whole output cap (the worst case its budget hold covered).
     interrupted_billing: Literal["estimate", "reserved"] = "estimate"
     interrupted_output_fraction: float = Field(0.5, ge=0, le=1)
+    # Where batches are written to the database: auto = a child process on PostgreSQL (the
+    # serving process then does no database work for the ledger), a thread on SQLite.
+    applier: Literal["auto", "thread", "process"] = "auto"
 
     @model_validator(mode="before")
     @classmethod

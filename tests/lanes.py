@@ -11,7 +11,8 @@ Markers (registered in pyproject.toml; `make test-fast` deselects the last four)
   serve``, the bench's mock upstream); explicit. The scripted upstream, an aiohttp test double in
   the test's process, is not a service.
 - ``process``: spawns a subprocess: ``tiergate serve``, ``tiergate worker``, a kill -9 child, a
-  CLI or ``python -c`` child, a C compiler, ``nginx -t``.
+  CLI or ``python -c`` child, a C compiler, ``nginx -t``; derived from ``postgres`` too (a ledger
+  on PostgreSQL writes through its applier child process, gateway.ledger.applier_process).
 - ``browser``: drives Debian's chromium through Playwright (which spawns it).
 - ``slow``: takes more than ``SLOW_S`` seconds.
 
@@ -74,6 +75,8 @@ def derive_marks(items: Iterable[pytest.Item]) -> None:
         if item.get_closest_marker("integration") is None and any(
                 item.get_closest_marker(m) is not None for m in SERVICE_MARKS):
             item.add_marker("integration")
+        if item.get_closest_marker("postgres") is not None and item.get_closest_marker("process") is None:
+            item.add_marker("process")  # a ledger on PostgreSQL writes through its applier child process
         if item.get_closest_marker("slow") is not None:
             slow_marked.add(item.nodeid)
 

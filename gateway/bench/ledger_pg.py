@@ -51,7 +51,9 @@ from gateway.bench.ledger_load import pct as _pct
 from gateway.bench.stalls import Stall, longest_stall, overlapping
 
 SUMMARY_DAYS = 30
-OPEN_FRACTION = 0.6  # the open-loop phases' offered load, as a share of the ledger-off closed-loop throughput
+# The open-loop phases' offered loads, as shares of the ledger-off closed-loop throughput (one set of
+# ABBA rounds each): what the ledger costs a client's latency at a moderate and at a busy load.
+OPEN_FRACTIONS = (0.3, 0.6)
 
 __all__ = ["FullCollections", "NullLedger", "Phase", "SleepingUpstream", "run"]
 
@@ -91,7 +93,8 @@ def _extra_replica(url: str, journal_dir: str, rate: float, stop: Any) -> None:
 
 
 def run_serving(url: str, workdir: Path, n: int, concurrency: int, upstream_ms: float,
-                extra_rows_per_s: float, rounds: int = 2, open_fraction: float = OPEN_FRACTION) -> dict[str, Any]:
+                extra_rows_per_s: float, rounds: int = 2,
+                open_fractions: tuple[float, ...] = OPEN_FRACTIONS) -> dict[str, Any]:
     from gateway.app import create_app
     from gateway.auth import KeyStore, generate_key, hash_key
     from gateway.db.queries import add_api_key, create_tenant
@@ -125,8 +128,8 @@ def run_serving(url: str, workdir: Path, n: int, concurrency: int, upstream_ms: 
         # Open loop at a share of what the closed loop showed the server can do without a ledger
         # (requests/s over its ledger-off phases): the latency at an offered load it keeps up with.
         capacity = statistics.median(len(p.spans) / _wall_s(p) for p in closed["phases"] if p.kind == "off")
-        rate = open_fraction * capacity
-        opened = _rounds(app_with, ledger, sf, raw, n, rounds, concurrency, rate) if open_fraction > 0 else None
+        opened = [(f, f * capacity, _rounds(app_with, ledger, sf, raw, n, rounds, concurrency, f * capacity))
+                  for f in open_fractions if f > 0]
     finally:  # the replica never outlives the bench, whatever happened
         stop.set()
         replica.join(180)
@@ -137,7 +140,7 @@ def run_serving(url: str, workdir: Path, n: int, concurrency: int, upstream_ms: 
     engine.dispose()
     if replica.exitcode != 0:
         raise RuntimeError(f"the extra ledger replica failed (exit code {replica.exitcode})")
-    return {"closed": closed, "open": opened, "capacity_rps": capacity, "rate_rps": rate,
+    return {"closed": closed, "open": opened, "capacity_rps": capacity,
             "switch_interval_ms": max(p.switch_interval_s for p in closed["phases"]) * 1000}
 
 
@@ -321,7 +324,7 @@ def _block(r: dict[str, Any], title: str, *, target: bool) -> list[str]:
 
 
 def run(admin_url: str, n: int, concurrency: int, upstream_ms: float, extra_rows_per_s: float,
-        seed_rows: int, rounds: int = 2, open_fraction: float = OPEN_FRACTION) -> list[str]:
+        seed_rows: int, rounds: int = 2, open_fractions: tuple[float, ...] = OPEN_FRACTIONS) -> list[str]:
     """Create a temp database, run both parts, drop it; returns the report lines."""
     from gateway.db.migrate import upgrade
 
@@ -334,15 +337,15 @@ def run(admin_url: str, n: int, concurrency: int, upstream_ms: float, extra_rows
     try:
         upgrade(url)
         with tempfile.TemporaryDirectory(prefix="tiergate-bench-ledger-pg-") as tmp:
-            r = run_serving(url, Path(tmp), n, concurrency, upstream_ms, extra_rows_per_s, rounds, open_fraction)
+            r = run_serving(url, Path(tmp), n, concurrency, upstream_ms, extra_rows_per_s, rounds, open_fractions)
         lines.append(
             f"serving: concurrency {concurrency} (closed loop), upstream {upstream_ms:g} ms, extra ledger load "
             f"{extra_rows_per_s:g} rows/s from another replica's process; the app built as `tiergate serve` "
             f"builds it (startup heap frozen, GIL switch interval {r['switch_interval_ms']:g} ms)")
         lines += _block(r["closed"], "closed loop at saturation (each worker sends its next request when answered: "
                         "what the ledger costs in throughput, shown as latency)", target=False)
-        if r["open"] is not None:
-            lines += _block(r["open"], f"open loop at {r['rate_rps']:.0f} requests/s = {open_fraction:.0%} of the "
+        for fraction, rate, opened in r["open"]:
+            lines += _block(opened, f"open loop at {rate:.0f} requests/s = {fraction:.0%} of the "
                             f"{r['capacity_rps']:.0f}/s the closed loop served without a ledger (Poisson arrivals, "
                             "same schedule for both kinds, latency from each request's scheduled time: what a "
                             "client sees at that load)", target=True)

@@ -118,14 +118,18 @@ def ledger_pg_bench(
     upstream_ms: float = typer.Option(20.0, help="simulated upstream latency per call"),
     extra_rows_per_s: float = typer.Option(2500.0, help="extra ledger rows/s recorded while serving"),
     seed_rows: int = typer.Option(1_000_000, help="ledger rows seeded before timing the spend summary"),
-    open_fraction: float = typer.Option(0.6, min=0.0, max=1.0, help="open-loop rounds' offered load, as a share of "
-                                        "the ledger-off closed-loop requests/s (0: closed loop only)"),
+    open_fractions: str = typer.Option("0.3,0.6", "--open-fractions",
+                                       help="open-loop offered loads, as shares of the ledger-off closed-loop "
+                                       "requests/s, comma-separated (one set of rounds each; 0 or empty: closed loop only)"),
 ) -> None:
     """Ledger rows/s into PostgreSQL while serving (p99 vs ledger off, closed and open loop) and spend-summary latency."""
     from gateway.bench.ledger_pg import run
 
+    fractions = tuple(float(x) for x in open_fractions.split(",") if x.strip())
+    if any(not 0 <= f <= 1 for f in fractions):
+        raise typer.BadParameter("each share must be within [0, 1]", param_hint="--open-fractions")
     for line in run(postgres_url, requests, concurrency, upstream_ms, extra_rows_per_s, seed_rows, rounds,
-                    open_fraction):
+                    fractions):
         typer.echo(line)
 
 

@@ -8,7 +8,8 @@ A façade over three parts, each in its own module:
 * ``JournalSyncer`` (syncer.py): journaled records → the database in batches, the segments of a
   previous run replayed first at ``start()``, failed batches retried with backoff.
 * the DB applier (applier.py): each batch written idempotently in one transaction, with the
-  ``daily_spend`` aggregates.
+  ``daily_spend`` aggregates — on PostgreSQL in a child process by default (applier_process.py:
+  the serving process's event loop then shares the GIL with no database work).
 
 A journal segment is deleted only once it is sealed and every record in it is committed
 (``SegmentTracker``, segments.py). Money in the records is integer nano-USD.
@@ -51,6 +52,7 @@ from typing import Literal, Protocol
 from sqlalchemy.orm import Session, sessionmaker
 
 from gateway.ledger.applier import write_batch
+from gateway.ledger.applier_process import ProcessApplier
 from gateway.ledger.entries import CallIntent, IntentVoid, LedgerEntry, Record, RequestRecord
 from gateway.ledger.interrupted import settle_owners
 from gateway.ledger.journal import Journal, claim_writer_dir, release_journal_dir
@@ -62,6 +64,7 @@ from gateway.ledger.syncer import JournalSyncer
 log = logging.getLogger("tiergate.ledger")
 
 Durability = Literal["process", "fsync", "none"]
+ApplierMode = Literal["auto", "thread", "process"]
 DURABILITY_LEVELS: tuple[Durability, ...] = ("process", "fsync", "none")
 
 __all__ = ["DURABILITY_LEVELS", "Durability", "Ledger", "LedgerError", "LedgerHealth", "LedgerObserver"]
@@ -94,11 +97,28 @@ class LedgerHealth:
     journal_ok: bool = True       # the journal takes writes (and syncs): new calls can be recorded
 
 
+def _process_applier(session_factory: sessionmaker[Session], mode: ApplierMode) -> ProcessApplier | None:
+    """The child-process applier where ``mode`` asks for it (``auto``: on PostgreSQL), else None
+    (batches are written on the DB thread)."""
+    if mode == "thread":
+        return None
+    bind = getattr(session_factory, "kw", {}).get("bind")  # a sessionmaker's engine (tests may pass a plain callable)
+    dialect = getattr(getattr(bind, "dialect", None), "name", None)
+    if dialect != "postgresql":
+        if mode == "process":
+            raise ValueError(f"ledger.applier: process needs PostgreSQL (the database is {dialect or 'unknown'})")
+        return None
+    assert bind is not None
+    return ProcessApplier(bind.url.render_as_string(hide_password=False),
+                          {"pool_size": 1, "max_overflow": 0, "pool_pre_ping": True})
+
+
 class Ledger:
     def __init__(self, session_factory: sessionmaker[Session], journal_dir: str | Path,
                  flush_interval_ms: int = 50, batch_size: int = 500, *,
                  max_segment_bytes: int = 16 * 1024 * 1024, max_segment_age_s: float = 10.0,
-                 retry_max_s: float = 5.0, interrupted_billing: Literal["estimate", "reserved"] = "estimate") -> None:
+                 retry_max_s: float = 5.0, interrupted_billing: Literal["estimate", "reserved"] = "estimate",
+                 applier: ApplierMode = "auto") -> None:
         self._journal_root = Path(journal_dir)
         self._session_factory = session_factory
         self._retry_max_s = retry_max_s
@@ -118,7 +138,8 @@ class Ledger:
         self._journal_dir: Path | None = None
         self.segments = SegmentTracker(lambda seq: None)
         self.observer: LedgerObserver | None = None  # set by the runtime when metrics are on
-        self._write_batch = functools.partial(write_batch, session_factory)
+        self.process_applier = _process_applier(session_factory, applier)
+        self._write_batch = self.process_applier or functools.partial(write_batch, session_factory)
         self.syncer = JournalSyncer(self._apply, self.segments,
                                     batch_size=batch_size, flush_interval_ms=flush_interval_ms,
                                     retry_max_s=retry_max_s)
@@ -203,6 +224,8 @@ class Ledger:
         left = buffered + pending
         if left:
             log.error("ledger stopped with %d record(s) not committed; they stay in the journal", left)
+        if self.process_applier is not None:
+            self.process_applier.close(max(deadline - time.monotonic(), 1.0))
         if self._dir_lock is not None and self._journal_dir is not None and writer_gone and syncer_gone:
             release_journal_dir(self._journal_root, self._journal_dir, self._dir_lock)
             self._dir_lock = None

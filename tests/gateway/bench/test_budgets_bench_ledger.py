@@ -31,17 +31,23 @@ def test_bench_ledger_pg_small(postgres_url: str) -> None:
     before = _bench_databases()
     lines = run(postgres_url, n=40, concurrency=4, upstream_ms=1, extra_rows_per_s=200, seed_rows=3000, rounds=2)
     text = "\n".join(lines)
-    closed, opened = text.split("\nopen loop at ")
-    assert closed.count("\nclosed loop at saturation") == 1
-    m = re.match(r"(\d+) requests/s = 60% of the (\d+)/s the closed loop served without a ledger", opened)
-    assert m is not None and 0 < int(m.group(1)) < int(m.group(2))
-    for block, verdict in ((closed, "no target"), (opened, "target <= 1.10")):
+    closed, *opened = text.split("\nopen loop at ")  # one block per offered load: 30% and 60%
+    assert closed.count("\nclosed loop at saturation") == 1 and len(opened) == 2
+    rates = []
+    for block, share in zip(opened, ("30%", "60%"), strict=True):
+        m = re.match(rf"(\d+) requests/s = {share} of the (\d+)/s the closed loop served without a ledger", block)
+        assert m is not None and 0 < int(m.group(1)) < int(m.group(2))
+        rates.append(int(m.group(1)))
+    assert rates[0] < rates[1]
+    for block, verdict in ((closed, "no target"), *((b, "target <= 1.10") for b in opened)):
         m = re.search(r"committed to PostgreSQL while serving .*: (\d+) in [\d.]+ s = (\d+) rows/s", block)
         assert m is not None and int(m.group(1)) > 0 and int(m.group(2)) > 0
         assert re.search(rf"p99 ratio on/off: \d+\.\d+ \(median of the rounds; {verdict}", block)
         per_round = re.search(r"p99 ratio on/off per round: ([\d. ]+); all rounds pooled: \d+\.\d+", block)
         assert per_round is not None and len(per_round.group(1).split()) == 2
         assert re.search(r"full GC pauses while timed: ledger off \d+ \(max [\d.]+ ms\), ledger on \d+", block)
+        assert re.search(r"all garbage collections while timed, ledger on:  gen0 \d+, \d+ ms in all, max [\d.]+ ms; "
+                         r"gen1 \d+, .*; gen2 \d+, ", block)
         phases = re.findall(r"round (\d) ledger (off|on): +p99 +[\d.]+ ms, [\d.]+ ms without its longest stall: "
                             r"\d+ ms at [\d.]+ s \(\d+ in flight\); loop lag max \d+ ms at [\d.]+ s \(loop thread "
                             r"meanwhile: \d+ ms on a CPU, \d+ ms waiting for one\); phase [\d.]+ s", block)
