@@ -80,7 +80,8 @@ def _session_factory(settings: Settings, stack: AsyncExitStack) -> sessionmaker[
 def _ledger(settings: Settings, sf: sessionmaker[Session], stack: AsyncExitStack) -> Ledger:
     led = Ledger(sf, settings.resolve_path(settings.ledger.journal_dir),
                  flush_interval_ms=settings.ledger.flush_interval_ms, batch_size=settings.ledger.batch_size,
-                 interrupted_billing=settings.ledger.interrupted_billing, applier=settings.ledger.applier)
+                 interrupted_billing=settings.ledger.interrupted_billing, applier=settings.ledger.applier,
+                 applier_nice=settings.ledger.applier_nice)
     led.start()  # replays what a dead process left in the journal, then settles its interrupted calls
     stack.push_async_callback(led.astop)  # closed last of all but the database: it drains first
     return led

@@ -94,6 +94,7 @@ class LedgerSettings(_Strict):
     # Where batches are written to the database: auto = a child process on PostgreSQL (the
     # serving process then does no database work for the ledger), a thread on SQLite.
     applier: Literal["auto", "thread", "process"] = "auto"
+    applier_nice: int = Field(10, ge=0, le=19)  # the applier process's niceness: the serving loop first
 
     @model_validator(mode="before")
     @classmethod

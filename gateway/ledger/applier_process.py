@@ -76,10 +76,13 @@ def _receive(pipe: IO[bytes]) -> bytes:
 class ProcessApplier:
     """``apply`` for the syncer: each batch written by a child process (see the module docstring).
     ``url``: the database, password included; ``engine_options``: keyword arguments for the
-    child's ``create_engine``. Thread-safe (one batch at a time)."""
+    child's ``create_engine``; ``nice``: added to the child's niceness, so that where the cores are
+    busy the event loop serving requests gets them before this background work (a batch waits a
+    little longer; nothing waits for it but the dashboard). Thread-safe (one batch at a time)."""
 
-    def __init__(self, url: str, engine_options: dict[str, Any] | None = None) -> None:
+    def __init__(self, url: str, engine_options: dict[str, Any] | None = None, *, nice: int = 10) -> None:
         self._url = url
+        self._nice = nice
         self._engine_options = dict(engine_options or {})
         self._lock = threading.Lock()
         self._proc: subprocess.Popen[bytes] | None = None
@@ -117,7 +120,7 @@ class ProcessApplier:
         proc = subprocess.Popen([sys.executable, "-c", "from gateway.ledger.applier_process import main; main()"], stdin=subprocess.PIPE,
                                 stdout=subprocess.PIPE, env=env, close_fds=True)
         assert proc.stdin is not None
-        _send(proc.stdin, pickle.dumps({"url": self._url, "engine": self._engine_options}))
+        _send(proc.stdin, pickle.dumps({"url": self._url, "engine": self._engine_options, "nice": self._nice}))
         self._proc = proc
         self.started += 1
         return proc
@@ -154,6 +157,8 @@ def main() -> None:
         config = pickle.loads(_receive(inp))
     except EOFError:
         return
+    if config.get("nice"):
+        os.nice(config["nice"])
     import sqlalchemy as sa
     from sqlalchemy.orm import sessionmaker
 

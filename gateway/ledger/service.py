@@ -97,7 +97,7 @@ class LedgerHealth:
     journal_ok: bool = True       # the journal takes writes (and syncs): new calls can be recorded
 
 
-def _process_applier(session_factory: sessionmaker[Session], mode: ApplierMode) -> ProcessApplier | None:
+def _process_applier(session_factory: sessionmaker[Session], mode: ApplierMode, nice: int) -> ProcessApplier | None:
     """The child-process applier where ``mode`` asks for it (``auto``: on PostgreSQL), else None
     (batches are written on the DB thread)."""
     if mode == "thread":
@@ -110,7 +110,7 @@ def _process_applier(session_factory: sessionmaker[Session], mode: ApplierMode) 
         return None
     assert bind is not None
     return ProcessApplier(bind.url.render_as_string(hide_password=False),
-                          {"pool_size": 1, "max_overflow": 0, "pool_pre_ping": True})
+                          {"pool_size": 1, "max_overflow": 0, "pool_pre_ping": True}, nice=nice)
 
 
 class Ledger:
@@ -118,7 +118,7 @@ class Ledger:
                  flush_interval_ms: int = 50, batch_size: int = 500, *,
                  max_segment_bytes: int = 16 * 1024 * 1024, max_segment_age_s: float = 10.0,
                  retry_max_s: float = 5.0, interrupted_billing: Literal["estimate", "reserved"] = "estimate",
-                 applier: ApplierMode = "auto") -> None:
+                 applier: ApplierMode = "auto", applier_nice: int = 10) -> None:
         self._journal_root = Path(journal_dir)
         self._session_factory = session_factory
         self._retry_max_s = retry_max_s
@@ -138,7 +138,7 @@ class Ledger:
         self._journal_dir: Path | None = None
         self.segments = SegmentTracker(lambda seq: None)
         self.observer: LedgerObserver | None = None  # set by the runtime when metrics are on
-        self.process_applier = _process_applier(session_factory, applier)
+        self.process_applier = _process_applier(session_factory, applier, applier_nice)
         self._write_batch = self.process_applier or functools.partial(write_batch, session_factory)
         self.syncer = JournalSyncer(self._apply, self.segments,
                                     batch_size=batch_size, flush_interval_ms=flush_interval_ms,

@@ -53,6 +53,8 @@ async def test_batches_commit_through_a_child_process_exactly_once(postgres_url:
     assert await ledger.aflush()
     pid = ledger.process_applier.pid
     assert pid is not None and pid != os.getpid()
+    # background work: nicer than the serving process by ledger.applier_nice (10)
+    assert os.getpriority(os.PRIO_PROCESS, pid) == min(os.getpriority(os.PRIO_PROCESS, 0) + 10, 19)
 
     os.kill(pid, signal.SIGKILL)  # the child dies: the next batch fails, is retried through a new child
     await asyncio.gather(*(ledger.record_durable(entry(100 + i), "process") for i in range(50)))
