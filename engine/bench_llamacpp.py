@@ -9,8 +9,8 @@ engine's own q4_0 keeps its LM head), and both sides run those GGUF files: the e
 (`engine.gguf`: F32/BF16 as fp32 parameters, Q8_0/Q4_0 blocks as they are). The engine's fp32 row packs
 fp32 panels (``TIERGATE_ENGINE_PANELS=fp32``; weights exact in bf16 would otherwise stream as bf16 panels).
 The converter hashes a BPE tokenizer's pre-tokenizer and refuses one it does not know (the demo's); the
-wrapper below then names ``qwen2``, whose split regex is the demo tokenizer's (the random MoE carries the
-demo's tokenizer files: the converter needs a vocabulary, the speed rows never tokenize).
+wrapper below then names ``qwen2``, whose split regex is the demo tokenizer's (the random MoE gets a minimal
+byte-level tokenizer: the converter needs a vocabulary, the speed rows never tokenize).
 
 Measures: decode is ``decode_tokens`` steps after a 16-token prompt (llama-bench: ``-n decode_tokens`` from
 an empty context), prefill is one ``prefill_tokens`` prompt to its first token (``-p prefill_tokens``); the
@@ -110,6 +110,16 @@ class ComparisonRow:
     decode: tuple[float, float] | None  # (tiergate, llama.cpp) medians, tokens/s
     prefill: tuple[float, float] | None
     note: str = ""
+    decode_spread: tuple[float, float] | None = None  # quartiles of the per-round ratios (rounds are paired)
+    prefill_spread: tuple[float, float] | None = None
+
+
+def ratio_quartiles(ours: Sequence[float], theirs: Sequence[float]) -> tuple[float, float] | None:
+    """First and third quartile of the per-round ratios ``ours[i] / theirs[i]`` (None under 4 rounds)."""
+    if len(ours) != len(theirs) or len(ours) < 4:
+        return None
+    q1, _, q3 = statistics.quantiles([a / b for a, b in zip(ours, theirs, strict=True)], n=4)
+    return q1, q3
 
 
 def _tools_in(folder: Path) -> Path | None:
@@ -274,47 +284,67 @@ def compare_model(cpp: LlamaCpp, hf_dir: Path, label: str, vocab: int, log: Log,
                     got["lp"].append(run.prefill)
                     settings = run.settings
         for scheme, (_, engine) in ready.items():
-            med = {k: statistics.median(v) for k, v in samples[scheme].items() if v}
+            got = samples[scheme]
+            med = {k: statistics.median(v) for k, v in got.items() if v}
             both = scheme not in failed
             rows.append(ComparisonRow(label, scheme, t, engine.runner.backend.weight_format,
                                       (med["ed"], med["ld"]) if both else None,
                                       (med["ep"], med["lp"]) if both else None,
-                                      f"llama-bench failed: {failed[scheme]}" if not both else ""))
+                                      f"llama-bench failed: {failed[scheme]}" if not both else "",
+                                      ratio_quartiles(got["ed"], got["ld"]) if both else None,
+                                      ratio_quartiles(got["ep"], got["lp"]) if both else None))
     if settings:
         log(f"    {label}: llama-bench ran with {settings}")
     order = {s: i for i, s in enumerate(SCHEMES)}
     return sorted(rows, key=lambda r: (r.threads, order[r.scheme]))
 
 
-def _pair(pair: tuple[float, float] | None, digits: int) -> str:
+def _pair(pair: tuple[float, float] | None, spread: tuple[float, float] | None, digits: int) -> str:
     if pair is None:
-        return f"{'-':>8} · {'-':>8} · {'-':>5}"
+        return f"{'-':>8} · {'-':>8} · {'-':>5} {'':>11}"
     ours, theirs = pair
-    return f"{ours:8.{digits}f} · {theirs:8.{digits}f} · {ours / theirs:4.2f}x"
+    quartiles = f"[{spread[0]:.2f}-{spread[1]:.2f}]" if spread else ""
+    return f"{ours:8.{digits}f} · {theirs:8.{digits}f} · {ours / theirs:4.2f}x {quartiles:>11}"
 
 
 def format_table(rows: Sequence[ComparisonRow]) -> list[str]:
-    """One line per model x scheme x threads: decode and prefill tok/s, tiergate · llama.cpp · ratio."""
+    """One line per model x scheme x threads: decode and prefill tok/s, tiergate · llama.cpp · ratio, and the
+    ratio's spread over the rounds (first-third quartile of the per-round ratios)."""
     width = max([len(f"{r.model} · {r.scheme} ({r.engine_format})") for r in rows] + [len("model · scheme")])
     lines = [f"{'model · scheme (engine format)':<{width}} | threads | decode tok/s tiergate · llama.cpp · ratio"
-             f" | prefill tok/s tiergate · llama.cpp · ratio"]
+             f" [q1-q3] | prefill tok/s tiergate · llama.cpp · ratio [q1-q3]"]
     for r in rows:
         name = f"{r.model} · {r.scheme} ({r.engine_format})"
-        line = f"{name:<{width}} | {r.threads:>7} | {_pair(r.decode, 1):>41} | {_pair(r.prefill, 0):>42}"
+        line = (f"{name:<{width}} | {r.threads:>7} | {_pair(r.decode, r.decode_spread, 1):>49} | "
+                f"{_pair(r.prefill, r.prefill_spread, 0):>50}")
         lines.append(line + (f"  {r.note}" if r.note else ""))
     return lines
 
 
-def _random_checkpoint(sizes: BenchSizes, out: Path, demo_dir: Path) -> None:
-    """The random bench MoE rounded to bf16 (as the engine's quantization rows use it), with the demo's
-    tokenizer files (the converter needs a vocabulary)."""
+def write_byte_tokenizer(out: Path, vocab: int) -> None:
+    """A minimal byte-level BPE tokenizer (the 256 byte symbols and one merge; ids past them are padding): the
+    converter needs a vocabulary (llama.cpp: with merges), and the random MoE has none (the speed rows never
+    tokenize)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    symbols = [*sorted(pre_tokenizers.ByteLevel.alphabet()), "\u0120t"]  # "Ġt": a space and t, merged
+    if vocab < len(symbols):
+        raise ValueError(f"a vocabulary of {vocab} is smaller than the {len(symbols)} byte-level tokens")
+    tokenizer = Tokenizer(models.BPE(vocab={s: i for i, s in enumerate(symbols)}, merges=[("\u0120", "t")]))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    tokenizer.save(str(out / "tokenizer.json"))
+    (out / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "PreTrainedTokenizerFast"}))
+
+
+def _random_checkpoint(sizes: BenchSizes, out: Path) -> None:
+    """The random bench MoE rounded to bf16 (as the engine's quantization rows use it), with a byte tokenizer."""
     hf = build_random_moe(sizes, out)
     with torch.no_grad():
         for p in hf.parameters():
             p.copy_(p.bfloat16().float())
     hf.save_pretrained(out)
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(demo_dir / name, out / name)
+    write_byte_tokenizer(out, sizes.vocab)
 
 
 def run_llama_cpp_bench(sizes: BenchSizes, demo_dir: Path | None, log: Log, *, threads: Sequence[int] = (1, 2),
@@ -335,13 +365,11 @@ def run_llama_cpp_bench(sizes: BenchSizes, demo_dir: Path | None, log: Log, *, t
     rows: list[ComparisonRow] = []
     with tempfile.TemporaryDirectory(prefix="tiergate-llamacpp-") as tmp:
         work = Path(tmp)
-        if "random" in models and has_demo:
+        if "random" in models:
             hf_dir = work / "random-moe"
-            _random_checkpoint(sizes, hf_dir, demo_dir)  # type: ignore[arg-type]
+            _random_checkpoint(sizes, hf_dir)
             rows += compare_model(cpp, hf_dir, "random MoE", sizes.vocab, log, threads=threads, rounds=rounds,
                                   prefill_tokens=prefill_tokens, decode_tokens=sizes.decode_tokens, work_dir=work)
-        elif "random" in models:
-            log(f"    random MoE skipped: its GGUF takes the demo model's tokenizer, and {demo_dir} has none")
         if "demo" in models and has_demo:
             from engine.config import ModelConfig
 

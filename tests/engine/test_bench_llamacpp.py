@@ -21,6 +21,7 @@ from engine.bench_llamacpp import (
     find_llama_cpp,
     format_table,
     parse_llama_bench_json,
+    ratio_quartiles,
     run_llama_cpp_bench,
 )
 
@@ -129,17 +130,56 @@ def test_convert_names_a_pre_tokenizer_the_converter_does_not_know_and_quantizes
     assert not (out / "other-q8_0.gguf").exists()
 
 
+def test_ratio_quartiles_pair_the_rounds() -> None:
+    ours, theirs = [10.0, 20.0, 30.0, 40.0, 50.0], [10.0, 10.0, 10.0, 10.0, 10.0]
+    assert ratio_quartiles(ours, theirs) == (1.5, 4.5)
+    assert ratio_quartiles(ours, theirs[::-1]) == (1.5, 4.5)  # still round by round
+    assert ratio_quartiles(ours, [10.0, 20.0, 30.0, 40.0, 50.0]) == (1.0, 1.0)
+    assert ratio_quartiles(ours[:3], theirs[:3]) is None
+
+
 def test_the_table_prints_tiergate_over_llama_cpp() -> None:
-    rows = [ComparisonRow("random MoE", "fp32", 1, "fp32 panels", (12.0, 10.0), (300.0, 400.0)),
+    rows = [ComparisonRow("random MoE", "fp32", 1, "fp32 panels", (12.0, 10.0), (300.0, 400.0),
+                          decode_spread=(1.1, 1.25), prefill_spread=(0.7, 0.8)),
             ComparisonRow("random MoE", "q4_0", 2, "q4_0 + q8_0 blocks", (30.5, 61.0), (900.0, 450.0)),
             ComparisonRow("demo-moe", "bf16", 1, "-", None, None, "skipped: no llama-quantize")]
     header, fp32, q4, skipped = format_table(rows)
     assert header.split(" | ") == ["model · scheme (engine format)".ljust(len("random MoE · q4_0 (q4_0 + q8_0 "
                                                                               "blocks)")),
-                                   "threads", "decode tok/s tiergate · llama.cpp · ratio",
-                                   "prefill tok/s tiergate · llama.cpp · ratio"]
+                                   "threads", "decode tok/s tiergate · llama.cpp · ratio [q1-q3]",
+                                   "prefill tok/s tiergate · llama.cpp · ratio [q1-q3]"]
     assert [c.strip() for c in fp32.split(" | ")] == ["random MoE · fp32 (fp32 panels)", "1",
-                                                       "12.0 ·     10.0 · 1.20x", "300 ·      400 · 0.75x"]
+                                                       "12.0 ·     10.0 · 1.20x [1.10-1.25]",
+                                                       "300 ·      400 · 0.75x [0.70-0.80]"]
     assert [c.strip() for c in q4.split(" | ")][2:] == ["30.5 ·     61.0 · 0.50x", "900 ·      450 · 2.00x"]
-    assert skipped.endswith("-  skipped: no llama-quantize") and skipped.count("- ·") == 4
+    assert skipped.endswith("  skipped: no llama-quantize") and skipped.count("- ·") == 4
     assert len({len(line.split(" | ")[0]) for line in (header, fp32, q4, skipped)}) == 1  # aligned
+
+
+@pytest.mark.slow
+@pytest.mark.process
+def test_side_by_side_on_a_real_build() -> None:
+    """Where `make bench-llama-cpp` has built llama.cpp: every scheme of both models gets a row with both
+    sides' figures, the engine ran each GGUF in its own format, and the greedy check ran."""
+    import re
+
+    import torch
+
+    found = find_llama_cpp()
+    if isinstance(found, str):
+        pytest.skip(found)
+    demo = Path(__file__).resolve().parents[2] / "engine" / "models" / "demo-moe"
+    sizes = BenchSizes(hidden=64, layers=2, heads=4, kv_heads=2, experts=4, top_k=2, expert_intermediate=64,
+                       vocab=512, decode_tokens=4)
+    lines: list[str] = []
+    torch.set_num_threads(1)
+    rows = run_llama_cpp_bench(sizes, demo, lines.append, threads=(1,), rounds=1, prefill_tokens=32,
+                               greedy_tokens=8)
+    out = "\n".join(lines)
+    formats = {"fp32": "fp32 panels", "bf16": "bf16 panels", "q8_0": "q8_0 blocks", "q4_0": "q4_0 + q8_0 blocks"}
+    assert [(r.model, r.scheme) for r in rows] == [(m, s) for m in ("random MoE", "demo-moe") for s in formats], out
+    for row in rows:
+        assert row.engine_format == formats[row.scheme] and not row.note, out
+        assert row.decode is not None and row.prefill is not None and min(*row.decode, *row.prefill) > 0
+    assert re.search(r"greedy text vs llama.cpp \(llama-simple, demo-moe f32 GGUF, 8 tokens, 3 chat prompts\): "
+                     r"identical on \d/3", out), out
