@@ -293,8 +293,8 @@ def compare_model(cpp: LlamaCpp, hf_dir: Path, label: str, vocab: int, log: Log,
                                       f"llama-bench failed: {failed[scheme]}" if not both else "",
                                       ratio_quartiles(got["ed"], got["ld"]) if both else None,
                                       ratio_quartiles(got["ep"], got["lp"]) if both else None))
-    if settings:
-        log(f"    {label}: llama-bench ran with {settings}")
+    log(f"    {label}: decode {decode_tokens} tokens, prefill {prefill_tokens}" +
+        (f"; llama-bench ran with {settings}" if settings else ""))
     order = {s: i for i, s in enumerate(SCHEMES)}
     return sorted(rows, key=lambda r: (r.threads, order[r.scheme]))
 
@@ -359,8 +359,8 @@ def run_llama_cpp_bench(sizes: BenchSizes, demo_dir: Path | None, log: Log, *, t
     stamps = sorted(p.name.removeprefix(".tiergate-built-") for folder in cpp.bench.parents[:3]
                     for p in folder.glob(".tiergate-built-*"))
     built = f"llama-cpp-python {stamps[0]}'s llama.cpp, " if stamps else ""
-    log(f"    llama.cpp side by side ({built}{cpp.bench.parent}): batch-1 decode ({sizes.decode_tokens} tokens) and prefill "
-        f"({prefill_tokens} tokens) on the same GGUF files; medians of {rounds} interleaved rounds; ratio = "
+    log(f"    llama.cpp side by side ({built}{cpp.bench.parent}): batch-1 decode and prefill tok/s on the same "
+        f"GGUF files; medians of {rounds} interleaved rounds; ratio = "
         f"tiergate / llama.cpp (target >= 1.0x)")
     rows: list[ComparisonRow] = []
     with tempfile.TemporaryDirectory(prefix="tiergate-llamacpp-") as tmp:
