@@ -7,17 +7,13 @@ Batch-1 decode tokens/s is measured after the prompt is prefilled; prefill token
 ``prefill_tokens``-token prompt (to its first token). The measures take turns (`best_interleaved`), so a
 burst of load on a shared machine hits every scheme alike; the ratio is each scheme over ``none``.
 
-llama.cpp side by side: only where a llama.cpp build is present (``llama-bench`` on PATH or
-``TIERGATE_LLAMA_CPP`` naming its folder); otherwise the rows say it was skipped. Driving llama-bench is not
-implemented in this round: where a build is found the rows say so rather than print numbers.
+llama.cpp side by side on the same weights is `engine.bench_llamacpp` (the same part, printed after these rows).
 
 Imports torch and the engine; nothing web/db.
 """
 
 from __future__ import annotations
 
-import os
-import shutil
 import tempfile
 import time
 from functools import partial
@@ -56,15 +52,6 @@ def _engine(model: Any, config: Any, prefill_tokens: int, decode_tokens: int) ->
     return LLMEngine(model, config, eos_token_ids=(), max_model_len=prefill_tokens + decode_tokens + 8,
                      max_num_seqs=1, max_num_batched_tokens=prefill_tokens, enable_prefix_caching=False,
                      release_weights=True)
-
-
-def llama_cpp_note() -> str:
-    folder = os.environ.get("TIERGATE_LLAMA_CPP")
-    found = shutil.which("llama-bench") or (folder and shutil.which("llama-bench", path=folder))
-    if not found:
-        return ("llama.cpp side by side: skipped (no llama.cpp build here: llama-bench is not on PATH and "
-                "TIERGATE_LLAMA_CPP is not set)")
-    return f"llama.cpp side by side: a build is present ({found}) but driving llama-bench is not implemented yet"
 
 
 def compare_schemes(model_dir: Path, label: str, log: Log, *, prefill_tokens: int, decode_tokens: int,
@@ -109,4 +96,3 @@ def run_quantization_bench(sizes: BenchSizes, demo_dir: Path | None, log: Log, *
         vocab = ModelConfig.from_dir(demo_dir).vocab_size
         compare_schemes(demo_dir, "demo-moe", log, prefill_tokens=prefill_tokens,
                         decode_tokens=sizes.decode_tokens * 2, repeats=repeats, vocab=vocab)
-    log(f"    {llama_cpp_note()}")

@@ -5,9 +5,10 @@ stacks or neither), a shared expert, the LM head (or the embedding table it is t
 with `ops.pack` when it has at least 16 output rows (a panel holds 64; smaller products, such as a
 shared expert's one-logit gate, stay torch). Routers, norms and an untied embedding table stay as they
 are. When every packed matrix is exact in bf16 (a bf16 checkpoint loaded as fp32) the panels hold bf16:
-half the bytes per step, the same products. A matrix the model holds quantized (``model.quantized``, see
-`engine.quant`: a ``engine.quantization`` scheme applied at load, or a GGUF's Q8_0 / Q4_0 tensors) is taken
-as its Q8_0 / Q4_0 blocks instead, for the kernels' int8 products.
+half the bytes per step, the same products (``TIERGATE_ENGINE_PANELS=fp32``, read when a model is packed,
+keeps them fp32: for benchmarks of the fp32 format). A matrix the model holds quantized
+(``model.quantized``, see `engine.quant`: a ``engine.quantization`` scheme applied at load, or a GGUF's
+Q8_0 / Q4_0 tensors) is taken as its Q8_0 / Q4_0 blocks instead, for the kernels' int8 products.
 
 With ``release`` the model's own copy of each packed matrix is given back, so the weights are held once:
 the parameter keeps its shape but holds one zero (broadcast), every parameter stops requiring
@@ -21,6 +22,7 @@ blocks, and engine.native.ops only.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -84,7 +86,8 @@ class PackedWeights:
         plain = [w for w in matrices if id(w) not in blocks]
         with torch.no_grad():
             # bf16 panels when that loses nothing (a bf16 checkpoint loaded as fp32): half the bytes per step
-            self.bf16 = bool(plain) and all(torch.equal(w, w.bfloat16().float()) for w in plain)
+            self.bf16 = bool(plain) and os.environ.get("TIERGATE_ENGINE_PANELS", "auto") != "fp32" and all(
+                torch.equal(w, w.bfloat16().float()) for w in plain)
             self._packed = {id(w): ops.pack(w.detach(), bf16=self.bf16) for w in plain}
             self._packed.update({key: ops.pack_blocks(q.data, q.fmt) for key, q in blocks.items()})
         self._matrices = matrices  # keeps the ids above valid

@@ -1,7 +1,8 @@
 """`tiergate bench engine`: the local engine vs HF transformers, memory-bandwidth use, batching
-scale-up, k=1 vs the trained k, (e) q8_0 / q4_0 weights vs the engine's bf16, speculative decoding
-(f) and the prefix cache (g). The measurements live in engine.bench / engine.bench_quant; this picks
-the sizes and prices (g)'s tokens with the ledger's own rule."""
+scale-up, k=1 vs the trained k, (e) q8_0 / q4_0 weights vs the engine's bf16 and the engine vs llama.cpp
+on the same GGUF files, speculative decoding (f) and the prefix cache (g). The measurements live in
+engine.bench / engine.bench_quant / engine.bench_llamacpp; this picks the sizes and prices (g)'s tokens
+with the ledger's own rule."""
 
 from __future__ import annotations
 
@@ -15,7 +16,9 @@ PARTS = ("a", "b", "c", "d", "e", "f", "g")
 def run(*, quick: bool, threads: int | None, decode_tokens: int | None, repeats: int, demo: Path,
         data_dir: Path, ppl_windows: int, skip_random: bool, echo: Callable[[str], None],
         draft: Path | None = None, only: Collection[str] = PARTS, config: Path | None = None,
-        quantization: bool = True, prefill_tokens: int = 256) -> None:
+        quantization: bool = True, prefill_tokens: int = 256, llama_cpp: bool = True,
+        llama_cpp_threads: Collection[int] = (1, 2), llama_cpp_rounds: int = 5,
+        llama_cpp_models: Collection[str] = ("random", "demo")) -> None:
     import torch
 
     from engine.bench import (
@@ -26,11 +29,15 @@ def run(*, quick: bool, threads: int | None, decode_tokens: int | None, repeats:
         run_random_moe_bench,
         run_speculative_bench,
     )
+    from engine.bench_llamacpp import run_llama_cpp_bench
     from engine.bench_quant import run_quantization_bench
 
     unknown = set(only) - set(PARTS)
     if unknown:
         raise ValueError(f"unknown bench parts {sorted(unknown)}; choose from {', '.join(PARTS)}")
+    if set(llama_cpp_models) - {"random", "demo"}:
+        raise ValueError(f"unknown llama.cpp models {sorted(set(llama_cpp_models) - {'random', 'demo'})}; "
+                         f"choose from random, demo")
     if threads:
         torch.set_num_threads(threads)
     sizes = QUICK if quick else BenchSizes()
@@ -44,6 +51,13 @@ def run(*, quick: bool, threads: int | None, decode_tokens: int | None, repeats:
     if quantization and "e" in only:
         run_quantization_bench(sizes, demo, echo, prefill_tokens=prefill_tokens, repeats=repeats,
                                skip_random=skip_random)
+    if llama_cpp and "e" in only:
+        if not quantization:
+            echo("(e) the engine vs llama.cpp on the same weights")
+        run_llama_cpp_bench(sizes, demo, echo, threads=sorted(llama_cpp_threads), rounds=llama_cpp_rounds,
+                            prefill_tokens=prefill_tokens,
+                            models=[m for m in ("random", "demo") if m in llama_cpp_models and
+                                    not (m == "random" and skip_random)])
     if "f" in only:
         echo("(f) speculative decoding, batch 1, greedy (machine shared: figures are noisy)")
         run_speculative_bench(demo, draft, echo, decode_tokens=sizes.decode_tokens * (3 if quick else 4),

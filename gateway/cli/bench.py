@@ -91,6 +91,13 @@ def engine_bench(
     quantization: bool = typer.Option(True, "--quantization/--no-quantization",
                                       help="part (e): q8_0 / q4_0 decode and prefill vs the engine's bf16"),
     prefill_tokens: int = typer.Option(256, "--prefill-tokens", help="prompt length of the prefill rows in (e)"),
+    llama_cpp: bool = typer.Option(True, "--llama-cpp/--no-llama-cpp",
+                                   help="part (e): the engine vs llama.cpp on the same GGUF files (`make "
+                                        "bench-llama-cpp` builds llama.cpp; skipped with a note without it)"),
+    llama_cpp_threads: str = typer.Option("1,2", "--llama-cpp-threads", help="comma-separated thread counts"),
+    llama_cpp_rounds: int = typer.Option(5, "--llama-cpp-rounds", min=1, help="interleaved rounds (medians)"),
+    llama_cpp_models: str = typer.Option("random,demo", "--llama-cpp-models",
+                                         help="comma-separated: random (the bench MoE), demo"),
 ) -> None:
     """Engine speed vs HF transformers, memory-bandwidth use, batching scale-up, k=1 vs trained k,
     quantized weights (e), speculative decoding (f), prefix-cache time to first token and its ledger cost (g)."""
@@ -100,12 +107,19 @@ def engine_bench(
 
     parts = {p.strip() for p in only.split(",") if p.strip()}
     try:
+        cpp_threads = [int(t) for t in llama_cpp_threads.split(",") if t.strip()]
+    except ValueError:
+        raise typer.BadParameter(f"not a list of thread counts: {llama_cpp_threads}",
+                                 param_hint="--llama-cpp-threads") from None
+    try:
         run(quick=quick, threads=threads, decode_tokens=decode_tokens, repeats=repeats, demo=Path(demo),
             data_dir=Path(data_dir), ppl_windows=ppl_windows, skip_random=skip_random, echo=typer.echo,
             draft=Path(draft), only=parts, config=Path(config) if config else None,
-            quantization=quantization, prefill_tokens=prefill_tokens)
+            quantization=quantization, prefill_tokens=prefill_tokens, llama_cpp=llama_cpp,
+            llama_cpp_threads=cpp_threads, llama_cpp_rounds=llama_cpp_rounds,
+            llama_cpp_models={m.strip() for m in llama_cpp_models.split(",") if m.strip()})
     except ValueError as err:
-        raise typer.BadParameter(str(err), param_hint="--only") from None
+        raise typer.BadParameter(str(err), param_hint="--only / --llama-cpp-models") from None
 
 
 @app.command("ledger")

@@ -139,6 +139,22 @@ def test_a_bf16_checkpoint_packs_to_bf16_panels_and_decodes_the_same(family: str
     _assert_same_logits(_greedy_logits(backend.forward, fast, prompt, 5), _greedy_logits(plain, plain, prompt, 5))
 
 
+def test_bf16_exact_weights_pack_to_fp32_panels_when_told(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``TIERGATE_ENGINE_PANELS=fp32`` (the benchmarks' fp32 rows): a bf16 checkpoint keeps fp32 panels."""
+    assert ops.available(), ops.reason()
+    hf = build_hf_model("mixtral", seed=6)
+    with torch.no_grad():
+        for p in hf.parameters():
+            p.copy_(p.bfloat16().float())
+    hf.save_pretrained(tmp_path)
+    monkeypatch.setenv("TIERGATE_ENGINE_PANELS", "fp32")
+    forced, _ = load_model(tmp_path)
+    backend = native.prepare(forced)
+    assert not backend.weights.bf16 and backend.weight_format == "fp32 panels"
+    monkeypatch.setenv("TIERGATE_ENGINE_PANELS", "auto")
+    assert native.prepare(load_model(tmp_path)[0]).weight_format == "bf16 panels"
+
+
 def test_weights_not_exact_in_bf16_stay_fp32_panels(tmp_path: Path) -> None:
     assert ops.available(), ops.reason()
     build_hf_model("mixtral", seed=7).save_pretrained(tmp_path)
