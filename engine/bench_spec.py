@@ -57,7 +57,8 @@ class SpecRow:
     step_ms: float  # plain decode step (engine step incl. scheduling and sampling), mean over the plain runs
     verify_ms: float  # mean verify step, at a mean draft length of verify_k
     verify_k: float
-    draft_ms: float  # mean proposing time per verify step's proposal
+    draft_ms: float  # proposing per draft token (model drafters, keeping up) or per lookup (prompt lookup)
+    catch_up_ms: float  # a model drafter's run over one request's prompt
     bound: float
     bound_k: int
 
@@ -105,23 +106,27 @@ def answer_reuse(prompts: list[list[int]], answers: list[list[int]], ngram_max: 
     return found / max(grams, 1), hits / max(positions, 1)
 
 
-def speed_bound(costs: SpecCosts, totals: SpecTotals, proposer: str, plain: float, k_max: int) -> tuple[float, int]:
+def speed_bound(costs: SpecCosts, totals: SpecTotals, proposer: str, plain: float, k_max: int, tokens: int,
+                prompt: float) -> tuple[float, int]:
     """The speed (a multiple of plain decoding's) that drafting ``k`` tokens wherever the proposer has a guess
     would reach with these costs and the acceptance per draft position measured in the run, at the best ``k``,
     and that ``k``: a guessed step yields ``1 + sum_j P(first j accepted)`` tokens for a verify of ``k`` plus
-    proposing, an unguessed one 1 token for a plain step plus the (failed) lookup."""
+    proposing, an unguessed one 1 token for a plain step plus the (failed) lookup; a model drafter also runs
+    each request's ``prompt`` tokens once (its catch-up), over a request of ``tokens`` decode steps."""
     if costs.plain is None:
         costs.record_plain(plain)
     g = totals.guess_share
     call = costs.draft_call.get(proposer, 0.0)
+    once = prompt * costs.catch_up_token.get(proposer, 0.0)
     best, best_k = math.nan, 0
-    tokens = 1.0
+    made = 1.0
     for k, alive in enumerate(totals.positions.survival(k_max), start=1):
-        tokens += alive
+        made += alive
         step = costs.step_cost(proposer, k)
         if step is None or g != g:
             return math.nan, 0
-        speed = (g * tokens + 1 - g) * plain / (g * (step + call) + (1 - g) * (plain + call))
+        per_token = (g * (step + call) + (1 - g) * (plain + call)) / (g * made + 1 - g)
+        speed = tokens * plain / (tokens * per_token + once)
         if not speed <= best:
             best, best_k = speed, k
     return best, best_k
@@ -189,13 +194,15 @@ def run_speculative_bench(demo_dir: Path, draft_dir: Path | None, log: Log, *, d
         for m in modes:
             totals = spec.totals.get(m, SpecTotals())
             c = costs[m]
-            bound, bound_k = (1.0, 0) if m == "off" else speed_bound(c, totals, m, plain, spec.config.max_draft)
+            prompt = sum(map(len, prompts)) / len(prompts)
+            bound, bound_k = (1.0, 0) if m == "off" else speed_bound(c, totals, m, plain, spec.config.max_draft,
+                                                                   decode_tokens - 1, prompt)
             verified = c.sums.get("verify", [0.0, 0.0])[0]
             mean_k = sum(k * c.sums[f"verify:{k}"][0] for k in c.verify) / verified if verified else math.nan
-            draft = c.mean(f"draft:{m}") if m != "off" else 0.0
+            draft = c.draft_call.get(m, c.draft_token.get(m, math.nan)) if m != "off" else 0.0
             rows.append(SpecRow(workload, m, speed[m], speed[m] / speed["off"], totals.acceptance_rate,
                                 totals.tokens_per_verify, totals.guess_share, 1e3 * plain, 1e3 * c.mean("verify"),
-                                mean_k, 1e3 * draft, bound, bound_k))
+                                mean_k, 1e3 * draft, 1e3 * prompt * c.catch_up_token.get(m, 0.0), bound, bound_k))
         curve = costs["prompt_lookup"]
         log(f"(f) {workload}: plain decoding {speed['off']:.1f} tok/s (decode step {1e3 * plain:.2f} ms); verify step "
             "by draft length (prompt lookup's runs, ms): " + ", ".join(
@@ -215,6 +222,12 @@ def _log_row(row: SpecRow, log: Log) -> None:
     log(f"(f) {row.workload}, {row.mode}: {row.tokens_per_s:.1f} tok/s -> ratio {row.ratio:.2f}x vs plain "
         f"(target >= {row.target:.2f}x: {_verdict(row.ratio, row.target)}); a guess at {row.guess_share:.0%} of its "
         f"steps, acceptance {row.acceptance:.0%}, {row.tokens_per_verify:.2f} tokens/verify; step {row.step_ms:.2f} ms, "
-        f"verify {row.verify_ms:.2f} ms at {row.verify_k:.1f} drafts + drafting {row.draft_ms:.2f} ms -> bound "
+        f"verify {row.verify_ms:.2f} ms at {row.verify_k:.1f} drafts, {_drafting(row)} -> bound "
         f"{row.bound:.2f}x (drafting {row.bound_k} wherever it has a guess), reached {reached:.0%} of "
         f"max(bound, 1)")
+
+
+def _drafting(row: SpecRow) -> str:
+    if row.mode == "prompt_lookup":
+        return f"lookup {row.draft_ms:.2f} ms a step"
+    return f"drafting {row.draft_ms:.2f} ms a token + {row.catch_up_ms:.1f} ms over the prompt"

@@ -95,11 +95,13 @@ class SpecCosts:
     sequences.
 
     ``plain``: a decode step without drafts. ``verify[k]``: a step verifying ``k`` drafts. ``draft_token``: a
-    model drafter's proposing per draft token; ``draft_call``: prompt lookup's per proposal (it does not grow
-    with the draft). ``sums`` keeps totals for reports (`mean`)."""
+    model drafter's proposing per draft token while it keeps up with the sequence; ``catch_up_token``: per token
+    it had to run first (the prompt, or what was decoded while it paused); ``draft_call``: prompt lookup's per
+    proposal (it does not grow with the draft). ``sums`` keeps totals for reports (`mean`)."""
 
     verify: dict[int, _Recent] = field(default_factory=dict)
     draft_token: dict[str, float] = field(default_factory=dict)
+    catch_up_token: dict[str, float] = field(default_factory=dict)
     draft_call: dict[str, float] = field(default_factory=dict)
     sums: dict[str, list[float]] = field(default_factory=dict)  # key -> [count, total seconds]
     _plain: _Recent = field(default_factory=lambda: _Recent(32))
@@ -150,6 +152,13 @@ class SpecCosts:
         elif tokens > 0:
             recent.add(seconds / tokens)
             self.draft_token[proposer] = recent.value
+
+    def record_catch_up(self, proposer: str, seconds: float, tokens: int) -> None:
+        """A model drafter ran ``tokens`` of a sequence before drafting, in ``seconds`` beyond its drafting."""
+        self._sum(f"catch-up:{proposer}", seconds)
+        recent = self._drafts.setdefault(f"catch-up:{proposer}", _Recent())
+        recent.add(seconds / tokens)
+        self.catch_up_token[proposer] = recent.value
 
     def needs_plain(self, every: int = 64) -> bool:
         """Whether the next step should be plain to keep the plain step's cost current (every choice is

@@ -166,6 +166,16 @@ class ModelDrafter:
         if st is not None:
             self.allocator.free(st.block_table)
 
+    def lag(self, request_id: str, tokens: Seq[int]) -> int:
+        """How many of ``tokens`` (a sequence's, all but the last computed by the target) this drafter must run
+        before it can draft: 1 or 2 while it keeps up, the whole prompt the first time."""
+        st = self._seqs.get(request_id)
+        history = st.history if st is not None else []
+        valid, limit = 0, min(len(history), len(tokens) - 1)
+        while valid < limit and history[valid] == tokens[valid]:
+            valid += 1
+        return len(tokens) - valid
+
     @torch.inference_mode()
     def propose(self, requests: Seq[DraftRequest]) -> list[tuple[list[int], torch.Tensor | None]]:
         out: list[tuple[list[int], torch.Tensor | None]] = [([], None)] * len(requests)

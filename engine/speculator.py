@@ -30,6 +30,7 @@ from engine.sequence import Sequence
 from engine.spec_control import Acceptance, SpecConfig, SpecCosts, SpecState, SpecTotals, best_draft
 from engine.speculative import DraftRequest, ModelDrafter, prompt_lookup_match, verify
 
+CATCH_UP = 2  # a model drafter this many tokens behind is keeping up (the bonus token, the last draft)
 Suppressed = Callable[[Sequence, int], tuple[int, ...]]  # ids the offset-th next token of a sequence may not be
 
 
@@ -102,7 +103,7 @@ class Speculator:
         cfg = self.config
         start = time.perf_counter()
         looked = 0
-        groups: dict[str, list[tuple[Sequence, int]]] = {}
+        groups: dict[str, list[tuple[Sequence, int, int]]] = {}
         plain_step: bool | None = None
         for seq in running:
             st: SpecState | None = seq.spec
@@ -128,8 +129,13 @@ class Speculator:
                 seq.spec_token_ids, seq.spec_probs = draft[:k], None
             else:
                 k = self._length(st, 0, cap)
+                lag = self.drafter(st.proposer).lag(seq.request_id, seq.token_ids)
+                left = (seq.params.max_tokens - seq.num_output_tokens if seq.params.max_tokens is not None
+                        else self._max_model_len - seq.num_tokens)
+                if k and lag > CATCH_UP and not self._recoups(st.proposer, k, lag, left):
+                    k = 0
                 if k:
-                    groups.setdefault(st.proposer, []).append((seq, k))
+                    groups.setdefault(st.proposer, []).append((seq, k, lag))
                 elif self.totals[st.proposer].verifies >= cfg.engine_probe_verifies:
                     st.paused_until = self._max_model_len  # the engine knows enough: plain to the end
                 else:
@@ -140,14 +146,31 @@ class Speculator:
         for proposer, items in groups.items():
             begin = time.perf_counter()
             drafts = self.drafter(proposer).propose([
-                DraftRequest(seq.request_id, seq.token_ids, k, seq.params, seq.sampler_state) for seq, k in items])
-            for (seq, _), (tokens, probs) in zip(items, drafts, strict=True):
+                DraftRequest(seq.request_id, seq.token_ids, k, seq.params, seq.sampler_state) for seq, k, _ in items])
+            for (seq, _, _), (tokens, probs) in zip(items, drafts, strict=True):
                 seq.spec_token_ids, seq.spec_probs = tokens, probs
             seconds = time.perf_counter() - begin
             spent += seconds
-            self.costs.record_draft(proposer, seconds / len(items),
-                                    sum(len(seq.spec_token_ids) for seq, _ in items) / len(items))
+            drafted = sum(len(seq.spec_token_ids) for seq, _, _ in items)
+            behind = sum(lag for _, _, lag in items if lag > CATCH_UP)
+            per_token = self.costs.draft_token.get(proposer)
+            if not behind:
+                self.costs.record_draft(proposer, seconds / len(items), drafted / len(items))
+            elif per_token is not None:  # what the drafting would have cost: the rest is the catch-up
+                self.costs.record_catch_up(proposer, max(seconds - drafted * per_token, 0.0), behind)
         return spent
+
+    def _recoups(self, proposer: str, k: int, lag: int, left: int) -> bool:
+        """Whether drafting up to ``k`` tokens a step for the rest of a sequence (``left`` more tokens at most) is
+        predicted to save more than the drafter's catch-up over ``lag`` tokens costs (True while either is
+        unmeasured)."""
+        best = best_draft(self.costs, proposer, self._acceptance(proposer, 0), k)
+        per_token = self.costs.catch_up_token.get(proposer)
+        plain = self.costs.plain
+        if best is None or per_token is None or plain is None:
+            return True
+        tokens = 1 + sum(self._acceptance(proposer, 0).survival(best[0]))
+        return best[1] * left / tokens > lag * per_token / plain
 
     def _length(self, st: SpecState, bucket: int, cap: int) -> int:
         """How many tokens ``st``'s sequence drafts now (at most ``cap``; 0: decode plainly)."""

@@ -346,3 +346,23 @@ def test_prompt_lookup_drafts_where_its_match_predicts_acceptance(family_models:
     assert engine._seqs[weak].spec_token_ids == []
     assert engine._seqs[strong].spec_token_ids == [5, 6, 7, 8, 1, 2, 3, 4]
     assert spec.totals["prompt_lookup"].declined == 1
+
+
+def test_a_model_drafter_starts_only_where_its_catch_up_pays_back(family_models: Any) -> None:
+    """A drafter that has not seen a sequence must first run its prompt: worth it for a long answer, not for a
+    three-token one."""
+    model, config = family_models["mixtral"]
+    engine = _engine(model, config, draft_model=model, max_num_batched_tokens=64)
+    spec = engine.speculator
+    spec.costs = _measured(1.0, {1: 1.2, 2: 1.3, 4: 1.5}, draft_token=0.2)
+    spec.costs.record_catch_up("draft", 22.0, 22)  # a prompt token costs the drafter a plain step
+    spec.totals["draft"] = SpecTotals(verifies=100)
+    for _ in range(40):
+        spec._acceptance("draft", 0).record(4, 2)  # two tokens hold, the third never
+    short = engine.add_request(PROMPTS[1], SamplingParams(temperature=0, max_tokens=4), speculative="draft")
+    long = engine.add_request(PROMPTS[1], SamplingParams(temperature=0, max_tokens=300), speculative="draft")
+    engine.step()  # prefill both
+    spec.propose(engine.scheduler.running)
+    assert engine._seqs[short].spec_token_ids == [] and not engine._seqs[short].spec.active(2)
+    assert len(engine._seqs[long].spec_token_ids) == 2
+    assert spec.drafters["draft"].lag(long, engine._seqs[long].token_ids) == 1  # it caught up
