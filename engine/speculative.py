@@ -123,6 +123,31 @@ def prompt_lookup_match(tokens: Seq[int], k: int, ngram_max: int = 3, ngram_min:
     return seq[best_at + 1:best_at + 1 + k], best_len
 
 
+class NgramIndex:
+    """`prompt_lookup_match` for one growing sequence in O(``ngram_max``) a step rather than a scan of it: the
+    latest end position of every n-gram (n = 1..``ngram_max``) seen so far, extended as tokens are appended.
+    Same answers as the scan (the longest match, the latest among equals); the sequence must only grow."""
+
+    def __init__(self, ngram_max: int, ngram_min: int = 1) -> None:
+        self.ngram_max, self.ngram_min = ngram_max, ngram_min
+        self._latest: list[dict[tuple[int, ...], int]] = [{} for _ in range(ngram_max + 1)]
+        self._indexed = 0  # positions below this are registered as n-gram ends
+
+    def lookup(self, tokens: list[int], k: int) -> tuple[list[int], int]:
+        end = len(tokens) - 1  # candidates end strictly before the last token
+        for p in range(self._indexed, end):
+            for n in range(1, min(self.ngram_max, p + 1) + 1):
+                self._latest[n][tuple(tokens[p - n + 1:p + 1])] = p
+        self._indexed = max(self._indexed, end)
+        if k < 1:
+            return [], 0
+        for n in range(min(self.ngram_max, end + 1), self.ngram_min - 1, -1):
+            at = self._latest[n].get(tuple(tokens[end - n + 1:]))
+            if at is not None:
+                return tokens[at + 1:at + 1 + k], n
+        return [], 0
+
+
 # -- model drafters -------------------------------------------------------------------------------
 @dataclass
 class _DraftSeq:

@@ -28,7 +28,7 @@ from engine.sampling_params import TokenLogprob
 from engine.scheduler import ScheduledSequence
 from engine.sequence import Sequence
 from engine.spec_control import Acceptance, SpecConfig, SpecCosts, SpecState, SpecTotals, best_draft
-from engine.speculative import DraftRequest, ModelDrafter, prompt_lookup_match, verify
+from engine.speculative import DraftRequest, ModelDrafter, NgramIndex, verify
 
 CATCH_UP = 2  # a model drafter this many tokens behind is keeping up (the bonus token, the last draft)
 Suppressed = Callable[[Sequence, int], tuple[int, ...]]  # ids the offset-th next token of a sequence may not be
@@ -43,6 +43,7 @@ class Speculator:
         self.totals: dict[str, SpecTotals] = {}
         self.acceptance: dict[tuple[str, int], Acceptance] = {}
         self.drafters: dict[str, ModelDrafter] = {}
+        self._lookups: dict[str, NgramIndex] = {}  # per prompt-lookup request
         self._draft_model = draft_model
         self._kv_dtype = kv_dtype
         self._max_model_len = max_model_len
@@ -93,6 +94,7 @@ class Speculator:
         return drafter
 
     def release(self, seq: Sequence) -> None:
+        self._lookups.pop(seq.request_id, None)
         if seq.spec is not None and seq.spec.proposer in self.drafters:
             self.drafters[seq.spec.proposer].release(seq.request_id)
 
@@ -120,7 +122,10 @@ class Speculator:
                 continue
             if st.proposer == "prompt_lookup":
                 looked += 1
-                draft, matched = prompt_lookup_match(seq.token_ids, cap, cfg.ngram_max, cfg.ngram_min)
+                index = self._lookups.get(seq.request_id)
+                if index is None:
+                    index = self._lookups[seq.request_id] = NgramIndex(cfg.ngram_max, cfg.ngram_min)
+                draft, matched = index.lookup(seq.token_ids, cap)
                 if not draft:
                     self.totals[st.proposer].no_guess += 1
                     continue

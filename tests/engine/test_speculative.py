@@ -16,7 +16,7 @@ from engine.engine import InvalidSpeculative, LLMEngine
 from engine.model import CausalLM, load_model
 from engine.sampling import SamplingParams
 from engine.spec_control import SpecConfig, SpecCosts, SpecTotals
-from engine.speculative import prompt_lookup, prompt_lookup_match, target_probs, verify
+from engine.speculative import NgramIndex, prompt_lookup, prompt_lookup_match, target_probs, verify
 from tests.engine.hf_tiny import FAMILIES, build_hf_model, save_hf_model
 
 GREEDY = SamplingParams(temperature=0, max_tokens=24)
@@ -125,6 +125,20 @@ def test_prompt_lookup_prefers_the_longest_then_latest_match() -> None:
     assert prompt_lookup_match([1, 2, 3], 4) == ([], 0)
 
 
+
+
+@pytest.mark.parametrize("ngram_max", [1, 3, 4])
+def test_the_ngram_index_answers_as_the_scan_does_while_a_sequence_grows(ngram_max: int) -> None:
+    gen = torch.Generator().manual_seed(ngram_max)
+    for trial in range(20):
+        vocab = 3 + trial % 5  # small vocabularies: many repeats, long and tied matches
+        tokens = torch.randint(0, vocab, (4,), generator=gen).tolist()
+        index = NgramIndex(ngram_max, ngram_min=min(2, ngram_max))
+        while len(tokens) < 60:
+            for k in (1, 5):
+                expected = prompt_lookup_match(tokens, k, ngram_max, min(2, ngram_max))
+                assert index.lookup(tokens, k) == expected, (tokens, k)
+            tokens += torch.randint(0, vocab, (1 + len(tokens) % 3,), generator=gen).tolist()
 
 
 # -- greedy identity through the engine, every proposer and family -------------------------------------
