@@ -221,13 +221,6 @@ static int clamp_threads(int nthreads, int64_t work) {
     return nthreads;
 }
 
-/* The work of a product of M rows over an [N, K] matrix, in batch-1 multiply-adds: the register tiles stream
- * the weights once for up to MR rows, and each row past the first adds only its multiply-adds, measured at
- * about an eighth of a weight stream's time each (the demo model's LM head on one core: ~45 us to stream it
- * as bf16, ~135 us as fp32, +11 us per row). A product of a few rows (a speculative verify) is therefore
- * split over threads about when batch 1 would be, rather than as if each row streamed the weights anew. */
-static int64_t product_work(int64_t M, int64_t N, int64_t K) { return N * K + (M > 1 ? (M - 1) * N * K / 8 : 0); }
-
 #ifdef _OPENMP
 #define THREAD_ID() omp_get_thread_num()
 #define THREADS() omp_get_num_threads()
@@ -576,7 +569,7 @@ int tg_linear(const float *x, int64_t M, int64_t K, int64_t ldx, const void *P, 
         }
         tg_quantize_rows_q8(x, M, K, ldx, xd, xq);
     }
-    int nth = clamp_threads(nthreads, product_work(M, N, K));
+    int nth = clamp_threads(nthreads, M * N * K);
     if (nth == 1) {
         gemm_any(x, xd, xq, M, K, ldx, P, fmt, N, bias, y, ldy, 0, panels_of(N));
     } else {
@@ -681,11 +674,7 @@ int tg_moe(const float *x, int64_t M, int64_t H, const float *router, int64_t E,
         }
     }
     memset(y, 0, sizeof(float) * M * H);
-    int64_t work = 0; /* each selected expert's two products over its tokens */
-    for (int64_t e = 0; e < E; e++)
-        if (offset[e + 1] > offset[e])
-            work += product_work(offset[e + 1] - offset[e], 2 * I, H) + product_work(offset[e + 1] - offset[e], H, I);
-    int nth = clamp_threads(nthreads, work);
+    int nth = clamp_threads(nthreads, assignments * 3 * H * I);
 #pragma omp parallel num_threads(nth)
     {
         int tid = THREAD_ID(), got = THREADS();
