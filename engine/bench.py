@@ -8,8 +8,7 @@ baseline measured in the same run.
     bandwidth measured here with a large tensor reduction;
 (c) aggregate decode tokens/s at 1, 4 and 16 concurrent streams;
 (d) on the bundled demo model: decode speed and held-out perplexity at k=1 vs the trained k;
-(f) speculative decoding on the demo model: tokens/s with and without each proposer on copy-heavy
-    and free workloads, acceptance, and the speed bound the measured costs imply;
+(f) speculative decoding: in `engine.bench_spec`;
 (g) prefix cache: time to first token of a 1,000-token prompt sharing 90% with an earlier one
     vs a cold one.
 
@@ -19,7 +18,6 @@ Nothing web/db.
 
 from __future__ import annotations
 
-import math
 import tempfile
 import time
 from collections.abc import Callable
@@ -325,109 +323,6 @@ def run_expert_count_bench(demo_dir: Path, data_dir: Path, log: Log, *, decode_t
         line += (f"; held-out perplexity k=1 {ppl[1]:.3f} vs k={trained} {ppl[trained]:.3f} -> "
                  f"{100 * change:+.1f}% (target <= +10%: {_verdict(change, 0.10, higher=False)})")
     log(line)
-
-
-# -- (f) speculative decoding -----------------------------------------------------------------------
-COPY_TEXTS = (
-    "The meeting is moved from Tuesday to Thursday at three o'clock. Please bring the quarterly report, "
-    "the budget draft and your notes from the last review. The room is on the second floor, next to the kitchen.",
-    "def area(width, height):\n    return width * height\n\ndef perimeter(width, height):\n"
-    "    return 2 * (width + height)\n\nprint(area(3, 4), perimeter(3, 4))",
-    "Shall I compare thee to a summer's day? Thou art more lovely and more temperate: rough winds do shake "
-    "the darling buds of May, and summer's lease hath all too short a date.",
-)
-COPY_ASKS = ("Rewrite the following text exactly, fixing only typos:", "Repeat this back verbatim:",
-             "Edit the text below, keeping every sentence:")
-FREE_ASKS = ("Write a short story about a lighthouse keeper.", "Explain why the sky is blue.",
-             "What is 17 times 23? Show your work.")
-
-
-@dataclass(frozen=True)
-class SpecRow:
-    """One workload x mode of part (f)."""
-
-    workload: str
-    mode: str
-    tokens_per_s: float
-    ratio: float  # vs plain decoding (mode "off") on the same workload, same run
-    acceptance: float
-    tokens_per_verify: float
-    step_ms: float  # plain decode step (means over the run: engine step incl. scheduling and sampling)
-    verify_ms: float
-    draft_ms: float
-    bound: float  # tokens_per_verify * step / (verify + draft)
-
-
-def spec_workloads(engine: LLMEngine) -> dict[str, list[list[int]]]:
-    """Copy-heavy (rewrite/edit prompts whose answers reuse the prompt) and free-generation chat prompts."""
-    tok = engine.tokenizer
-    copy = [tok.encode_chat([{"role": "user", "content": f"{ask}\n\n{text}"}])
-            for ask, text in zip(COPY_ASKS, COPY_TEXTS, strict=True)]
-    free = [tok.encode_chat([{"role": "user", "content": q}]) for q in FREE_ASKS]
-    return {"copy-heavy": copy, "free generation": free}
-
-
-def spec_tokens_per_s(engine: LLMEngine, prompts: list[list[int]], n: int, mode: str) -> float:
-    """Batch-1 greedy generation of ``n`` tokens per prompt, one prompt after another (incl. prefill)."""
-    params = SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)
-    start = time.perf_counter()
-    for p in prompts:
-        out = engine.generate([p], params, speculative=mode)[0]
-        assert out.num_output_tokens == n
-    return len(prompts) * n / (time.perf_counter() - start)
-
-
-def run_speculative_bench(demo_dir: Path, draft_dir: Path | None, log: Log, *, decode_tokens: int = 96,
-                          repeats: int = 3) -> list[SpecRow]:
-    """Part (f): tokens/s with and without each proposer on a copy-heavy and a free workload, acceptance,
-    and the speed bound the measured step, verify and draft costs imply."""
-    from engine.speculative import SpecCosts
-
-    if not (demo_dir / "config.json").is_file():
-        log(f"(f) skipped: no demo model at {demo_dir}")
-        return []
-    has_draft = draft_dir is not None and (draft_dir / "config.json").is_file()
-    engine = LLMEngine.from_dir(demo_dir, enable_prefix_caching=False,
-                                draft_model_dir=draft_dir if has_draft else None)
-    modes = ["off", "prompt_lookup"] + (["draft"] if has_draft else []) + (
-        ["self"] if (engine.default_experts_per_token or 0) > 1 else [])
-    rows: list[SpecRow] = []
-    for workload, prompts in spec_workloads(engine).items():
-        costs = {m: SpecCosts() for m in modes}
-        engine.spec_totals.clear()
-
-        def measure(mode: str, prompts: list[list[int]] = prompts, costs: dict[str, SpecCosts] = costs) -> float:
-            engine.spec_costs = costs[mode]
-            return spec_tokens_per_s(engine, prompts, decode_tokens, mode)
-
-        for m in modes:  # warm-up: kernels, drafter caches
-            spec_tokens_per_s(engine, prompts[:1], 8, m)
-        engine.spec_totals.clear()
-        speed = best_interleaved({m: partial(measure, m) for m in modes}, repeats)
-        step = costs["off"].mean("plain")
-        for m in modes:
-            totals = engine.spec_totals.get(m)
-            c = costs[m]
-            verify_s = c.mean("verify")
-            draft_s = c.mean(f"draft:{m}") if m != "off" else 0.0
-            tpv = totals.tokens_per_verify if totals else math.nan
-            bound = 1.0 if m == "off" else tpv * step / (verify_s + draft_s)  # draft_s: per proposal
-            rows.append(SpecRow(workload, m, speed[m], speed[m] / speed["off"],
-                                totals.acceptance_rate if totals else math.nan, tpv, 1e3 * step,
-                                1e3 * verify_s, 1e3 * draft_s, bound))
-    for row in rows:
-        if row.mode == "off":
-            log(f"(f) {row.workload}: plain decoding {row.tokens_per_s:.1f} tok/s "
-                f"(decode step {row.step_ms:.2f} ms)")
-            continue
-        target = 1.5 if row.workload == "copy-heavy" else 0.95
-        share = row.ratio / row.bound if row.bound == row.bound and row.bound > 0 else math.nan
-        log(f"(f) {row.workload}, {row.mode}: {row.tokens_per_s:.1f} tok/s -> ratio {row.ratio:.2f}x vs plain "
-            f"(target >= {target}x: {_verdict(row.ratio, target)}); acceptance {row.acceptance:.0%}, "
-            f"{row.tokens_per_verify:.2f} tokens/verify; verify {row.verify_ms:.2f} ms + draft {row.draft_ms:.2f} ms "
-            f"vs step {row.step_ms:.2f} ms -> bound {row.bound:.2f}x when speculating every step, reached "
-            f"{share:.0%} of it (above 100%: the off-switch kept it plain where drafting did not pay)")
-    return rows
 
 
 # -- (g) prefix cache -------------------------------------------------------------------------------

@@ -387,7 +387,7 @@ def run_llama_cpp_bench(sizes: BenchSizes, demo_dir: Path | None, log: Log, *, t
 
 def greedy_check(cpp: LlamaCpp, gguf: Path, n: int, log: Log, run: Callable[..., str] = _run) -> None:
     """Greedy text of llama.cpp's ``llama-simple`` vs the engine on the same f32 GGUF and chat prompts."""
-    from engine.bench import FREE_ASKS
+    from engine.bench_spec import FREE_ASKS
     from engine.sampling_params import SamplingParams
 
     if cpp.simple is None:

@@ -24,22 +24,13 @@ import torch
 
 from engine.blocks import BlockAllocator
 from engine.detokenizer import IncrementalDetokenizer
-from engine.runner import ModelRunner, pick_backend
+from engine.runner import ModelRunner
 from engine.sampling import make_generator, sample
 from engine.sampling_params import SamplingParams, TokenLogprob
-from engine.scheduler import ScheduledSequence, Scheduler
+from engine.scheduler import Scheduler
 from engine.sequence import Sequence
-from engine.speculative import (
-    MODES,
-    DraftRequest,
-    ModelDrafter,
-    SpecConfig,
-    SpecCosts,
-    SpecState,
-    SpecTotals,
-    prompt_lookup,
-    verify,
-)
+from engine.spec_control import MODES, SpecConfig
+from engine.speculator import Speculator
 
 DEFAULT_KV_CACHE_BYTES = 256 * 1024 * 1024
 
@@ -137,15 +128,13 @@ class LLMEngine:
         self._decode: Callable[[list[int]], str] | None = (
             (lambda ids: tokenizer.decode(ids)) if tokenizer is not None else None)
         self.spec_config = speculative or SpecConfig()
-        self.spec_costs = SpecCosts(ema=self.spec_config.ema)
-        self.spec_totals: dict[str, SpecTotals] = {}
-        self._draft_model = draft_model
         if draft_model is not None:
             draft_vocab = getattr(getattr(draft_model, "config", None), "vocab_size", None)
             if draft_vocab != getattr(config, "vocab_size", None):
                 raise EngineError(f"the draft model's vocabulary ({draft_vocab}) differs from the model's")
-        self._kv_dtype = kv_dtype
-        self._drafters: dict[str, ModelDrafter] = {}
+        self.speculator = Speculator(self.spec_config, self.runner, kv_dtype=kv_dtype, draft_model=draft_model,
+                                     max_model_len=model_len)
+        self._has_draft_model = draft_model is not None
         self._seqs: dict[str, Sequence] = {}
         self._ids = itertools.count()
         self._arrivals = itertools.count()
@@ -191,9 +180,7 @@ class LLMEngine:
         seq = Sequence(rid, prompt, params, arrival=next(self._arrivals), experts_per_token=k,
                        cache_salt=cache_salt)
         if proposer is not None:
-            seq.spec = SpecState(proposer, self.spec_config.initial_draft)
-            if self._start_off(proposer):
-                seq.spec.paused_until = self.limits.max_model_len  # plain decoding for this request
+            seq.spec = self.speculator.new_state(proposer)
         seq.sampler_state = None if params.greedy else make_generator(params.seed)
         if self._decode is not None:
             seq.detokenizer = IncrementalDetokenizer(self._decode, prompt, params.stop)
@@ -226,38 +213,9 @@ class LLMEngine:
                 raise InvalidSpeculative("self-speculation needs a mixture-of-experts model")
             if (k or 0) <= 1:
                 return None  # already at one expert per token: nothing cheaper to draft with
-        if mode == "draft" and self._draft_model is None:
+        if mode == "draft" and not self._has_draft_model:
             raise InvalidSpeculative("this engine has no draft model")
         return mode
-
-    def _start_off(self, proposer: str) -> bool:
-        """Whether a new request should decode plainly because ``proposer`` does not pay on this engine (its
-        acceptance across requests and the measured costs predict a gain below 1 at the best draft length)."""
-        cfg = self.spec_config
-        totals = self.spec_totals.get(proposer)
-        if totals is None or totals.verifies < cfg.engine_probe_verifies:
-            return False
-        best = self.spec_costs.best_k(proposer, totals.alpha, cfg.min_draft, cfg.max_draft)
-        if best is None or best[1] >= 1.0:
-            return False
-        totals.skipped += 1
-        return totals.skipped % cfg.engine_probe_every != 0
-
-    def drafter(self, proposer: str) -> ModelDrafter:
-        """The model drafter for ``draft`` or ``self`` (built, with its own KV cache, on first use)."""
-        drafter = self._drafters.get(proposer)
-        if drafter is None:
-            nb, bs = self.limits.num_blocks, self.limits.block_size
-            if proposer == "self":
-                model: Any = self.runner.model
-                drafter = ModelDrafter(self.runner.backend, model.allocate_kv_cache(nb, bs, self._kv_dtype),
-                                       num_blocks=nb, block_size=bs, experts_per_token=1)
-            else:
-                draft: Any = self._draft_model
-                drafter = ModelDrafter(pick_backend(draft), draft.allocate_kv_cache(nb, bs, self._kv_dtype),
-                                       num_blocks=nb, block_size=bs)
-            self._drafters[proposer] = drafter
-        return drafter
 
     def abort(self, request_id: str) -> bool:
         """Cancel a request (waiting or running) and free its blocks; False if unknown/finished."""
@@ -265,12 +223,8 @@ class LLMEngine:
         if seq is None:
             return False
         self.scheduler.finish(seq, "abort")
-        self._forget_drafts(seq)
+        self.speculator.release(seq)
         return True
-
-    def _forget_drafts(self, seq: Sequence) -> None:
-        if seq.spec is not None and seq.spec.proposer in self._drafters:
-            self._drafters[seq.spec.proposer].release(seq.request_id)
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished()
@@ -282,7 +236,7 @@ class LLMEngine:
     # -- one step -----------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         start = time.perf_counter()
-        drafting = self._propose()
+        drafting = self.speculator.propose(self.scheduler.running)
         out = self.scheduler.schedule()
         if out.is_empty:
             if not out.preempted and self.scheduler.has_unfinished():
@@ -311,10 +265,10 @@ class LLMEngine:
         accepted: dict[Sequence, int] = {}
         for i, s in enumerate(sampling):
             if s.num_spec:
-                emitted[i] = self._verify(s, logits[rows[i]:rows[i] + 1 + s.num_spec])
+                emitted[i] = self.speculator.verify(s, logits[rows[i]:rows[i] + 1 + s.num_spec], self._suppressed)
                 accepted[s.seq] = len(emitted[i][0]) - 1
         self.scheduler.advance(out, accepted)
-        self._record_costs(out.scheduled, accepted, time.perf_counter() - start - drafting)
+        self.speculator.record(out.scheduled, accepted, time.perf_counter() - start - drafting)
         return [self._after_tokens(s.seq, toks, lps) for s, (toks, lps) in zip(sampling, emitted, strict=True)]
 
     def _suppressed(self, seq: Sequence, offset: int) -> tuple[int, ...]:
@@ -322,87 +276,6 @@ class LLMEngine:
         if seq.num_output_tokens + offset < seq.params.min_tokens:
             return tuple(self.eos_token_ids | set(seq.params.stop_token_ids))
         return ()
-
-    def _verify(self, s: ScheduledSequence, logits: torch.Tensor
-                ) -> tuple[list[int], list[TokenLogprob | None]]:
-        """Check ``s``'s draft against the target's ``1 + num_spec`` rows of logits (see `verify`)."""
-        seq, p = s.seq, s.seq.params
-        draft = seq.spec_token_ids[:s.num_spec]
-        logits = logits.float()
-        masks = [self._suppressed(seq, j) for j in range(len(draft) + 1)]
-        if any(masks):
-            logits = logits.clone()
-            for j, ids in enumerate(masks):
-                if ids:
-                    logits[j, list(ids)] = float("-inf")
-        tokens = verify(logits, draft, p, seq.sampler_state, seq.spec_probs)
-        lps: list[TokenLogprob | None] = [None] * len(tokens)
-        if p.wants_logprobs:
-            lp = torch.log_softmax(logits[:len(tokens)], dim=-1)
-            for j, t in enumerate(tokens):
-                top: tuple[tuple[int, float], ...] = ()
-                if p.top_logprobs:
-                    best = torch.topk(lp[j], p.top_logprobs)
-                    top = tuple(zip(best.indices.tolist(), best.values.tolist(), strict=True))
-                lps[j] = TokenLogprob(t, float(lp[j, t]), top)
-        return tokens, lps
-
-    def _propose(self) -> float:
-        """Give each decoding sequence that speculates a draft for the coming step (``seq.spec_token_ids``);
-        returns the seconds spent drafting."""
-        cfg = self.spec_config
-        spent = 0.0
-        groups: dict[str, list[tuple[Sequence, int]]] = {}
-        for seq in self.scheduler.running:
-            st: SpecState | None = seq.spec
-            if st is None or seq.num_uncomputed_tokens != 1 or not st.active(seq.num_output_tokens):
-                continue
-            k = min(st.k, self.limits.max_model_len - seq.num_tokens - 1)
-            if seq.params.max_tokens is not None:
-                k = min(k, seq.params.max_tokens - seq.num_output_tokens - 1)
-            if k >= 1:
-                groups.setdefault(st.proposer, []).append((seq, k))
-        for proposer, items in groups.items():
-            start = time.perf_counter()
-            if proposer == "prompt_lookup":
-                for seq, k in items:
-                    seq.spec_token_ids = prompt_lookup(seq.token_ids, k, cfg.ngram_max, cfg.ngram_min)
-                    seq.spec_probs = None
-            else:
-                drafts = self.drafter(proposer).propose([
-                    DraftRequest(seq.request_id, seq.token_ids, k, seq.params, seq.sampler_state)
-                    for seq, k in items])
-                for (seq, _), (tokens, probs) in zip(items, drafts, strict=True):
-                    seq.spec_token_ids, seq.spec_probs = tokens, probs
-            seconds = time.perf_counter() - start
-            spent += seconds
-            self.spec_costs.record_draft(proposer, seconds / len(items),
-                                         sum(len(seq.spec_token_ids) for seq, _ in items) / len(items))
-        return spent
-
-    def _record_costs(self, scheduled: list[ScheduledSequence], accepted: dict[Sequence, int],
-                      seconds: float) -> None:
-        """Feed the step's cost (all of it but drafting: scheduling, the model, sampling or verifying) and each
-        verifying sequence's acceptance to the speculation controller.
-
-        Only all-decode steps are timed (a prefill chunk would swamp the comparison)."""
-        if all(s.num_new_tokens - s.num_spec == 1 and s.samples for s in scheduled):
-            per_seq = seconds / len(scheduled)
-            if accepted:
-                self.spec_costs.record_verify(per_seq, sum(s.num_spec for s in scheduled) / len(accepted))
-            else:
-                self.spec_costs.record_plain(per_seq)
-        for s in scheduled:
-            if s.num_spec:
-                st: SpecState = s.seq.spec
-                totals = self.spec_totals.setdefault(st.proposer, SpecTotals())
-                totals.verifies += 1
-                totals.drafted += s.num_spec
-                totals.accepted += accepted[s.seq]
-                totals.rejections += accepted[s.seq] < s.num_spec
-                totals.emitted += accepted[s.seq] + 1
-                st.record(s.num_spec, accepted[s.seq], self.spec_config, self.spec_costs,
-                          s.seq.num_output_tokens + accepted[s.seq] + 1)
 
     def _after_tokens(self, seq: Sequence, tokens: list[int], logprobs: list[TokenLogprob | None]
                       ) -> RequestOutput:
@@ -429,7 +302,7 @@ class LLMEngine:
         if reason is not None:
             self.scheduler.finish(seq, reason)
             del self._seqs[seq.request_id]
-            self._forget_drafts(seq)
+            self.speculator.release(seq)
             if det is not None:
                 det.flush()
         finished = reason is not None

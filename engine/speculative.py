@@ -1,4 +1,4 @@
-"""Exact speculative decoding: the verify rule, the prompt-lookup proposer, and the per-sequence controller.
+"""Exact speculative decoding: the verify rule, the prompt-lookup proposer and the model drafters.
 
 A *proposer* guesses the next ``k`` tokens of a sequence cheaply; the target model then runs the sequence's
 last known token and the ``k`` guesses in one step (the runner returns ``k + 1`` rows of logits) and `verify`
@@ -16,13 +16,8 @@ keeps what the target would have produced itself:
 ``p`` is the same distribution plain sampling draws from: temperature, top-k and top-p applied by
 `engine.sampling`, with end-of-sequence ids suppressed where ``min_tokens`` asks.
 
-The per-sequence controller (`SpecState`) picks the draft length that the measured costs (`SpecCosts`: plain
-step, verify step, drafting, timed by the engine) and the sequence's acceptance rate predict to be fastest,
-and switches speculation off for a while when even that is slower than plain decoding, so a sequence the
-proposer cannot predict decodes at plain speed.
-
 `ModelDrafter` runs a draft model (or the target at fewer experts) through the runner's `run_spans` over its
-own paged cache.
+own paged cache. How many tokens to draft, and when, is `engine.spec_control`'s business.
 
 Imports torch, engine.sampling, engine.blocks and engine.runner; never the model code, the scheduler's policy,
 or anything web/db.
@@ -30,7 +25,6 @@ or anything web/db.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
 
@@ -41,42 +35,7 @@ from engine.runner import DecodeBackend, KVCache, Span, run_spans
 from engine.sampling import filter_top_k_top_p
 from engine.sampling_params import SamplingParams
 
-PROPOSERS = ("prompt_lookup", "draft", "self")
 DECODE_ROWS_MAX = 16  # a drafter's catch-up of at most this many tokens runs as decode rows (see `Span`)
-MODES = ("off", "auto", *PROPOSERS)
-
-
-@dataclass(frozen=True)
-class SpecConfig:
-    """Engine-wide speculative-decoding settings.
-
-    ``default``: the mode of requests that do not choose (``off``, ``auto`` = prompt lookup, or a proposer).
-    Draft length starts at ``initial_draft`` and adapts within ``min_draft .. max_draft``. A sequence is judged
-    after ``probe_verifies`` verify steps; when its predicted gain falls below 1, speculation pauses for
-    ``cooldown_tokens`` tokens (doubling each time), then probes again. Once a proposer has
-    ``engine_probe_verifies`` verify steps across the engine and its predicted gain there is below 1, new
-    requests start with it off, except one in ``engine_probe_every`` (which keeps the evidence fresh).
-    """
-
-    default: str = "off"
-    initial_draft: int = 4
-    engine_probe_verifies: int = 32  # engine-wide evidence before new requests may start with speculation off
-    engine_probe_every: int = 8  # while it does not pay engine-wide, one request in this many still probes
-    min_draft: int = 1
-    max_draft: int = 8
-    ngram_max: int = 3
-    ngram_min: int = 1
-    probe_verifies: int = 4
-    cooldown_tokens: int = 32
-    ema: float = 0.3
-
-    def __post_init__(self) -> None:
-        if self.default not in MODES:
-            raise ValueError(f"speculative mode must be one of {MODES}, got {self.default!r}")
-        if not 1 <= self.min_draft <= self.initial_draft <= self.max_draft:
-            raise ValueError("need 1 <= min_draft <= initial_draft <= max_draft")
-        if not 1 <= self.ngram_min <= self.ngram_max:
-            raise ValueError("need 1 <= ngram_min <= ngram_max")
 
 
 # -- verification ---------------------------------------------------------------------------------
@@ -129,16 +88,23 @@ def verify(logits: torch.Tensor, draft: Seq[int], params: SamplingParams,
 
 # -- prompt lookup --------------------------------------------------------------------------------
 def prompt_lookup(tokens: Seq[int], k: int, ngram_max: int = 3, ngram_min: int = 1) -> list[int]:
-    """Up to ``k`` tokens that followed an earlier occurrence of the sequence's last n-gram.
+    """Up to ``k`` tokens that followed an earlier occurrence of the sequence's last n-gram (see
+    `prompt_lookup_match`)."""
+    return prompt_lookup_match(tokens, k, ngram_max, ngram_min)[0]
+
+
+def prompt_lookup_match(tokens: Seq[int], k: int, ngram_max: int = 3, ngram_min: int = 1) -> tuple[list[int], int]:
+    """Up to ``k`` tokens that followed an earlier occurrence of the sequence's last n-gram, and that n-gram's
+    length (how much context backs the guess).
 
     The longest match wins (up to ``ngram_max`` tokens, at least ``ngram_min``), the latest among equals;
-    [] when nothing matches. Pure Python, scanning with ``list.index`` (C speed): the proposer of choice for
-    copy-heavy answers (rewrites, edits, quotes) at no model cost.
+    ([], 0) when nothing matches. Pure Python, scanning with ``list.index`` (C speed): the proposer of choice
+    for copy-heavy answers (rewrites, edits, quotes) at no model cost.
     """
     seq = tokens if isinstance(tokens, list) else list(tokens)
     end = len(seq) - 1  # candidates end strictly before the last token
     if end < 1 or k < 1:
-        return []
+        return [], 0
     last = seq[end]
     best_len, best_at = 0, -1
     i = -1
@@ -153,154 +119,33 @@ def prompt_lookup(tokens: Seq[int], k: int, ngram_max: int = 3, ngram_min: int =
         if n >= best_len:  # later occurrences win ties
             best_len, best_at = n, i
     if best_len < ngram_min or best_at < 0:
-        return []
-    return seq[best_at + 1:best_at + 1 + k]
+        return [], 0
+    return seq[best_at + 1:best_at + 1 + k], best_len
 
 
-# -- the controller -------------------------------------------------------------------------------
-@dataclass
-class SpecCosts:
-    """Measured step costs (seconds, exponential moving averages) shared by the engine's sequences.
+class NgramIndex:
+    """`prompt_lookup_match` for one growing sequence in O(``ngram_max``) a step rather than a scan of it: the
+    latest end position of every n-gram (n = 1..``ngram_max``) seen so far, extended as tokens are appended.
+    Same answers as the scan (the longest match, the latest among equals); the sequence must only grow."""
 
-    ``plain``: a step without drafts, per sequence in it. ``verify``: a step with drafts, per sequence in it,
-    at a mean draft length ``verify_k``. ``draft_token[proposer]``: proposing, per draft token. From these,
-    `gain` predicts the speed of drafting ``k`` tokens at per-token acceptance ``alpha`` relative to plain
-    decoding (a verify step's cost grows linearly in ``k`` between the plain step and the measured one).
-    """
+    def __init__(self, ngram_max: int, ngram_min: int = 1) -> None:
+        self.ngram_max, self.ngram_min = ngram_max, ngram_min
+        self._latest: list[dict[tuple[int, ...], int]] = [{} for _ in range(ngram_max + 1)]
+        self._indexed = 0  # positions below this are registered as n-gram ends
 
-    ema: float = 0.3
-    plain: float | None = None
-    verify: float | None = None
-    verify_k: float | None = None
-    draft_token: dict[str, float] = field(default_factory=dict)
-    sums: dict[str, list[float]] = field(default_factory=dict)  # key -> [count, total seconds], for reports
-
-    def _mix(self, old: float | None, new: float, key: str | None = None) -> float:
-        if key is not None:
-            acc = self.sums.setdefault(key, [0.0, 0.0])
-            acc[0] += 1
-            acc[1] += new
-        return new if old is None else (1 - self.ema) * old + self.ema * new
-
-    def mean(self, key: str) -> float:
-        """Mean over everything recorded under ``key`` (``plain``, ``verify`` or ``draft:<proposer>``)."""
-        n, total = self.sums.get(key, (0.0, 0.0))
-        return total / n if n else math.nan
-
-    def record_plain(self, seconds_per_seq: float) -> None:
-        self.plain = self._mix(self.plain, seconds_per_seq, "plain")
-
-    def record_verify(self, seconds_per_seq: float, draft_len: float) -> None:
-        self.verify = self._mix(self.verify, seconds_per_seq, "verify")
-        self.verify_k = self._mix(self.verify_k, draft_len)
-
-    def record_draft(self, proposer: str, seconds_per_seq: float, tokens_per_seq: float) -> None:
-        self._mix(None, seconds_per_seq, f"draft:{proposer}")
-        if tokens_per_seq > 0:
-            self.draft_token[proposer] = self._mix(self.draft_token.get(proposer), seconds_per_seq / tokens_per_seq)
-
-    def gain(self, proposer: str, alpha: float, k: int) -> float | None:
-        """Predicted tokens/s of drafting ``k`` at acceptance ``alpha``, as a multiple of plain decoding; None
-        until a plain and a verify step have been measured."""
-        if self.plain is None or self.verify is None or self.verify_k is None or self.plain <= 0:
-            return None
-        per_row = max(self.verify - self.plain, 0.0) / max(self.verify_k, 1.0)
-        cost = self.plain + per_row * k + self.draft_token.get(proposer, 0.0) * k
-        tokens = k + 1.0 if alpha >= 1.0 else (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
-        return tokens * self.plain / cost
-
-    def best_k(self, proposer: str, alpha: float, k_min: int, k_max: int) -> tuple[int, float] | None:
-        """The draft length with the best predicted `gain`, and that gain (None while unmeasured)."""
-        best: tuple[int, float] | None = None
-        for k in range(k_min, k_max + 1):
-            g = self.gain(proposer, alpha, k)
-            if g is None:
-                return None
-            if best is None or g > best[1]:
-                best = (k, g)
-        return best
-
-
-@dataclass
-class SpecTotals:
-    """Engine-wide counts per proposer (for reports and benchmarks)."""
-
-    verifies: int = 0
-    drafted: int = 0
-    accepted: int = 0
-    rejections: int = 0  # verify steps that rejected a draft token
-    emitted: int = 0  # tokens out of verify steps (accepted drafts + one each)
-    skipped: int = 0  # requests started with speculation off because it did not pay engine-wide
-
-    @property
-    def alpha(self) -> float:
-        """Per-token acceptance (accepted over accepted plus rejections), the geometric model's rate."""
-        return self.accepted / (self.accepted + self.rejections) if self.accepted + self.rejections else math.nan
-
-    @property
-    def acceptance_rate(self) -> float:
-        return self.accepted / self.drafted if self.drafted else math.nan
-
-    @property
-    def tokens_per_verify(self) -> float:
-        return self.emitted / self.verifies if self.verifies else math.nan
-
-
-@dataclass
-class SpecState:
-    """One sequence's speculation: its proposer, current draft length and acceptance record.
-
-    Acceptance is tracked as a per-token rate ``alpha`` (accepted drafts over accepted drafts plus
-    rejections, exponentially weighted), the geometric model behind the expected tokens of a draft. Once
-    costs are measured, the draft length is the one with the best predicted gain; when even that gain is
-    below 1 (after ``probe_verifies`` verify steps) speculation pauses, for longer each time. Before costs are
-    measured, the length grows by 2 after a fully accepted draft and shrinks to just past a rejection.
-    """
-
-    proposer: str
-    k: int
-    verifies: int = 0
-    drafted: int = 0
-    accepted: int = 0
-    successes: float = 0.0  # EMA counts behind alpha
-    failures: float = 0.0
-    paused_until: int = 0  # output-token count before which speculation is off
-    pauses: int = 0
-    last_gain: float | None = None
-
-    def active(self, num_output_tokens: int) -> bool:
-        return num_output_tokens >= self.paused_until
-
-    @property
-    def alpha(self) -> float:
-        total = self.successes + self.failures
-        return self.successes / total if total > 0 else 0.5
-
-    def record(self, drafted: int, accepted: int, config: SpecConfig, costs: SpecCosts,
-               num_output_tokens: int) -> None:
-        """After a verify step: adapt the draft length; pause when acceptance does not pay."""
-        self.verifies += 1
-        self.drafted += drafted
-        self.accepted += accepted
-        keep = 1 - config.ema
-        self.successes = keep * self.successes + accepted
-        self.failures = keep * self.failures + (1 if accepted < drafted else 0)
-        best = costs.best_k(self.proposer, self.alpha, config.min_draft, config.max_draft)
-        if best is None:
-            self.k = min(config.max_draft, self.k + 2) if accepted == drafted else max(config.min_draft, accepted + 1)
-            return
-        self.k, self.last_gain = best
-        if self.verifies >= config.probe_verifies and self.last_gain < 1.0:
-            self.pauses += 1
-            # back off longer each time it does not pay
-            self.paused_until = num_output_tokens + config.cooldown_tokens * (1 << min(self.pauses - 1, 4))
-            self.k = config.min_draft
-            self.verifies = 0
-            self.successes = self.failures = 0.0
-
-    @property
-    def acceptance_rate(self) -> float:
-        return self.accepted / self.drafted if self.drafted else math.nan
+    def lookup(self, tokens: list[int], k: int) -> tuple[list[int], int]:
+        end = len(tokens) - 1  # candidates end strictly before the last token
+        for p in range(self._indexed, end):
+            for n in range(1, min(self.ngram_max, p + 1) + 1):
+                self._latest[n][tuple(tokens[p - n + 1:p + 1])] = p
+        self._indexed = max(self._indexed, end)
+        if k < 1:
+            return [], 0
+        for n in range(min(self.ngram_max, end + 1), self.ngram_min - 1, -1):
+            at = self._latest[n].get(tuple(tokens[end - n + 1:]))
+            if at is not None:
+                return tokens[at + 1:at + 1 + k], n
+        return [], 0
 
 
 # -- model drafters -------------------------------------------------------------------------------
@@ -345,6 +190,16 @@ class ModelDrafter:
         st = self._seqs.pop(request_id, None)
         if st is not None:
             self.allocator.free(st.block_table)
+
+    def lag(self, request_id: str, tokens: Seq[int]) -> int:
+        """How many of ``tokens`` (a sequence's, all but the last computed by the target) this drafter must run
+        before it can draft: 1 or 2 while it keeps up, the whole prompt the first time."""
+        st = self._seqs.get(request_id)
+        history = st.history if st is not None else []
+        valid, limit = 0, min(len(history), len(tokens) - 1)
+        while valid < limit and history[valid] == tokens[valid]:
+            valid += 1
+        return len(tokens) - valid
 
     @torch.inference_mode()
     def propose(self, requests: Seq[DraftRequest]) -> list[tuple[list[int], torch.Tensor | None]]:

@@ -735,7 +735,95 @@ done:
  * q [B, Hq, D]; k_cache / v_cache [num_blocks, block_size, Hkv, D]; block_tables [B, width] (int64);
  * context_lens [B] (keys 0..L-1 are valid, the last one written this step); window 0 = unlimited, else
  * keys [L - window, L). out [B, Hq, D]. Returns 0, or -1 if memory could not be allocated.
+ *
+ * Per (sequence, KV head) pair the cache is walked block by block (no division per key): each K row is read
+ * once for all the query heads sharing it, the softmax's exponentials are taken 16 at a time, and the V rows
+ * are summed with the weights in registers. A speculative verify runs one such query per draft token, so
+ * this cost is paid per verified row.
  */
+#if TG_AVX512
+/* exp(x) on 16 lanes for softmax arguments (x <= 0): x = n ln2 + r with |r| <= ln2 / 2, exp(r) by Cephes'
+ * degree-6 polynomial, times 2^n by vscalefps (which flushes to 0 far below the normal range). Within 2 ulp of
+ * expf; the scalar loop the portable build keeps calls expf. */
+static inline __m512 exp16(__m512 x) {
+    x = _mm512_max_ps(x, _mm512_set1_ps(-104.0f));
+    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+    p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+    return _mm512_scalef_ps(p, n);
+}
+#endif
+
+/* s[0:n] = exp(s[0:n] - mx); returns their sum (in a fixed order for a given n). */
+static float exp_shifted(float *s, int64_t n, float mx) {
+#if TG_AVX512
+    __m512 m = _mm512_set1_ps(mx), acc = _mm512_setzero_ps();
+    for (int64_t t = 0; t < n; t += 16) {
+        __mmask16 k = n - t >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - t)) - 1u);
+        __m512 e = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, s + t), m));
+        _mm512_mask_storeu_ps(s + t, k, e);
+        acc = _mm512_add_ps(acc, _mm512_maskz_mov_ps(k, e));
+    }
+    return _mm512_reduce_add_ps(acc);
+#else
+    float sum = 0.0f;
+    for (int64_t t = 0; t < n; t++) {
+        s[t] = expf(s[t] - mx);
+        sum += s[t];
+    }
+    return sum;
+#endif
+}
+
+/* o[0:D] = sum_t w[t] v_t[0:D] over n keys whose rows start at v_rows[t] (one block's rows are `stride` floats
+ * apart, so the caller passes one block at a time): o accumulates across calls. */
+static inline void weighted_rows(float *o, const float *w, const float *v, int64_t stride, int64_t n, int64_t D) {
+#if TG_AVX512
+    if (D % 16 == 0) {
+        for (int64_t c = 0; c < D; c += 16) {
+            __m512 a0 = _mm512_loadu_ps(o + c), a1 = _mm512_setzero_ps();
+            int64_t t = 0;
+            for (; t + 1 < n; t += 2) { /* two chains hide the FMA latency */
+                a0 = _mm512_fmadd_ps(_mm512_set1_ps(w[t]), _mm512_loadu_ps(v + t * stride + c), a0);
+                a1 = _mm512_fmadd_ps(_mm512_set1_ps(w[t + 1]), _mm512_loadu_ps(v + (t + 1) * stride + c), a1);
+            }
+            if (t < n) a0 = _mm512_fmadd_ps(_mm512_set1_ps(w[t]), _mm512_loadu_ps(v + t * stride + c), a0);
+            _mm512_storeu_ps(o + c, _mm512_add_ps(a0, a1));
+        }
+        return;
+    }
+#endif
+    for (int64_t t = 0; t < n; t++) {
+        const float *vv = v + t * stride;
+        float wt = w[t];
+#pragma omp simd
+        for (int64_t d = 0; d < D; d++) o[d] += wt * vv[d];
+    }
+}
+
+/* q . k over D elements (16 lanes at a time where D allows). */
+static inline float dot_row(const float *q, const float *k, int64_t D) {
+#if TG_AVX512
+    if (D % 16 == 0) {
+        __m512 acc = _mm512_mul_ps(_mm512_loadu_ps(q), _mm512_loadu_ps(k));
+        for (int64_t d = 16; d < D; d += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(q + d), _mm512_loadu_ps(k + d), acc);
+        return _mm512_reduce_add_ps(acc);
+    }
+#endif
+    float dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
+    for (int64_t d = 0; d < D; d++) dot += q[d] * k[d];
+    return dot;
+}
+
 int tg_paged_decode(const float *q, const float *k_cache, const float *v_cache, const int64_t *block_tables,
                     int64_t width, const int64_t *context_lens, int64_t B, int64_t Hq, int64_t Hkv, int64_t D,
                     int64_t block_size, float scale, int64_t window, float *out, int nthreads) {
@@ -746,6 +834,7 @@ int tg_paged_decode(const float *q, const float *k_cache, const float *v_cache, 
     int nth = clamp_threads(nthreads, pairs * max_len * D * group * 2);
     if (nth > pairs) nth = (int)pairs;
     int failed = 0;
+    const int64_t row = Hkv * D; /* floats between consecutive slots of one head */
 #pragma omp parallel num_threads(nth)
     {
         float *scores = malloc(sizeof(float) * (max_len > 0 ? max_len : 1) * group);
@@ -753,39 +842,37 @@ int tg_paged_decode(const float *q, const float *k_cache, const float *v_cache, 
 #pragma omp atomic write
             failed = 1;
         } else {
+            /* Each (sequence, KV head) pair: the scores of its `group` query heads over the keys, walked block by
+             * block (each K/V row read once for all of them), softmax, then the weighted V rows. */
 #pragma omp for schedule(static)
             for (int64_t p = 0; p < pairs; p++) {
                 int64_t b = p / Hkv, h = p % Hkv;
                 int64_t L = context_lens[b];
-                int64_t first = window > 0 && L > window ? L - window : 0;
+                int64_t first = window > 0 && L > window ? L - window : 0, n = L - first;
                 const int64_t *table = block_tables + b * width;
+                const float *qh = q + (b * Hq + h * group) * D;
+                for (int64_t t = first; t < L;) {
+                    int64_t off = t % block_size, len = block_size - off < L - t ? block_size - off : L - t;
+                    const float *kv = k_cache + ((table[t / block_size] * block_size + off) * Hkv + h) * D;
+                    for (int64_t i = 0; i < len; i++, kv += row)
+                        for (int64_t g = 0; g < group; g++)
+                            scores[g * max_len + t - first + i] = dot_row(qh + g * D, kv, D) * scale;
+                    t += len;
+                }
                 for (int64_t g = 0; g < group; g++) {
-                    const float *qv = q + (b * Hq + h * group + g) * D;
                     float *s = scores + g * max_len;
                     float mx = -FLT_MAX;
-                    for (int64_t t = first; t < L; t++) {
-                        int64_t slot = table[t / block_size] * block_size + t % block_size;
-                        const float *kv = k_cache + (slot * Hkv + h) * D;
-                        float dot = 0.0f;
-#pragma omp simd reduction(+ : dot)
-                        for (int64_t d = 0; d < D; d++) dot += qv[d] * kv[d];
-                        s[t] = dot * scale;
-                        mx = s[t] > mx ? s[t] : mx;
-                    }
-                    float sum = 0.0f;
-                    for (int64_t t = first; t < L; t++) {
-                        s[t] = expf(s[t] - mx);
-                        sum += s[t];
-                    }
+                    for (int64_t t = 0; t < n; t++) mx = s[t] > mx ? s[t] : mx;
+                    float sum = exp_shifted(s, n, mx);
+                    float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+                    for (int64_t t = 0; t < n; t++) s[t] *= inv;
                     float *o = out + (b * Hq + h * group + g) * D;
                     for (int64_t d = 0; d < D; d++) o[d] = 0.0f;
-                    float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
-                    for (int64_t t = first; t < L; t++) {
-                        int64_t slot = table[t / block_size] * block_size + t % block_size;
-                        const float *vv = v_cache + (slot * Hkv + h) * D;
-                        float w = s[t] * inv;
-#pragma omp simd
-                        for (int64_t d = 0; d < D; d++) o[d] += w * vv[d];
+                    for (int64_t t = first; t < L;) {
+                        int64_t off = t % block_size, len = block_size - off < L - t ? block_size - off : L - t;
+                        const float *vv = v_cache + ((table[t / block_size] * block_size + off) * Hkv + h) * D;
+                        weighted_rows(o, s + t - first, vv, row, len, D);
+                        t += len;
                     }
                 }
             }

@@ -1,8 +1,8 @@
 """`tiergate bench engine`: the local engine vs HF transformers, memory-bandwidth use, batching
 scale-up, k=1 vs the trained k, (e) q8_0 / q4_0 weights vs the engine's bf16 and the engine vs llama.cpp
 on the same GGUF files, speculative decoding (f) and the prefix cache (g). The measurements live in
-engine.bench / engine.bench_quant / engine.bench_llamacpp; this picks the sizes and prices (g)'s tokens
-with the ledger's own rule."""
+engine.bench / engine.bench_quant / engine.bench_llamacpp / engine.bench_spec; this picks the sizes and
+prices (g)'s tokens with the ledger's own rule."""
 
 from __future__ import annotations
 
@@ -27,10 +27,10 @@ def run(*, quick: bool, threads: int | None, decode_tokens: int | None, repeats:
         run_expert_count_bench,
         run_prefix_cache_bench,
         run_random_moe_bench,
-        run_speculative_bench,
     )
     from engine.bench_llamacpp import run_llama_cpp_bench
     from engine.bench_quant import run_quantization_bench
+    from engine.bench_spec import run_speculative_bench
 
     unknown = set(only) - set(PARTS)
     if unknown:

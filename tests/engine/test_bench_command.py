@@ -42,7 +42,8 @@ def test_bench_engine_quick_prints_every_figure(tmp_path: Path) -> None:
 
 def test_bench_engine_speculative_and_prefix_cache_parts() -> None:
     """(f) and (g) alone: every proposer on both workloads against plain decoding in the same run, with
-    acceptance and the cost bound; the prefix-cache TTFT ratio and its ledger price."""
+    acceptance, the verify-cost curve, the cost bound and prompt lookup's ceiling; the prefix-cache TTFT ratio
+    and its ledger price."""
     done = subprocess.run(
         [sys.executable, "-c", "from gateway.cli import main; main()", "bench", "engine", "--quick", "--threads", "1",
          "--repeats", "1", "--decode-tokens", "8", "--only", "f,g"],
@@ -50,10 +51,13 @@ def test_bench_engine_speculative_and_prefix_cache_parts() -> None:
     assert done.returncode == 0, done.stderr[-3000:]
     out = done.stdout
     for workload in ("copy-heavy", "free generation"):
-        assert re.search(rf"\(f\) {workload}: plain decoding [\d.]+ tok/s", out), out
+        assert re.search(rf"\(f\) {workload}: plain decoding [\d.]+ tok/s .* verify step by draft length", out), out
+        assert re.search(rf"\(f\) {workload}: \d+% of the answers' 4-grams occur in their prompt; prompt lookup's "
+                         r"next-token guess is right at \d+%", out), out
+        assert re.search(rf"\(f\) {workload}: prompt lookup's ceiling, .* [\d.]+x; it reached \d+% of that", out), out
         for mode in ("prompt_lookup", "draft", "self"):
             assert re.search(rf"\(f\) {workload}, {mode}: [\d.]+ tok/s -> ratio [\d.]+x vs plain .* acceptance "
-                             r"\d+%, [\d.]+ tokens/verify; .* bound [\d.]+x", out), f"{workload}/{mode}:\n{out}"
+                             r"\d+%, [\d.]+ tokens/verify; .* bound [\d.]+x .* reached \d+%", out), f"{workload}/{mode}:\n{out}"
     assert re.search(r"\(g\) prefix cache: .* 1000-token prompt sharing 90% .* \((\d+) tokens cached\) vs cold "
                      r"[\d.]+ ms -> \d+% of cold", out), out
     assert re.search(r"\(g\) ledger cost of that request on demo-moe .* with \d+ cached tokens vs [\d.]+ cold", out), out

@@ -15,7 +15,8 @@ from scipy.stats import chisquare
 from engine.engine import InvalidSpeculative, LLMEngine
 from engine.model import CausalLM, load_model
 from engine.sampling import SamplingParams
-from engine.speculative import SpecConfig, SpecCosts, SpecState, prompt_lookup, target_probs, verify
+from engine.spec_control import SpecConfig, SpecCosts, SpecTotals
+from engine.speculative import NgramIndex, prompt_lookup, prompt_lookup_match, target_probs, verify
 from tests.engine.hf_tiny import FAMILIES, build_hf_model, save_hf_model
 
 GREEDY = SamplingParams(temperature=0, max_tokens=24)
@@ -119,35 +120,25 @@ def test_prompt_lookup_prefers_the_longest_then_latest_match() -> None:
     assert prompt_lookup([1, 2, 3], 4) == []
     assert prompt_lookup([1, 2, 1], 4, ngram_min=2) == []
     assert prompt_lookup([7, 1, 2, 7], 5) == [1, 2, 7]
+    assert prompt_lookup_match([1, 2, 3, 9, 2, 3, 7, 1, 2, 3], 2) == ([9, 2], 3)
+    assert prompt_lookup_match([1, 2, 3, 9, 2, 3, 7, 1, 2, 3], 2, ngram_max=2) == ([7, 1], 2)  # ties: the latest
+    assert prompt_lookup_match([1, 2, 3], 4) == ([], 0)
 
 
-def test_controller_adapts_the_draft_length_and_pauses_when_it_does_not_pay() -> None:
-    cfg = SpecConfig(initial_draft=4, max_draft=8, probe_verifies=3, cooldown_tokens=10)
-    unmeasured = SpecCosts()
-    st = SpecState("prompt_lookup", cfg.initial_draft)
-    st.record(4, 4, cfg, unmeasured, 5)  # no costs yet: grow after a full accept, shrink after a rejection
-    assert st.k == 6
-    st.record(6, 1, cfg, unmeasured, 7)
-    assert st.k == 2 and st.active(7)
 
-    cheap = SpecCosts()  # verify costs little more than a step, drafting is free: long drafts pay
-    cheap.record_plain(1.0)
-    cheap.record_verify(1.4, 4)
-    good = SpecState("prompt_lookup", 4)
-    for n in range(6):
-        good.record(4, 4, cfg, cheap, n * 5)
-    assert good.k == cfg.max_draft and good.active(30) and good.pauses == 0 and good.acceptance_rate == 1.0
-    assert good.last_gain is not None and good.last_gain > 2
 
-    costly = SpecCosts()  # drafting a token costs as much as a plain step: nothing pays below full acceptance
-    costly.record_plain(1.0)
-    costly.record_verify(1.5, 4)
-    costly.record_draft("draft", 4.0, 4)
-    bad = SpecState("draft", 4)
-    for n in range(3):
-        bad.record(4, 1, cfg, costly, 8 + n)
-    assert not bad.active(10) and not bad.active(19) and bad.active(20) and bad.pauses == 1
-    assert costly.gain("draft", 0.99, 4) < costly.gain("draft", 1.0, 4)  # type: ignore[operator]
+@pytest.mark.parametrize("ngram_max", [1, 3, 4])
+def test_the_ngram_index_answers_as_the_scan_does_while_a_sequence_grows(ngram_max: int) -> None:
+    gen = torch.Generator().manual_seed(ngram_max)
+    for trial in range(20):
+        vocab = 3 + trial % 5  # small vocabularies: many repeats, long and tied matches
+        tokens = torch.randint(0, vocab, (4,), generator=gen).tolist()
+        index = NgramIndex(ngram_max, ngram_min=min(2, ngram_max))
+        while len(tokens) < 60:
+            for k in (1, 5):
+                expected = prompt_lookup_match(tokens, k, ngram_max, min(2, ngram_max))
+                assert index.lookup(tokens, k) == expected, (tokens, k)
+            tokens += torch.randint(0, vocab, (1 + len(tokens) % 3,), generator=gen).tolist()
 
 
 # -- greedy identity through the engine, every proposer and family -------------------------------------
@@ -186,7 +177,7 @@ def _engine(model: CausalLM, config: Any, **kw: Any) -> LLMEngine:
 def _run(engine: LLMEngine, mode: str | None, params: SamplingParams = GREEDY) -> list[list[int]]:
     outs = engine.generate(PROMPTS, params, speculative=mode)
     assert engine.allocator.num_free == engine.allocator.num_blocks  # rollback leaves no block behind
-    for d in engine._drafters.values():
+    for d in engine.speculator.drafters.values():
         assert d.allocator.num_free == d.allocator.num_blocks
     return [o.output_token_ids for o in outs]
 
@@ -209,7 +200,7 @@ def test_greedy_speculation_equals_plain_decoding_for_every_proposer(family: str
         mode = proposer.removesuffix("-other")
         got = _run(engine, mode)
         assert got == plain, f"{family}/{proposer}"
-        totals = engine.spec_totals[mode]
+        totals = engine.speculator.totals[mode]
         assert totals.drafted > 0, f"{family}/{proposer} never speculated"
         if proposer in ("draft", "prompt_lookup"):
             assert totals.accepted > 0, f"{family}/{proposer} never accepted a draft"
@@ -310,28 +301,82 @@ def test_sampled_engine_output_follows_the_exact_model_distribution(tmp_path: Pa
         for position, exact in ((1, second), (2, third)):
             pvalue = _chi2([o.output_token_ids[position] for o in outs], exact.float())
             assert pvalue > 1e-3, (mode, position, pvalue)
-        totals = engine.spec_totals[mode]
+        totals = engine.speculator.totals[mode]
         assert 0 < totals.accepted < totals.drafted  # both the accept and the residual path ran
 
 
-def test_new_requests_start_plain_while_a_proposer_does_not_pay_engine_wide(family_models: Any) -> None:
-    from engine.speculative import SpecTotals
+def _measured(plain: float, verify: dict[int, float], draft_token: float = 0.0, proposer: str = "draft") -> SpecCosts:
+    costs = SpecCosts()
+    for _ in range(3):
+        costs.record_plain(plain)
+        for k, seconds in verify.items():
+            costs.record_verify(seconds, k)
+    if draft_token:
+        costs.record_draft(proposer, draft_token * 4, 4)
+    return costs
 
+
+def test_new_requests_start_plain_while_a_proposer_does_not_pay_engine_wide(family_models: Any) -> None:
     model, config = family_models["mixtral"]
     engine = _engine(model, config, draft_model=model)
-    engine.spec_costs.record_plain(1.0)
-    engine.spec_costs.record_verify(1.5, 4)
-    engine.spec_costs.record_draft("draft", 4.0, 4)
+    spec = engine.speculator
+    # drafting a token costs as much as a plain step, and half the drafts fail at once: it never pays
+    spec.costs = _measured(1.0, {1: 1.3, 4: 1.8}, draft_token=1.0)
+    acceptance = spec._acceptance("draft", 0)
+    for n in range(40):
+        acceptance.record(4, n % 2)
     ids = [engine.add_request(PROMPTS[0], GREEDY, speculative="draft") for _ in range(3)]
     assert all(engine._seqs[i].spec.active(0) for i in ids)  # no engine-wide evidence yet
-    engine.spec_totals["draft"] = SpecTotals(verifies=40, drafted=160, accepted=40, rejections=40)
+    spec.totals["draft"] = SpecTotals(verifies=40)
     ids = [engine.add_request(PROMPTS[0], GREEDY, speculative="draft") for _ in range(16)]
-    active = [engine._seqs[i].spec.active(0) for i in ids]
-    assert active.count(True) == 2 and active[7] and active[15]  # one in eight still probes
-    engine.spec_costs = SpecCosts()  # a cheaper draft, mostly accepted: it pays again
-    engine.spec_costs.record_plain(1.0)
-    engine.spec_costs.record_verify(1.5, 4)
-    engine.spec_costs.record_draft("draft", 1.6, 4)
-    engine.spec_totals["draft"] = SpecTotals(verifies=40, drafted=160, accepted=156, rejections=4)
+    states = [engine._seqs[i].spec for i in ids]
+    assert [st.active(0) for st in states].count(True) == 2 and states[7].active(0) and states[15].active(0)
+    assert states[7].probing and not states[6].probing  # one in eight drafts once, whatever the estimate says
+    spec.costs = _measured(1.0, {1: 1.3, 4: 1.8}, draft_token=0.1)  # a cheap draft, mostly accepted: it pays
+    for _ in range(40):
+        acceptance.record(4, 4)
     assert all(engine._seqs[engine.add_request(PROMPTS[0], GREEDY, speculative="draft")].spec.active(0)
                for _ in range(8))
+
+
+def test_prompt_lookup_drafts_where_its_match_predicts_acceptance(family_models: Any) -> None:
+    """Per step and per matched n-gram length: a sequence whose last token matched alone (a bucket whose drafts
+    failed) decodes plainly; one whose last four tokens matched (a bucket whose drafts held) drafts long."""
+    model, config = family_models["mixtral"]
+    engine = _engine(model, config, speculative=SpecConfig(engine_probe_every=1000), max_num_batched_tokens=64)
+    spec = engine.speculator
+    spec.costs = _measured(1.0, {1: 1.2, 4: 1.5, 8: 2.0})
+    spec.totals["prompt_lookup"] = SpecTotals(verifies=100)
+    for _ in range(30):
+        spec._acceptance("prompt_lookup", 1).record(4, 0)
+        spec._acceptance("prompt_lookup", 4).record(8, 8)
+    weak = engine.add_request([9, 1, 2, 3, 4, 5, 6, 7, 8, 9], GREEDY, speculative="prompt_lookup")
+    strong = engine.add_request([1, 2, 3, 4, 5, 6, 7, 8, 1, 2, 3], GREEDY, speculative="prompt_lookup")
+    engine.step()  # prefill both: each samples its first token
+    for rid in (weak, strong):  # make the last token continue the pattern the test wants
+        seq = engine._seqs[rid]
+        seq.token_ids[-1] = 9 if rid == weak else 4
+    spec.propose(engine.scheduler.running)
+    assert engine._seqs[weak].spec_token_ids == []
+    assert engine._seqs[strong].spec_token_ids == [5, 6, 7, 8, 1, 2, 3, 4]
+    assert spec.totals["prompt_lookup"].declined == 1
+
+
+def test_a_model_drafter_starts_only_where_its_catch_up_pays_back(family_models: Any) -> None:
+    """A drafter that has not seen a sequence must first run its prompt: worth it for a long answer, not for a
+    three-token one."""
+    model, config = family_models["mixtral"]
+    engine = _engine(model, config, draft_model=model, max_num_batched_tokens=64)
+    spec = engine.speculator
+    spec.costs = _measured(1.0, {1: 1.2, 2: 1.3, 4: 1.5}, draft_token=0.2)
+    spec.costs.record_catch_up("draft", 22.0, 22)  # a prompt token costs the drafter a plain step
+    spec.totals["draft"] = SpecTotals(verifies=100)
+    for _ in range(40):
+        spec._acceptance("draft", 0).record(4, 2)  # two tokens hold, the third never
+    short = engine.add_request(PROMPTS[1], SamplingParams(temperature=0, max_tokens=4), speculative="draft")
+    long = engine.add_request(PROMPTS[1], SamplingParams(temperature=0, max_tokens=300), speculative="draft")
+    engine.step()  # prefill both
+    spec.propose(engine.scheduler.running)
+    assert engine._seqs[short].spec_token_ids == [] and not engine._seqs[short].spec.active(2)
+    assert len(engine._seqs[long].spec_token_ids) == 2
+    assert spec.drafters["draft"].lag(long, engine._seqs[long].token_ids) == 1  # it caught up

@@ -77,6 +77,25 @@ def test_paged_decode_equals_torch_decode(window: int | None, threads: int) -> N
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("d", [32, 24, 64])
+@pytest.mark.parametrize("window", [None, 21])
+def test_paged_decode_over_many_blocks_equals_torch_decode(d: int, window: int | None, threads: int) -> None:
+    """Contexts spanning many scattered blocks and ending mid-block, a window starting mid-block, four query
+    heads per KV head, head sizes on and off the 16-lane path: the kernel walks the cache block by block."""
+    batch, n_q, n_kv, block, blocks = 4, 8, 2, 16, 40
+    k_cache = torch.randn(blocks, block, n_kv, d, generator=_gen(4))
+    v_cache = torch.randn(blocks, block, n_kv, d, generator=_gen(5))
+    lens = torch.tensor([1, 16, 97, 130])
+    order = torch.randperm(blocks, generator=_gen(6))
+    tables = torch.stack([order[i * 9:i * 9 + 9] for i in range(batch)])
+    q = torch.randn(batch, n_q, d, generator=_gen(7))
+    ctx = AttentionContext(False, torch.arange(batch + 1), lens, torch.zeros(batch, dtype=torch.long), tables)
+    with torch.inference_mode():
+        got = ops.paged_decode(q, k_cache, v_cache, tables, lens, 0.3, window)
+        expected = _decode(q, k_cache, v_cache, plan_paged(ctx, block), 0.3, window)
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+
+
 def test_add_rmsnorm_updates_the_residual_and_normalises() -> None:
     h = torch.randn(3, 200, generator=_gen(1))
     delta = torch.randn(3, 200, generator=_gen(2))
