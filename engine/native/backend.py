@@ -201,10 +201,11 @@ class NativeBackend:
         return self.lm_head(hidden)
 
     def decode(self, tokens: Sequence[int], positions: Sequence[int], block_tables: Sequence[list[int]],
-               experts: Sequence[int | None], kv_caches: list[KVCache], block_size: int) -> torch.Tensor | None:
+               experts: Sequence[int | None], kv_caches: list[KVCache], block_size: int
+               ) -> tuple[torch.Tensor, list[int]] | None:
         """Logits [B, vocab] of a plain decode step (sequence ``i`` feeds ``tokens[i]`` at ``positions[i]``
-        over its blocks ``block_tables[i]``) in one native call, or None where this model has no such call
-        (`engine.native.step`): the caller then runs the step through `forward`."""
+        over its blocks ``block_tables[i]``) and each row's argmax, in one native call, or None where this model
+        has no such call (`engine.native.step`): the caller then runs the step through `forward`."""
         last = self._last_step
         if last is None or last[0] is not kv_caches or last[1] != block_size:  # not the previous step's cache
             key = (block_size, *(k.data_ptr() for k, _ in kv_caches))

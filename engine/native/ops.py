@@ -76,11 +76,12 @@ class ModelSpec(ctypes.Structure):
 
 class BatchSpec(ctypes.Structure):
     """One decode step's batch for `DecodeStepCall` (mirrors ``tg_batch``): B sequences' token ids, positions
-    and block tables [B, width] (int64, -1 padded), expert counts (int32 per sequence, or NULL: k_max)."""
+    and block tables [B, width] (int64, -1 padded), expert counts (int32 per sequence, or NULL: k_max), and
+    where each row's argmax goes (int64 [B], or NULL)."""
 
     _fields_ = [
         ("B", _i64), ("width", _i64), ("block_size", _i64), ("tokens", _p), ("positions", _p), ("tables", _p),
-        ("k_max", _int), ("k_per_token", _p),
+        ("k_max", _int), ("k_per_token", _p), ("argmax", _p),
     ]
 
 
@@ -140,6 +141,8 @@ def _load() -> None:
         return
     lib.tg_decode_step.argtypes = [_p, _p, _int, _p, _p, _int]
     lib.tg_decode_step.restype = _int
+    lib.tg_argmax_rows.argtypes = [_p, _i64, _i64, _p]
+    lib.tg_argmax_rows.restype = None
     _lib, _state = lib, ""
 
 
@@ -327,6 +330,17 @@ def rope_write_kv(qkv: torch.Tensor, n_q: int, n_kv: int, head_dim: int, cos: to
     _lib.tg_rope_write_kv(qkv.data_ptr(), t, n_q, n_kv, head_dim, cos.data_ptr(), sin.data_ptr(), q.data_ptr(),
                           k_cache.data_ptr(), v_cache.data_ptr(), slots.data_ptr())
     return q
+
+
+def argmax_rows(x: torch.Tensor) -> list[int]:
+    """Each row's argmax of x [rows, n] (contiguous fp32, n >= 1) as `tg_decode_step` picks greedy tokens:
+    torch.argmax's answer (the first maximum, or the first NaN)."""
+    assert _lib is not None
+    if x.dtype != torch.float32 or x.dim() != 2 or not x.is_contiguous() or x.shape[1] < 1:
+        raise ValueError("argmax_rows takes contiguous fp32 rows [rows, n >= 1]")
+    out = torch.empty(x.shape[0], dtype=torch.int64)
+    _lib.tg_argmax_rows(x.data_ptr(), x.shape[0], x.shape[1], out.data_ptr())
+    return out.tolist()  # type: ignore[no-any-return]
 
 
 def stream_sum(x: torch.Tensor) -> float:

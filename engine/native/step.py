@@ -5,7 +5,8 @@ paged plan and the flattened batch tensors cost about as much Python and torch t
 model's layers do in C (the demo model: ~0.2 ms of ~0.5 ms). A `DecodeStep` does all of that in
 `tg_decode_step` instead: the embedding rows, the RoPE rows (of a table of every position, computed once with
 the model's own `RotaryEmbedding`, which gives a position the same values whatever else is in its batch), the
-cache slots from the block tables, the layers, the final norm and the packed LM head. Per step it copies the
+cache slots from the block tables, the layers, the final norm, the packed LM head and each row's argmax (the
+greedy token, so that a greedy step needs no torch or numpy call to pick it). Per step it copies the
 token ids, positions and block tables into int64 buffers it keeps (a `BatchSpec` points at them), and makes
 one ctypes call of six arguments; the only torch call left is the logits' allocation.
 
@@ -57,13 +58,16 @@ class DecodeStep:
         self._positions: Any = (ctypes.c_int64 * self._capacity)()
         self._tables: Any = (ctypes.c_int64 * (self._capacity * self._width))()
         self._ks: Any = (ctypes.c_int32 * self._capacity)()
+        self._argmax: Any = (ctypes.c_int64 * self._capacity)()
         b = self._batch
-        b.tokens, b.positions, b.tables = (ctypes.addressof(a) for a in (self._tokens, self._positions, self._tables))
+        b.tokens, b.positions, b.tables, b.argmax = (
+            ctypes.addressof(a) for a in (self._tokens, self._positions, self._tables, self._argmax))
 
     def __call__(self, tokens: Sequence[int], positions: Sequence[int], tables: Sequence[list[int]],
-                 experts: Sequence[int | None]) -> torch.Tensor:
-        """Logits [B, vocab] of one decode step: sequence ``i`` feeds ``tokens[i]`` at ``positions[i]`` over its
-        cache blocks ``tables[i]``, with ``experts[i]`` experts per token (None: the trained count)."""
+                 experts: Sequence[int | None]) -> tuple[torch.Tensor, list[int]]:
+        """Logits [B, vocab] of one decode step and each row's argmax (as torch.argmax picks it: the first
+        maximum, or the first NaN): sequence ``i`` feeds ``tokens[i]`` at ``positions[i]`` over its cache blocks
+        ``tables[i]``, with ``experts[i]`` experts per token (None: the trained count)."""
         batch = len(tokens)
         if batch == 1:  # the common case, written out
             table = tables[0]
@@ -84,7 +88,7 @@ class DecodeStep:
         self._experts(experts, batch)
         logits = torch.empty(batch, self.vocab, dtype=torch.float32)
         self._call(logits)
-        return logits
+        return logits, self._argmax[:batch]
 
     def _experts(self, experts: Sequence[int | None], batch: int) -> None:
         """The batch's expert counts into the `BatchSpec`, validated as the model's forward validates them."""

@@ -60,12 +60,14 @@ typedef struct {
 int tg_model_size(void) { return (int)sizeof(tg_model); }
 
 /* One decode step's batch for tg_decode_step: B sequences, each feeding tokens[b] at positions[b] over its
- * cache blocks tables[b * width ...] (int64, -1 padded), with k_per_token[b] experts (NULL: k_max for all). */
+ * cache blocks tables[b * width ...] (int64, -1 padded), with k_per_token[b] experts (NULL: k_max for all);
+ * argmax (NULL: not wanted) receives each row's greedy token. */
 typedef struct {
     int64_t B, width, block_size;
     const int64_t *tokens, *positions, *tables;
     int k_max;
     const int32_t *k_per_token;
+    int64_t *argmax;
 } tg_batch;
 
 int tg_batch_size(void) { return (int)sizeof(tg_batch); }
@@ -292,6 +294,53 @@ int tg_decode_layers(const tg_layer *layers, int n_layers, float *h, int64_t B, 
     return step_go(&a, nthreads);
 }
 
+/* The index of the first maximum of x[0:n] (n >= 1), or of the first NaN if there is one: torch.argmax's
+ * answer, so a greedy token picked here is the one the sampler would pick from the logits. */
+static int64_t argmax_row(const float *x, int64_t n) {
+    int64_t i = 0;
+    float m = x[0];
+#if TG_AVX512
+    if (n >= 16) { /* no NaN: the largest value, then the first element equal to it */
+        __m512 mx = _mm512_loadu_ps(x);
+        __mmask16 nan = _mm512_cmp_ps_mask(mx, mx, _CMP_UNORD_Q);
+        for (i = 16; i + 16 <= n && !nan; i += 16) {
+            __m512 v = _mm512_loadu_ps(x + i);
+            nan |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+            mx = _mm512_max_ps(mx, v);
+        }
+        if (nan) {
+            i = 0;
+        } else {
+            m = _mm512_reduce_max_ps(mx);
+            for (int64_t j = i; j < n; j++) {
+                if (x[j] != x[j]) return j;
+                m = x[j] > m ? x[j] : m;
+            }
+            const __m512 mv = _mm512_set1_ps(m);
+            for (i = 0; i + 16 <= n; i += 16) {
+                __mmask16 eq = _mm512_cmp_ps_mask(_mm512_loadu_ps(x + i), mv, _CMP_EQ_OQ);
+                if (eq) return i + __builtin_ctz(eq);
+            }
+            for (; i < n; i++)
+                if (x[i] == m) return i;
+            return 0; /* not reached */
+        }
+    }
+#endif
+    int64_t best = 0;
+    m = x[0];
+    for (i = 0; i < n; i++) {
+        if (x[i] != x[i]) return i;
+        if (x[i] > m) m = x[i], best = i;
+    }
+    return best;
+}
+
+/* out[r] = argmax_row of row r of x [rows, n] (n >= 1). */
+void tg_argmax_rows(const float *x, int64_t rows, int64_t n, int64_t *out) {
+    for (int64_t r = 0; r < rows; r++) out[r] = argmax_row(x + r * n, n);
+}
+
 /* A decode step of `batch` (token ids, positions, block tables): the logits [B, vocab]. Returns 0, -1
  * (memory), or -2 when a token, a position or a table entry is out of range (nothing is written then). */
 int tg_decode_step(const tg_model *model, const tg_layer *layers, int n_layers, const tg_batch *batch, float *logits,
@@ -325,6 +374,7 @@ int tg_decode_step(const tg_model *model, const tg_layer *layers, int n_layers, 
                        .final_eps = model->final_eps, .out = out, .lm_head = model->lm_head, .lm_fmt = model->lm_fmt,
                        .vocab = model->vocab, .logits = logits};
         rc = step_go(&a, nthreads);
+        if (rc == 0 && batch->argmax) tg_argmax_rows(logits, B, model->vocab, batch->argmax);
     }
     free(h);
     free(slots);

@@ -22,6 +22,7 @@ from engine import native
 from engine.config import ModelConfig
 from engine.engine import LLMEngine
 from engine.model import CausalLM
+from engine.native import ops
 from engine.native.backend import NativeBackend
 from engine.quant import quantize_model
 from engine.runner import Span, run_spans
@@ -86,7 +87,10 @@ def _both_paths(kind: str, experts: list[int | None]) -> dict[str, Any]:
     with torch.inference_mode():
         expected = run_spans(backend, general, BLOCK, [Span([t], n, table, k, 1) for t, n, table, k in zip(
             tokens, CONTEXT, tables, experts, strict=True)])
-    got = backend.decode(tokens, list(CONTEXT), tables, experts, caches, BLOCK)
+    fast = backend.decode(tokens, list(CONTEXT), tables, experts, caches, BLOCK)
+    assert fast is not None
+    got, argmax = fast
+    assert argmax == got.argmax(dim=-1).tolist()  # each row's greedy token, computed with the logits
     return {"got": got, "expected": expected, "caches": caches, "general": general}
 
 
@@ -94,7 +98,7 @@ def _both_paths(kind: str, experts: list[int | None]) -> dict[str, Any]:
 def test_the_one_call_step_gives_the_general_paths_logits_and_cache(kind: str, threads: int) -> None:
     experts: list[int | None] = [None, None, None] if "moe" in kind else [None] * 3
     run = _both_paths(kind, experts)
-    assert run["got"] is not None and run["got"].shape == (3, 300)
+    assert run["got"].shape == (3, 300)
     assert torch.equal(run["got"], run["expected"])
     for (k, v), (k2, v2) in zip(run["caches"], run["general"], strict=True):
         assert torch.equal(k, k2) and torch.equal(v, v2)
@@ -158,8 +162,7 @@ def test_the_engine_decodes_through_the_step_and_gives_the_same_tokens(monkeypat
         calls = []
         decode = backend.decode
 
-        def counted(*args: Any, decode: Any = decode, calls: list[int] = calls, fast: bool = fast
-                    ) -> torch.Tensor | None:
+        def counted(*args: Any, decode: Any = decode, calls: list[int] = calls, fast: bool = fast) -> Any:
             calls.append(1)
             return decode(*args) if fast else None
 
@@ -169,3 +172,19 @@ def test_the_engine_decodes_through_the_step_and_gives_the_same_tokens(monkeypat
         outputs[fast] = [o.output_token_ids for o in outs]
         assert len(calls) >= 11  # every step after the prefills asked the step first
     assert outputs[True] == outputs[False]
+
+
+@pytest.mark.parametrize("n", [1, 7, 16, 37, 300, 4096])
+def test_the_native_argmax_is_torchs(n: int) -> None:
+    """First maximum on ties, the first NaN where there is one, -inf rows: as torch.argmax, in the vector
+    part and the tail of a row."""
+    gen = torch.Generator().manual_seed(n)
+    rows = torch.randint(-3, 4, (12, n), generator=gen).float()  # many ties
+    rows[1] = float("-inf")
+    rows[2, n // 2] = float("nan")
+    rows[3, -1] = float("nan")
+    rows[4, n // 3] = float("inf")
+    rows[5, -1] = 100.0
+    rows[6] = -0.0
+    rows[6, -1] = 0.0
+    assert ops.argmax_rows(rows) == rows.argmax(dim=-1).tolist()
