@@ -168,9 +168,9 @@ def test_the_engine_decodes_through_the_step_and_gives_the_same_tokens(monkeypat
 
         monkeypatch.setattr(backend, "decode", counted)
         prompts = [[3, 1, 4, 1, 5], [9, 2, 6], [5, 3, 5, 8, 9, 7, 9]]
-        outs = engine.generate(prompts, SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))
+        outs = engine.generate(prompts, SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
         outputs[fast] = [o.output_token_ids for o in outs]
-        assert len(calls) >= 11  # every step after the prefills asked the step first
+        assert len(calls) >= 7  # every step after the prefills asked the step first
     assert outputs[True] == outputs[False]
 
 
