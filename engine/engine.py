@@ -259,7 +259,8 @@ class LLMEngine:
             plain_logits = logits if len(plain) == len(sampling) and row == len(sampling) else \
                 logits[[rows[i] for i in plain]]
             tokens, logprobs = sample(plain_logits, [q.params for q in seqs], [q.sampler_state for q in seqs],
-                                      [self._suppressed(q, 0) for q in seqs])
+                                      [self._suppressed(q, 0) for q in seqs],
+                                      self.runner.last_argmax if plain_logits is logits else None)
             for i, t, lp in zip(plain, tokens, logprobs, strict=True):
                 emitted[i] = ([t], [lp])
         accepted: dict[Sequence, int] = {}

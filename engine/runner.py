@@ -57,6 +57,15 @@ class DecodeBackend(Protocol):
         measured against (`tiergate bench engine`)."""
         ...
 
+    def decode(self, tokens: Seq[int], positions: Seq[int], block_tables: Seq[list[int]],
+               experts: Seq[int | None], kv_caches: list[KVCache], block_size: int
+               ) -> tuple[torch.Tensor, list[int]] | None:
+        """Logits [B, vocab] of a plain decode step (sequence ``i`` feeds ``tokens[i]`` at ``positions[i]`` over
+        its cache blocks ``block_tables[i]``, ``experts[i]`` experts per token) and each row's argmax (the first
+        maximum or the first NaN, as torch.argmax), by a fast path, or None where the backend has none (the
+        runner then calls `forward`)."""
+        ...
+
 
 class TorchBackend:
     """The model run as it is, in plain torch: for dtypes and devices the native backend does not take,
@@ -114,6 +123,11 @@ class TorchBackend:
             best = min(best, time.perf_counter() - start)
         return x.numel() * 4 / best
 
+    def decode(self, tokens: Seq[int], positions: Seq[int], block_tables: Seq[list[int]],
+               experts: Seq[int | None], kv_caches: list[KVCache], block_size: int
+               ) -> tuple[torch.Tensor, list[int]] | None:
+        return None  # no fast path: the plain model runs every step through forward
+
 
 def pick_backend(model: torch.nn.Module, *, release_weights: bool = False) -> DecodeBackend:
     """The native backend where it supports ``model`` (see `engine.native.supports`), else `TorchBackend`.
@@ -142,12 +156,30 @@ class ModelRunner:
         self.kv_caches: list[KVCache] = model.allocate_kv_cache(  # type: ignore[operator]
             num_blocks, block_size, dtype)
         self.backend = pick_backend(model, release_weights=release_weights)
+        # the argmax of each row of the logits the last `execute` returned, where the backend's decode fast path
+        # computed it with them (None otherwise): a greedy sampler's tokens without another pass over the logits
+        self.last_argmax: list[int] | None = None
 
-    @torch.inference_mode()
     def execute(self, scheduled: Seq[ScheduledSequence]) -> torch.Tensor:
         """Run one step; returns logits for the sequences with ``samples`` set, in order: one row each, or
         ``1 + num_spec`` rows for a sequence verifying ``num_spec`` speculative tokens (the rows of its last
-        known token and of each draft token)."""
+        known token and of each draft token).
+
+        A step of plain decodes goes to the backend's `decode` fast path first (no torch graph is built
+        there, so it runs outside inference mode: entering and leaving it costs ~10 us a step)."""
+        self.last_argmax = None
+        if all(s.num_new_tokens == 1 and s.samples and not s.num_spec for s in scheduled):
+            seqs = [s.seq for s in scheduled]
+            fast = self.backend.decode([q.token_ids[s.start] for q, s in zip(seqs, scheduled, strict=True)],
+                                       [s.start for s in scheduled], [q.block_table for q in seqs],
+                                       [q.experts_per_token for q in seqs], self.kv_caches, self.block_size)
+            if fast is not None:
+                logits, self.last_argmax = fast
+                return logits
+        return self._execute_spans(scheduled)
+
+    @torch.inference_mode()
+    def _execute_spans(self, scheduled: Seq[ScheduledSequence]) -> torch.Tensor:
         spans = []
         for s in scheduled:
             seq = s.seq

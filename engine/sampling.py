@@ -43,22 +43,38 @@ def filter_top_k_top_p(logits: torch.Tensor, top_k: int, top_p: float) -> torch.
     return logits
 
 
+def _argmax_rows(logits: torch.Tensor) -> list[int]:
+    """Each row's first maximum (NaN counting as the maximum, as in torch.argmax); read through numpy on the
+    CPU, which costs a microsecond where torch's argmax and tolist cost several per step."""
+    if logits.device.type == "cpu" and not logits.requires_grad:
+        return logits.numpy().argmax(axis=-1).tolist()  # type: ignore[no-any-return]
+    return logits.argmax(dim=-1).tolist()  # type: ignore[no-any-return]
+
+
 def sample(logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None],
-           suppress: list[tuple[int, ...]] | None = None) -> tuple[list[int], list[TokenLogprob | None]]:
+           suppress: list[tuple[int, ...]] | None = None,
+           argmax: list[int] | None = None) -> tuple[list[int], list[TokenLogprob | None]]:
     """Choose one token per row.
 
     logits: [S, V] float, one row per sequence that samples this step.
     params / generators: one per row. suppress: per row, token ids that may not be chosen
     (used for ``min_tokens``: end-of-sequence ids are suppressed until it is reached).
+    argmax: each row's argmax (first maximum, NaN counting as the maximum) where the caller already has it
+    (the runner's decode fast path computes it with the logits): an all-greedy batch with nothing suppressed
+    and no log-probabilities asked then takes it as it is, without another pass over the logits.
     Returns (token ids, per-row TokenLogprob or None when the row did not ask for them).
     """
+    masked = suppress is not None and any(suppress)
+    if argmax is not None and not masked and all(p.greedy and not p.wants_logprobs for p in params):
+        return list(argmax), [None] * len(params)
     logits = logits.float()
-    if suppress is not None and any(suppress):
+    if masked:
+        assert suppress is not None
         logits = logits.clone()
         for row, ids in enumerate(suppress):
             if ids:
                 logits[row, list(ids)] = float("-inf")
-    tokens: list[int] = logits.argmax(dim=-1).tolist()
+    tokens = _argmax_rows(logits)
     for row, p in enumerate(params):
         if p.greedy:
             continue

@@ -5,11 +5,14 @@
 
 Layout:
 
-- ``tg_kernels.c`` / ``build.py``: the kernels and their cached ``-march=native`` build;
+- ``tg_kernels.c`` (+ ``tg_step.c``, the whole decode step on one thread team) / ``build.py``: the kernels and
+  their cached ``-march=native`` build;
 - ``ops``: the C entry points (ctypes), ``available()`` / ``reason()``;
+- ``threads``: whether a one-call decode step runs on the thread team or on one thread (measured);
 - ``packing``: which matrices are packed (fp32 or bf16 panels, or the model's Q8_0 / Q4_0 blocks from
   `engine.quant`) and the release of the model's copies;
 - ``layers``: which layer kinds the one-call decode kernel covers, and its layer specs;
+- ``step``: a plain decode step in one call from token ids to logits (embedding, RoPE table, LM head in C);
 - ``backend``: ``supports``, ``prepare`` and ``NativeBackend`` (one-call decode, per-op layers otherwise).
 
 Only the model runner (`engine.runner`) imports this package (an import-linter contract says so); the

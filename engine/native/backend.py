@@ -4,6 +4,8 @@ The backend owns the packed weights (`engine.native.packing`) and runs the runne
 batches on the C kernels, reading everything else (embedding, RoPE, norms, routers, q/k norms) from the
 model it was built from:
 
+- a plain decode step (`decode`: token ids, positions and block tables in, logits out) is one C call from the
+  token ids on (`engine.native.step`) where every layer is on the one-call path and the LM head is packed;
 - a decode-only step whose every layer `tg_decode_layers` covers (`engine.native.layers`) is one C call;
 - any other step runs layer by layer: residual adds fused into the following RMSNorm (vLLM style),
   packed products, the fused MoE kernel, and for decode steps RoPE + cache write and paged attention in
@@ -20,7 +22,7 @@ engine.native only.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import TypeGuard
@@ -35,6 +37,7 @@ from engine.moe import DenseMLP, ExpertCount, SparseMoeBlock, grouped_moe, route
 from engine.native import layers as one_call
 from engine.native import ops
 from engine.native.packing import PackedWeights
+from engine.native.step import DecodeStep, decode_step
 
 
 def supports(model: torch.nn.Module) -> TypeGuard[CausalLM]:
@@ -161,6 +164,8 @@ class NativeBackend:
         self.one_call_gaps = [one_call.one_call_gap(layer.layer, weights) for layer in self.layers]
         # per set of cache tensors (the engine's, and a self-speculation drafter's own)
         self._one_call: dict[tuple[int, ...], ops.DecodeLayers | None] = {}
+        self._steps: dict[tuple[int, ...], DecodeStep | None] = {}
+        self._last_step: tuple[list[KVCache], int, DecodeStep | None] | None = None  # the cache list it ran on
 
     @property
     def weight_format(self) -> str:
@@ -194,6 +199,23 @@ class NativeBackend:
         if last_token_indices is not None:
             hidden = hidden[last_token_indices]
         return self.lm_head(hidden)
+
+    def decode(self, tokens: Sequence[int], positions: Sequence[int], block_tables: Sequence[list[int]],
+               experts: Sequence[int | None], kv_caches: list[KVCache], block_size: int
+               ) -> tuple[torch.Tensor, list[int]] | None:
+        """Logits [B, vocab] of a plain decode step (sequence ``i`` feeds ``tokens[i]`` at ``positions[i]``
+        over its blocks ``block_tables[i]``) and each row's argmax, in one native call, or None where this model
+        has no such call (`engine.native.step`): the caller then runs the step through `forward`."""
+        last = self._last_step
+        if last is None or last[0] is not kv_caches or last[1] != block_size:  # not the previous step's cache
+            key = (block_size, *(k.data_ptr() for k, _ in kv_caches))
+            if key not in self._steps:
+                if len(self._steps) >= 4:  # caches come and go with engines: keep the newest few
+                    del self._steps[next(iter(self._steps))]
+                self._steps[key] = decode_step(self.model, self.weights, kv_caches, block_size)
+            last = self._last_step = (kv_caches, block_size, self._steps[key])
+        step = last[2]
+        return None if step is None else step(tokens, positions, block_tables, experts)
 
     def _layers(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, plan: PagedPlan,
                 caches: list[KVCache], count: ExpertCount | None) -> torch.Tensor:

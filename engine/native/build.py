@@ -1,7 +1,8 @@
-"""Compile `tg_kernels.c` into a shared library for this machine, once, and cache it.
+"""Compile `tg_kernels.c` (which includes ``tg_step.c``) into a shared library for this machine, once, and cache it.
 
 The library is built with the system C compiler (``$CC`` or ``cc``) at ``-O3 -march=native``
-(``TIERGATE_NATIVE_MARCH`` picks another target) and OpenMP; the cache key covers the source, the flags, the compiler's version and the CPU's
+(``TIERGATE_NATIVE_MARCH`` picks another target) and OpenMP; the cache key covers the sources (every ``.c``
+file beside ``tg_kernels.c``), the flags, the compiler's version and the CPU's
 feature flags (for ``-march=native`` builds), so a cache copied to another machine is rebuilt
 rather than run with instructions that machine lacks. Builds write to a temporary file and rename it into place,
 so concurrent processes never load a half-written library.
@@ -70,11 +71,16 @@ def cache_dir() -> Path:
     raise BuildError(f"no writable cache folder among {', '.join(map(str, candidates))}")
 
 
+def sources() -> list[Path]:
+    """The main source and the files it includes (every ``.c`` file beside it)."""
+    return [SOURCE, *sorted(p for p in SOURCE.parent.glob("*.c") if p != SOURCE)]
+
+
 def library_path(cc: str) -> Path:
     version = subprocess.run([cc, "--version"], capture_output=True, text=True, check=False).stdout
     key = hashlib.sha256()
     native = "-march=native" in flags()  # only a native build depends on this CPU; a named target runs anywhere
-    for part in (SOURCE.read_bytes(), " ".join(flags()).encode(), version.encode(),
+    for part in (*(p.read_bytes() for p in sources()), " ".join(flags()).encode(), version.encode(),
                  (_cpu_fingerprint() if native else "").encode()):
         key.update(part)
         key.update(b"\0")

@@ -7,8 +7,10 @@ computes the same thing; ``reason()`` says why.
 
 The wrappers take torch tensors, check what the kernels assume (fp32, CPU, the strides they
 index with) and return new tensors. They run with ``torch.get_num_threads()`` threads on
-PyTorch's own OpenMP pool. `decode_layers` runs a whole decode step from a `LayerSpec` array
-(`engine.native.layers` builds it from the model).
+PyTorch's own OpenMP pool (a one-call decode step: that many or one, whichever its `ThreadChoice` measured
+faster). `decode_layers` runs a whole decode step from a `LayerSpec` array
+(`engine.native.layers` builds it from the model); `DecodeStepCall` runs one from token ids to logits
+(`engine.native.step` builds it).
 
 Must not import the model, the scheduler, or anything outside torch and the standard library.
 """
@@ -19,14 +21,16 @@ import ctypes
 import logging
 import os
 import threading
+import time
 
 import torch
 
 from engine.native import build as _build
+from engine.native.threads import ThreadChoice
 
 log = logging.getLogger(__name__)
 
-ABI_VERSION = 10
+ABI_VERSION = 11
 PANEL = 64  # outputs per packed panel (tg_kernels.c)
 BLOCK = 32  # elements per quantized block
 # weight formats (tg_kernels.c): fp32 / bf16 panels, ggml Q8_0 / Q4_0 row-major blocks
@@ -57,6 +61,27 @@ class LayerSpec(ctypes.Structure):
         ("mlp_gate_up", _p), ("mlp_gate_up_bias", _p), ("mlp_down", _p), ("mlp_down_bias", _p),
         ("mlp_intermediate", _i64),
         ("k_cache", _p), ("v_cache", _p),
+    ]
+
+
+class ModelSpec(ctypes.Structure):
+    """What `DecodeStepCall` reads besides the layers (mirrors ``tg_model`` in tg_step.c): the embedding table,
+    RoPE tables [positions, rope_dim], the final norm and the packed LM head."""
+
+    _fields_ = [
+        ("embed", _p), ("cos", _p), ("sin", _p), ("n_positions", _i64), ("rope_dim", _i64),
+        ("final_norm", _p), ("final_eps", _f32), ("lm_fmt", _int), ("lm_head", _p), ("vocab", _i64), ("hidden", _i64),
+    ]
+
+
+class BatchSpec(ctypes.Structure):
+    """One decode step's batch for `DecodeStepCall` (mirrors ``tg_batch``): B sequences' token ids, positions
+    and block tables [B, width] (int64, -1 padded), expert counts (int32 per sequence, or NULL: k_max), and
+    where each row's argmax goes (int64 [B], or NULL)."""
+
+    _fields_ = [
+        ("B", _i64), ("width", _i64), ("block_size", _i64), ("tokens", _p), ("positions", _p), ("tables", _p),
+        ("k_max", _int), ("k_per_token", _p), ("argmax", _p),
     ]
 
 
@@ -104,6 +129,20 @@ def _load() -> None:
     lib.tg_decode_layers.argtypes = [_p, _int, _p, _i64, _i64, _p, _p, _p, _p, _i64, _p, _i64, _int, _p, _p, _f32, _p,
                                      _int]
     lib.tg_decode_layers.restype = _int
+    lib.tg_model_size.restype = _int
+    if lib.tg_model_size() != ctypes.sizeof(ModelSpec):
+        _state = f"native library {path} lays out tg_model in {lib.tg_model_size()} bytes, ctypes in {ctypes.sizeof(ModelSpec)}"
+        log.warning("%s; the engine uses its plain-torch kernels", _state)
+        return
+    lib.tg_batch_size.restype = _int
+    if lib.tg_batch_size() != ctypes.sizeof(BatchSpec):
+        _state = f"native library {path} lays out tg_batch in {lib.tg_batch_size()} bytes, ctypes in {ctypes.sizeof(BatchSpec)}"
+        log.warning("%s; the engine uses its plain-torch kernels", _state)
+        return
+    lib.tg_decode_step.argtypes = [_p, _p, _int, _p, _p, _int]
+    lib.tg_decode_step.restype = _int
+    lib.tg_argmax_rows.argtypes = [_p, _i64, _i64, _p]
+    lib.tg_argmax_rows.restype = None
     _lib, _state = lib, ""
 
 
@@ -293,6 +332,17 @@ def rope_write_kv(qkv: torch.Tensor, n_q: int, n_kv: int, head_dim: int, cos: to
     return q
 
 
+def argmax_rows(x: torch.Tensor) -> list[int]:
+    """Each row's argmax of x [rows, n] (contiguous fp32, n >= 1) as `tg_decode_step` picks greedy tokens:
+    torch.argmax's answer (the first maximum, or the first NaN)."""
+    assert _lib is not None
+    if x.dtype != torch.float32 or x.dim() != 2 or not x.is_contiguous() or x.shape[1] < 1:
+        raise ValueError("argmax_rows takes contiguous fp32 rows [rows, n >= 1]")
+    out = torch.empty(x.shape[0], dtype=torch.int64)
+    _lib.tg_argmax_rows(x.data_ptr(), x.shape[0], x.shape[1], out.data_ptr())
+    return out.tolist()  # type: ignore[no-any-return]
+
+
 def stream_sum(x: torch.Tensor) -> float:
     """Sum of a contiguous fp32 CPU tensor, read once with ``torch.get_num_threads()`` threads."""
     assert _lib is not None
@@ -309,6 +359,7 @@ class DecodeLayers:
         self.array = (LayerSpec * len(specs))(*specs)
         self.count = len(specs)
         self._keep = keep
+        self.threads = ThreadChoice()  # one thread or the team, per batch size (engine.native.threads)
 
 
 def decode_layers(layers: DecodeLayers, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ctx_slots: torch.Tensor,
@@ -324,10 +375,39 @@ def decode_layers(layers: DecodeLayers, h: torch.Tensor, cos: torch.Tensor, sin:
     lens = context_lens.to(torch.int64).contiguous()
     ks = None if per_token is None else per_token.to(torch.int32).contiguous()
     out = torch.empty_like(h)
+    available = torch.get_num_threads()
+    threads = layers.threads.pick(b, available)
+    start = time.perf_counter()
     rc = _lib.tg_decode_layers(ctypes.addressof(layers.array), layers.count, h.data_ptr(), b, hidden, cos.data_ptr(),
                                sin.data_ptr(), slots.data_ptr(), tables.data_ptr(), tables.shape[1], lens.data_ptr(),
-                               block_size, k_max, _ptr(ks), final_norm.data_ptr(), final_eps, out.data_ptr(),
-                               torch.get_num_threads())
+                               block_size, k_max, _ptr(ks), final_norm.data_ptr(), final_eps, out.data_ptr(), threads)
+    layers.threads.record(b, available, threads, time.perf_counter() - start)
     if rc != 0:
         raise MemoryError("tg_decode_layers could not allocate its work buffers")
     return out
+
+
+class DecodeStepCall:
+    """`tg_decode_step` bound to a model (`ModelSpec`), its layers (`DecodeLayers`) and a `BatchSpec` the caller
+    fills (it points at int64 buffers the caller keeps): logits out. It holds what it points into."""
+
+    def __init__(self, model: ModelSpec, layers: DecodeLayers, batch: BatchSpec, keep: list[object]) -> None:
+        assert _lib is not None
+        self.model, self.layers, self.batch = model, layers, batch
+        self._keep = keep
+        self._fn = _lib.tg_decode_step
+        self._args = (ctypes.addressof(model), ctypes.addressof(layers.array), layers.count, ctypes.addressof(batch))
+        self.threads = ThreadChoice()  # one thread or the team, per batch size (engine.native.threads)
+
+    def __call__(self, logits: torch.Tensor) -> None:
+        """Run the step ``batch`` describes; writes ``logits`` [B, vocab] (contiguous fp32)."""
+        b = self.batch.B
+        available = torch.get_num_threads()
+        threads = self.threads.pick(b, available)
+        start = time.perf_counter()
+        rc = self._fn(*self._args, logits.data_ptr(), threads)
+        self.threads.record(b, available, threads, time.perf_counter() - start)
+        if rc == -2:
+            raise ValueError("a token id, a position or a block-table entry is out of range for this model")
+        if rc != 0:
+            raise MemoryError("tg_decode_step could not allocate its work buffers")

@@ -11,6 +11,8 @@
  *   tg_moe             router GEMV, softmax, top-k (per-token k, optional renormalisation) and the
  *                      SwiGLU experts, each selected expert's weights read once for all its tokens
  *   tg_paged_decode    one query per sequence against its paged K/V cache (GQA, sliding window)
+ *   tg_decode_layers,  a whole decode step in one call, on one thread team (tg_step.c, included at the end)
+ *   tg_decode_step
  *
  * Work is split over output panels (linear, MoE) or (sequence, KV head) pairs (attention) with OpenMP,
  * linked against the same libgomp as PyTorch so both share one thread pool. Every kernel takes the
@@ -42,7 +44,7 @@
 #define PANEL 64 /* outputs per packed panel: four 16-float vectors */
 #define MR 6      /* tokens per register tile (6 x 4 accumulators + 4 weight vectors fit in 32 registers) */
 
-int tg_abi_version(void) { return 10; }
+int tg_abi_version(void) { return 11; }
 
 /* Weight formats (`fmt` arguments and tg_layer.fmt): fp32 or bf16 64-output panels (tg_pack, tg_pack_bf16),
  * or ggml's row-major 32-element blocks, stored exactly as GGUF stores them (so a GGUF tensor is used as
@@ -594,36 +596,65 @@ int tg_linear(const float *x, int64_t M, int64_t K, int64_t ldx, const void *P, 
  * expert id), slots past a token's k weigh 0, optional renormalisation over the kept weights. Each
  * selected expert runs once over all its tokens. y [M, H] is overwritten. Returns 0, or -1 if memory
  * could not be allocated.
+ *
+ * Two steps, so that a decode step can run the block inside its own thread team (tg_step.c): `moe_route`
+ * (one thread: router, top-k, each expert's tokens gathered) and `moe_experts` (every thread of a team).
  */
 static inline float silu(float v) { return v / (1.0f + expf(-v)); }
 
-int tg_moe(const float *x, int64_t M, int64_t H, const float *router, int64_t E, const void *gate_up,
-           const void *down, int fmt, int64_t I, int k_max, const int32_t *k_per_token, int normalize, float *y,
-           int nthreads) {
-    if (M <= 0) return 0;
-    int64_t gu_size = weight_bytes(fmt, 2 * I, H), down_size = weight_bytes(fmt, H, I);
-    const int quant = is_quantized(fmt);
-    float *logits = malloc(sizeof(float) * M * E);
-    int32_t *sel = malloc(sizeof(int32_t) * M * k_max);
-    float *selw = malloc(sizeof(float) * M * k_max);
-    int64_t *count = calloc(E, sizeof(int64_t));
-    int64_t *offset = malloc(sizeof(int64_t) * (E + 1));
-    int64_t *tok = malloc(sizeof(int64_t) * M * k_max);
-    float *tokw = malloc(sizeof(float) * M * k_max);
-    float *rows = malloc(sizeof(float) * M * k_max * H);
-    float *act = malloc(sizeof(float) * M * k_max * 2 * I);
-    float *eout = malloc(sizeof(float) * M * k_max * H);
-    /* block formats: the expert inputs and the SwiGLU activations, quantized once each */
-    float *rows_d = quant ? malloc(sizeof(float) * (M * k_max * (H / QK) + 1)) : NULL;
-    int8_t *rows_q = quant ? malloc((size_t)(M * k_max * H + 1)) : NULL;
-    float *act_d = quant ? malloc(sizeof(float) * (M * k_max * (I / QK) + 1)) : NULL;
-    int8_t *act_q = quant ? malloc((size_t)(M * k_max * I + 1)) : NULL;
-    int rc = 0;
-    if (!logits || !sel || !selw || !count || !offset || !tok || !tokw || !rows || !act || !eout ||
-        (quant && (!rows_d || !rows_q || !act_d || !act_q))) {
-        rc = -1;
-        goto done;
+/* A MoE block's buffers, for up to M tokens of k_max experts among E, intermediate size I (one allocation). */
+typedef struct {
+    int64_t M, H, E, I;
+    int k_max, quant;
+    float *logits, *selw, *tokw, *rows, *act, *eout, *rows_d, *act_d;
+    int32_t *sel;
+    int64_t *count, *offset, *tok, assignments;
+    int8_t *rows_q, *act_q;
+    char *base;
+} moe_work;
+
+static size_t carve(char *base, size_t *at, size_t bytes, void **out) {
+    *out = base ? base + *at : NULL;
+    *at += (bytes + 63) & ~(size_t)63;
+    return *at;
+}
+
+static int moe_alloc(moe_work *w, int64_t M, int64_t H, int64_t E, int64_t I, int k_max, int quant) {
+    w->M = M, w->H = H, w->E = E, w->I = I, w->k_max = k_max, w->quant = quant, w->base = NULL;
+    const int64_t A = M * k_max; /* at most this many (token, expert) assignments */
+    for (int pass = 0; pass < 2; pass++) {
+        size_t at = 0;
+        carve(w->base, &at, sizeof(float) * M * E, (void **)&w->logits);
+        carve(w->base, &at, sizeof(int32_t) * A, (void **)&w->sel);
+        carve(w->base, &at, sizeof(float) * A, (void **)&w->selw);
+        carve(w->base, &at, sizeof(int64_t) * E, (void **)&w->count);
+        carve(w->base, &at, sizeof(int64_t) * (E + 1), (void **)&w->offset);
+        carve(w->base, &at, sizeof(int64_t) * A, (void **)&w->tok);
+        carve(w->base, &at, sizeof(float) * A, (void **)&w->tokw);
+        carve(w->base, &at, sizeof(float) * A * H, (void **)&w->rows);
+        carve(w->base, &at, sizeof(float) * A * 2 * I, (void **)&w->act);
+        carve(w->base, &at, sizeof(float) * A * H, (void **)&w->eout);
+        /* block formats: the expert inputs and the SwiGLU activations, quantized once each */
+        carve(w->base, &at, quant ? sizeof(float) * A * (H / QK) : 0, (void **)&w->rows_d);
+        carve(w->base, &at, quant ? (size_t)(A * H) : 0, (void **)&w->rows_q);
+        carve(w->base, &at, quant ? sizeof(float) * A * (I / QK) : 0, (void **)&w->act_d);
+        carve(w->base, &at, quant ? (size_t)(A * I) : 0, (void **)&w->act_q);
+        if (pass == 0 && !(w->base = malloc(at ? at : 1))) return -1;
     }
+    return 0;
+}
+
+/* Router logits, softmax, top-k and each selected expert's tokens gathered (w->rows, by expert) for x [M, H]
+ * (M <= the allocated M; w->E and w->I may be lowered to a layer's, within the allocation). */
+static void moe_route(moe_work *w, const float *x, int64_t M, const float *router, const int32_t *k_per_token,
+                      int normalize) {
+    const int64_t H = w->H, E = w->E;
+    const int k_max = w->k_max;
+    float *logits = w->logits, *selw = w->selw;
+    int32_t *sel = w->sel;
+    int64_t *count = w->count, *offset = w->offset;
+    w->M = M;
+    memset(count, 0, sizeof(int64_t) * E);
     for (int64_t m = 0; m < M; m++)
         for (int64_t e = 0; e < E; e++) {
             const float *a = x + m * H, *b = router + e * H;
@@ -668,65 +699,74 @@ int tg_moe(const float *x, int64_t M, int64_t H, const float *router, int64_t E,
         int k = k_per_token ? k_per_token[m] : k_max;
         for (int s = 0; s < k; s++) {
             int64_t e = sel[m * k_max + s], at = offset[e] + count[e]++;
-            tok[at] = m;
-            tokw[at] = selw[m * k_max + s];
-            memcpy(rows + at * H, x + m * H, sizeof(float) * H);
+            w->tok[at] = m;
+            w->tokw[at] = selw[m * k_max + s];
+            memcpy(w->rows + at * H, x + m * H, sizeof(float) * H);
         }
     }
-    memset(y, 0, sizeof(float) * M * H);
+    w->assignments = assignments;
+}
+
+/* The routed experts' SwiGLU products into y [M, H] (overwritten), run by thread `tid` of a team of `nth`
+ * (the calling parallel region's, or one thread outside any): each thread its share of every selected
+ * expert's output panels, then of y's columns (summed in a fixed expert order per element, so the result
+ * does not depend on the team size). Ends without a barrier. */
+static void moe_experts(const moe_work *w, const void *gate_up, const void *down, int fmt, float *y, int tid,
+                        int nth) {
+    const int64_t M = w->M, H = w->H, E = w->E, I = w->I, assignments = w->assignments;
+    const int64_t gu_size = weight_bytes(fmt, 2 * I, H), down_size = weight_bytes(fmt, H, I);
+    const int64_t *offset = w->offset;
+    const int quant = w->quant;
+    float *act = w->act;
+    int64_t b, e_;
+    if (quant) {
+#pragma omp for schedule(static)
+        for (int64_t a = 0; a < assignments; a++)
+            quantize_row_q8(w->rows + a * H, H, w->rows_d + a * (H / QK), w->rows_q + a * H);
+    }
+    share(panels_of(2 * I), tid, nth, &b, &e_); /* gate/up: each thread its share of every expert's panels */
+    for (int64_t e = 0; e < E; e++)
+        if (offset[e + 1] > offset[e])
+            gemm_any(w->rows + offset[e] * H, quant ? w->rows_d + offset[e] * (H / QK) : NULL,
+                     quant ? w->rows_q + offset[e] * H : NULL, offset[e + 1] - offset[e], H, H,
+                     (const char *)gate_up + e * gu_size, fmt, 2 * I, NULL, act + offset[e] * 2 * I, 2 * I, b, e_);
+#pragma omp barrier
+#pragma omp for schedule(static)
+    for (int64_t a = 0; a < assignments; a++) { /* act[:, :I] = silu(gate) * up */
+        float *g = act + a * 2 * I;
+        for (int64_t i = 0; i < I; i++) g[i] = silu(g[i]) * g[I + i];
+        if (quant) quantize_row_q8(g, I, w->act_d + a * (I / QK), w->act_q + a * I);
+    }
+    share(panels_of(H), tid, nth, &b, &e_); /* down */
+    for (int64_t e = 0; e < E; e++)
+        if (offset[e + 1] > offset[e])
+            gemm_any(act + offset[e] * 2 * I, quant ? w->act_d + offset[e] * (I / QK) : NULL,
+                     quant ? w->act_q + offset[e] * I : NULL, offset[e + 1] - offset[e], I, 2 * I,
+                     (const char *)down + e * down_size, fmt, H, NULL, w->eout + offset[e] * H, H, b, e_);
+#pragma omp barrier
+    share(H, tid, nth, &b, &e_); /* y[t] = sum of w * eout[a], in a fixed (expert) order per element */
+    for (int64_t m = 0; m < M; m++) memset(y + m * H + b, 0, sizeof(float) * (e_ - b));
+    for (int64_t a = 0; a < assignments; a++) {
+        float wt = w->tokw[a];
+        float *dst = y + w->tok[a] * H;
+        const float *src = w->eout + a * H;
+        for (int64_t h = b; h < e_; h++) dst[h] += wt * src[h];
+    }
+}
+
+int tg_moe(const float *x, int64_t M, int64_t H, const float *router, int64_t E, const void *gate_up,
+           const void *down, int fmt, int64_t I, int k_max, const int32_t *k_per_token, int normalize, float *y,
+           int nthreads) {
+    if (M <= 0) return 0;
+    moe_work w;
+    if (moe_alloc(&w, M, H, E, I, k_max, is_quantized(fmt))) return -1;
+    moe_route(&w, x, M, router, k_per_token, normalize);
+    int64_t assignments = w.assignments;
     int nth = clamp_threads(nthreads, assignments * 3 * H * I);
 #pragma omp parallel num_threads(nth)
-    {
-        int tid = THREAD_ID(), got = THREADS();
-        int64_t b, e_;
-        if (quant) {
-#pragma omp for schedule(static)
-            for (int64_t a = 0; a < assignments; a++) quantize_row_q8(rows + a * H, H, rows_d + a * (H / QK), rows_q + a * H);
-        }
-        share(panels_of(2 * I), tid, got, &b, &e_); /* gate/up: each thread its share of every expert's panels */
-        for (int64_t e = 0; e < E; e++)
-            if (offset[e + 1] > offset[e])
-                gemm_any(rows + offset[e] * H, quant ? rows_d + offset[e] * (H / QK) : NULL,
-                         quant ? rows_q + offset[e] * H : NULL, offset[e + 1] - offset[e], H, H,
-                         (const char *)gate_up + e * gu_size, fmt, 2 * I, NULL, act + offset[e] * 2 * I, 2 * I, b, e_);
-#pragma omp barrier
-#pragma omp for schedule(static)
-        for (int64_t a = 0; a < assignments; a++) { /* act[:, :I] = silu(gate) * up */
-            float *g = act + a * 2 * I;
-            for (int64_t i = 0; i < I; i++) g[i] = silu(g[i]) * g[I + i];
-            if (quant) quantize_row_q8(g, I, act_d + a * (I / QK), act_q + a * I);
-        }
-        share(panels_of(H), tid, got, &b, &e_); /* down */
-        for (int64_t e = 0; e < E; e++)
-            if (offset[e + 1] > offset[e])
-                gemm_any(act + offset[e] * 2 * I, quant ? act_d + offset[e] * (I / QK) : NULL,
-                         quant ? act_q + offset[e] * I : NULL, offset[e + 1] - offset[e], I, 2 * I,
-                         (const char *)down + e * down_size, fmt, H, NULL, eout + offset[e] * H, H, b, e_);
-#pragma omp barrier
-        share(H, tid, got, &b, &e_); /* y[t] += w * eout[a], in a fixed (expert) order per element */
-        for (int64_t a = 0; a < assignments; a++) {
-            float w = tokw[a];
-            float *dst = y + tok[a] * H;
-            const float *src = eout + a * H;
-            for (int64_t h = b; h < e_; h++) dst[h] += w * src[h];
-        }
-    }
-done:
-    free(logits);
-    free(sel);
-    free(selw);
-    free(count);
-    free(offset);
-    free(tok);
-    free(tokw);
-    free(rows);
-    free(act);
-    free(eout);
-    free(rows_d);
-    free(rows_q);
-    free(act_d);
-    free(act_q);
-    return rc;
+    moe_experts(&w, gate_up, down, fmt, y, THREAD_ID(), THREADS());
+    free(w.base);
+    return 0;
 }
 
 /* ---------------------------------------------------------------------------------------------------
@@ -957,94 +997,4 @@ double tg_stream_sum(const float *buf, int64_t n, int nthreads) {
     return total;
 }
 
-/* ---------------------------------------------------------------------------------------------------
- * A whole decode step's layers in one call: for B sequences with one new token each, every layer runs
- * RMSNorm (+ the previous sub-block's residual), packed QKV, RoPE + cache write, paged attention, packed
- * o_proj, RMSNorm (+ residual), then the MoE block or a dense SwiGLU MLP, and finally the model's norm.
- * The same kernels as the per-op entry points, without a trip through Python between them.
- */
-typedef struct {
-    const float *input_norm, *post_norm;
-    float eps;
-    int fmt;                                  /* the format of every packed weight below (TG_F32 ...) */
-    const void *qkv;
-    const float *qkv_bias;
-    const void *o;
-    const float *o_bias; /* packed, bias or NULL */
-    int64_t n_q, n_kv, head_dim, window;      /* window 0: none */
-    float scale;
-    const float *router;          /* MoE: router row-major, experts packed */
-    const void *gate_up, *down;
-    int64_t num_experts, moe_intermediate;
-    int normalize;
-    const void *mlp_gate_up; /* dense MLP (router NULL) */
-    const float *mlp_gate_up_bias;
-    const void *mlp_down;
-    const float *mlp_down_bias;
-    int64_t mlp_intermediate;
-    float *k_cache, *v_cache;
-} tg_layer;
-
-int tg_layer_size(void) { return (int)sizeof(tg_layer); }
-
-int tg_decode_layers(const tg_layer *layers, int n_layers, float *h, int64_t B, int64_t H, const float *cos,
-                     const float *sin, const int64_t *slots, const int64_t *tables, int64_t width,
-                     const int64_t *lens, int64_t block_size, int k_max, const int32_t *k_per_token,
-                     const float *final_norm, float final_eps, float *out, int nthreads) {
-    if (B <= 0) return 0;
-    int64_t widest = H, mlp_widest = 0;
-    for (int l = 0; l < n_layers; l++) {
-        const tg_layer *L = &layers[l];
-        int64_t qkv_w = (L->n_q + 2 * L->n_kv) * L->head_dim;
-        widest = qkv_w > widest ? qkv_w : widest;
-        mlp_widest = 2 * L->mlp_intermediate > mlp_widest ? 2 * L->mlp_intermediate : mlp_widest;
-    }
-    float *x = malloc(sizeof(float) * B * H), *delta = malloc(sizeof(float) * B * H);
-    float *wide = malloc(sizeof(float) * B * widest), *q = malloc(sizeof(float) * B * widest);
-    float *att = malloc(sizeof(float) * B * widest);
-    float *mlp = mlp_widest ? malloc(sizeof(float) * B * mlp_widest) : NULL;
-    int rc = 0;
-    if (!x || !delta || !wide || !q || !att || (mlp_widest && !mlp)) {
-        rc = -1;
-        goto done;
-    }
-    int have_delta = 0;
-    for (int l = 0; l < n_layers && rc == 0; l++) {
-        const tg_layer *L = &layers[l];
-        int64_t D = L->head_dim, qkv_w = (L->n_q + 2 * L->n_kv) * D, q_w = L->n_q * D;
-        tg_add_rmsnorm(h, have_delta ? delta : NULL, L->input_norm, B, H, L->eps, x);
-        rc = tg_linear(x, B, H, H, L->qkv, L->fmt, qkv_w, L->qkv_bias, wide, qkv_w, nthreads);
-        if (rc) break;
-        tg_rope_write_kv(wide, B, L->n_q, L->n_kv, D, cos, sin, q, L->k_cache, L->v_cache, slots);
-        rc = tg_paged_decode(q, L->k_cache, L->v_cache, tables, width, lens, B, L->n_q, L->n_kv, D, block_size,
-                             L->scale, L->window, att, nthreads);
-        if (rc) break;
-        rc = tg_linear(att, B, q_w, q_w, L->o, L->fmt, H, L->o_bias, delta, H, nthreads);
-        if (rc) break;
-        tg_add_rmsnorm(h, delta, L->post_norm, B, H, L->eps, x);
-        if (L->router) {
-            rc = tg_moe(x, B, H, L->router, L->num_experts, L->gate_up, L->down, L->fmt, L->moe_intermediate, k_max,
-                        k_per_token, L->normalize, delta, nthreads);
-        } else {
-            int64_t I = L->mlp_intermediate;
-            rc = tg_linear(x, B, H, H, L->mlp_gate_up, L->fmt, 2 * I, L->mlp_gate_up_bias, mlp, 2 * I, nthreads);
-            if (rc) break;
-            for (int64_t b = 0; b < B; b++) {
-                float *g = mlp + b * 2 * I;
-                for (int64_t i = 0; i < I; i++) g[i] = silu(g[i]) * g[I + i];
-            }
-            rc = tg_linear(mlp, B, I, 2 * I, L->mlp_down, L->fmt, H, L->mlp_down_bias, delta, H, nthreads);
-            if (rc) break;
-        }
-        have_delta = 1;
-    }
-    if (rc == 0) tg_add_rmsnorm(h, have_delta ? delta : NULL, final_norm, B, H, final_eps, out);
-done:
-    free(x);
-    free(delta);
-    free(wide);
-    free(q);
-    free(att);
-    free(mlp);
-    return rc;
-}
+#include "tg_step.c" /* the whole decode step: tg_decode_layers, tg_decode_step */

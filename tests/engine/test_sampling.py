@@ -23,6 +23,30 @@ def test_greedy_picks_argmax_and_reports_logprobs() -> None:
     assert [t for t, _ in lp.top] == [1, 2]
 
 
+def test_greedy_rows_are_torch_argmax_with_ties_nan_and_minus_infinity() -> None:
+    """The greedy path reads the CPU logits through numpy: the same first maximum as torch.argmax."""
+    nan, inf = float("nan"), float("inf")
+    logits = torch.tensor([[1.0, 3.0, 3.0, 2.0], [1.0, nan, 5.0, nan], [-inf] * 4, [nan, 9.0, 1.0, 2.0],
+                           [0.5, -1.0, inf, inf]])
+    tokens, _ = sample(logits, [SamplingParams(temperature=0)] * 5, [None] * 5)
+    assert tokens == logits.argmax(dim=-1).tolist() == [1, 1, 0, 0, 2]
+    bf16 = torch.tensor([[0.0, 1.0, 1.0]], dtype=torch.bfloat16)
+    assert sample(bf16, [SamplingParams(temperature=0)], [None])[0] == [1]
+
+
+def test_a_precomputed_argmax_serves_only_plain_greedy_rows() -> None:
+    """The runner's fast path hands its argmax over (it stands in for the logits' here: [0, 2] is not theirs, so
+    the test sees which was used); anything asking more of the logits reads them."""
+    logits = torch.tensor([[0.0, 2.0, 1.0], [3.0, 0.0, 0.0]])
+    greedy = SamplingParams(temperature=0)
+    assert sample(logits, [greedy, greedy], [None, None], [(), ()], argmax=[0, 2]) == ([0, 2], [None, None])
+    assert sample(logits, [greedy, greedy], [None, None], [(1,), ()], argmax=[0, 2])[0] == [2, 0]  # min_tokens
+    with_logprobs = SamplingParams(temperature=0, logprobs=True)
+    assert sample(logits, [greedy, with_logprobs], [None, None], argmax=[0, 2])[0] == [1, 0]
+    hot = SamplingParams(temperature=1.0, seed=1)
+    assert sample(logits, [greedy, hot], [None, make_generator(1)], argmax=[0, 2])[0][0] == 1
+
+
 def test_seeded_sampling_is_reproducible_and_independent_of_batch() -> None:
     torch.manual_seed(0)
     logits = torch.randn(3, 50)
