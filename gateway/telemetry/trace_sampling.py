@@ -38,6 +38,8 @@ from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON, ParentBased, TraceIdRatioBased
 
 TRACE_ID_LIMIT = (1 << 64) - 1  # TraceIdRatioBased tests a trace id's low 64 bits
+ALL_ROOTS = 1 << 64  # a bound every trace id's low 64 bits are below: ALWAYS_ON
+SAMPLED = 0x01
 RANDOM_TRACE_ID = 0x02  # W3C trace flags: the trace id is random (the SDK sets it for its random ids)
 _TRACEPARENT = re.compile(r"00-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})")
 _preset: ContextVar[int] = ContextVar("tiergate_preset_trace_id", default=0)
@@ -65,11 +67,15 @@ def clear(token: Any) -> None:
 class Plan:
     """What tiergate decides for a provider: roots (``bound``: sampled when the trace id's low
     64 bits are below it; None: the SDK decides them) and unsampled remote parents (always,
-    with a plan at all); ``presets``: whether a root sampled in can keep the drawn trace id.
+    with a plan at all); ``presets``: whether a root sampled in can keep the drawn trace id;
+    ``random_ids``: whether the provider's ids are the SDK's random ones (so a span tiergate
+    records itself — gateway.telemetry.tracing's own recording — may draw its own ids, and a
+    root under ``ALWAYS_ON`` is decided here too: ``bound`` is then ``ALL_ROOTS``).
     With a plan, a span's children are sampled exactly when it is (the default delegates)."""
 
     bound: int | None
     presets: bool
+    random_ids: bool = False
 
 
 def plan(provider: Any) -> Plan | None:
@@ -81,21 +87,27 @@ def plan(provider: Any) -> Plan | None:
             ("_local_parent_sampled", ALWAYS_ON), ("_local_parent_not_sampled", ALWAYS_OFF))):
         return None  # not the parent-based sampler with its default delegates: not reproduced here
     root, presets = getattr(sampler, "_root", None), isinstance(ids, PresetTraceIds)
+    random_ids = type(ids) in (RandomIdGenerator, PresetTraceIds)
     if root is ALWAYS_OFF and isinstance(ids, RandomIdGenerator):
-        return Plan(0, presets)
-    if type(root) is TraceIdRatioBased and presets and root.bound <= TRACE_ID_LIMIT:
-        return Plan(root.bound, presets)
-    return Plan(None, presets)  # ALWAYS_ON (every root recorded: nothing to save), or not reproducible
+        return Plan(0, presets, random_ids)
+    if type(root) is TraceIdRatioBased and (presets or random_ids) and root.bound <= TRACE_ID_LIMIT:
+        return Plan(root.bound, presets, random_ids)  # without presets: only for tiergate's own recording
+    if root is ALWAYS_ON and random_ids:  # every root sampled: decided here only for tiergate's own recording
+        return Plan(ALL_ROOTS, presets, random_ids)
+    return Plan(None, presets, random_ids)  # not reproducible
 
 
 class Decision(NamedTuple):
-    """A request's server span decided here: its trace id, sampled or not, and for one not sampled
-    its new span id and its trace flags (a named tuple: built in half a frozen dataclass's time)."""
+    """A request's server span decided here: its trace id, sampled or not, its new span id and its
+    trace flags (a root sampled in for the SDK has neither: the SDK draws its span id), and the
+    remote parent's span id when it continues a client's trace (a named tuple: built in half a
+    frozen dataclass's time)."""
 
     trace_id: int
     sampled: bool
     span_id: int = 0
     flags: int = 0
+    parent_id: int = 0
 
     @property
     def traceparent(self) -> str:
@@ -109,24 +121,29 @@ def _span_id() -> int:
     return span_id
 
 
-def decide(p: Plan, carrier: dict[str, str] | None) -> Decision | None:
+def decide(p: Plan, carrier: dict[str, str] | None, own: bool = False) -> Decision | None:
     """The decision for a request whose trace context headers are ``carrier`` (None: none), or
     None where the SDK decides. Only with the default W3C propagators and no ambient context
-    (the caller checks)."""
+    (the caller checks). ``own``: a sampled request is recorded by tiergate itself (its provider
+    allows it and ``p.random_ids``), so a root sampled in and a client's sampled ``traceparent``
+    are decided here too, with the span id and flags the SDK would give them; without it those
+    are the SDK's (a root sampled in: handed over with its drawn trace id)."""
     if carrier is None:
-        if p.bound is None:
-            return None
+        if p.bound is None or (not own and p.bound and (p.bound == ALL_ROOTS or not p.presets)):
+            return None  # a root that may be sampled in, and the SDK could not keep the drawn id
         trace_id = random.getrandbits(128)
         while not trace_id:
             trace_id = random.getrandbits(128)
         if trace_id & TRACE_ID_LIMIT < p.bound:
-            return Decision(trace_id, True)
+            return Decision(trace_id, True, _span_id(), SAMPLED | RANDOM_TRACE_ID) if own else Decision(trace_id, True)
         return Decision(trace_id, False, _span_id(), RANDOM_TRACE_ID)
     header = carrier.get("traceparent")
     if header is None or len(carrier) != 1 or (m := _TRACEPARENT.fullmatch(header)) is None:
         return None
     trace_id, parent_id, flags = int(m[1], 16), int(m[2], 16), int(m[3], 16)
-    if flags & 0x01 or not trace_id or not parent_id:
-        return None  # sampled (the SDK records it) or invalid (the SDK starts a new trace)
-    return Decision(trace_id, False, _span_id(), flags & RANDOM_TRACE_ID)
+    if not trace_id or not parent_id:
+        return None  # invalid (the SDK starts a new trace)
+    if flags & SAMPLED:  # a sampled parent: its children sampled (the default delegates)
+        return Decision(trace_id, True, _span_id(), SAMPLED | flags & RANDOM_TRACE_ID, parent_id) if own else None
+    return Decision(trace_id, False, _span_id(), flags & RANDOM_TRACE_ID, parent_id)
 

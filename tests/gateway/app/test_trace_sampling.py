@@ -16,6 +16,7 @@ from opentelemetry import propagate
 from opentelemetry.sdk.trace import Tracer, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON, ParentBased, TraceIdRatioBased
 from opentelemetry.trace import SpanKind
 
@@ -58,13 +59,22 @@ def _seed_for(sampled: bool, ratio: float) -> int:
 
 def test_plan_follows_the_providers_sampler() -> None:
     built = _provider(0.1)[0]
-    assert trace_sampling.plan(built) == trace_sampling.Plan(TraceIdRatioBased(0.1).bound, True)
-    assert trace_sampling.plan(_provider(0.0)[0]) == trace_sampling.Plan(0, True)
-    assert trace_sampling.plan(_provider(1.0)[0]) == trace_sampling.Plan(None, True)  # every root: the SDK's
-    # ratio roots of another id generator: a sampled-in root could not keep the drawn id -> the SDK's
-    assert trace_sampling.plan(TracerProvider(sampler=ParentBased(TraceIdRatioBased(0.1)))) == trace_sampling.Plan(
-        None, False)
-    assert trace_sampling.plan(TracerProvider(sampler=ParentBased(ALWAYS_OFF))) == trace_sampling.Plan(0, False)
+    assert trace_sampling.plan(built) == trace_sampling.Plan(TraceIdRatioBased(0.1).bound, True, True)
+    assert trace_sampling.plan(_provider(0.0)[0]) == trace_sampling.Plan(0, True, True)
+    # every root sampled: decided here only for tiergate's own recording
+    assert trace_sampling.plan(_provider(1.0)[0]) == trace_sampling.Plan(trace_sampling.ALL_ROOTS, True, True)
+    # ratio roots of the SDK's own random ids: a sampled-in root could not keep the drawn id in the SDK,
+    # so only tiergate's own recording decides them
+    ratio = trace_sampling.plan(TracerProvider(sampler=ParentBased(TraceIdRatioBased(0.1))))
+    assert ratio == trace_sampling.Plan(TraceIdRatioBased(0.1).bound, False, True)
+    assert trace_sampling.decide(ratio, None) is None and trace_sampling.decide(ratio, None, own=True) is not None
+    assert trace_sampling.plan(TracerProvider(sampler=ParentBased(ALWAYS_OFF))) == trace_sampling.Plan(0, False, True)
+
+    class Sequential(RandomIdGenerator):  # not the SDK's random ids: nothing recorded by tiergate itself
+        pass
+
+    other = trace_sampling.plan(TracerProvider(sampler=ParentBased(TraceIdRatioBased(0.1)), id_generator=Sequential()))
+    assert other == trace_sampling.Plan(None, False, False)
     assert trace_sampling.plan(TracerProvider(sampler=TraceIdRatioBased(0.1))) is None  # not parent-based
     assert trace_sampling.plan(TracerProvider(sampler=ParentBased(ALWAYS_ON, local_parent_not_sampled=ALWAYS_ON))) is None
 
@@ -171,4 +181,5 @@ async def test_a_clients_unsampled_traceparent_is_continued_without_the_sdk(
         r = await gw.client.post("/v1/chat/completions", json=BODY, headers=gw.auth)  # no traceparent: recorded
         assert r.status_code == 200, r.text
     provider.shutdown()
-    assert sdk_spans and len(exporter.get_finished_spans()) == len(sdk_spans)
+    # the sampled request is recorded by tiergate itself (the SDK's batch/simple processors): no SDK span
+    assert sdk_spans == [] and len(exporter.get_finished_spans()) > 2

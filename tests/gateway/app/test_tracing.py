@@ -220,3 +220,93 @@ def test_upstream_headers_are_what_the_propagators_write(case: str) -> None:
     assert dict(got) == expected and [k for k, _ in got] == list(expected)
     assert expected["traceparent"] == f"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-{int(flags):02x}"
     assert ("baggage" in expected) == (case == "baggage") and ("tracestate" in expected) == (case == "tracestate")
+
+
+class _StartingProcessor(SimpleSpanProcessor):
+    """A processor of another type than the SDK's batch/simple ones (it might use ``on_start``):
+    with it on the provider every span goes through the SDK's ``Span``, as without tiergate's own
+    recording."""
+
+    def __init__(self, exporter: InMemorySpanExporter) -> None:
+        super().__init__(exporter)
+        self.started = 0
+
+    def on_start(self, span: Any, parent_context: Any = None) -> None:
+        self.started += 1
+
+
+def _tree(spans: list[ReadableSpan]) -> list[tuple[Any, ...]]:
+    """The spans without ids and times: name, kind, parent's name, status, attributes (the request
+    id, which differs per request, dropped), exception events' types."""
+    by_id = {s.context.span_id: s for s in spans}
+    out = []
+    for s in spans:
+        parent = by_id.get(s.parent.span_id).name if s.parent is not None and s.parent.span_id in by_id else (
+            "remote" if s.parent is not None else None)
+        attrs = {k: v for k, v in (s.attributes or {}).items() if k not in ("tiergate.request_id", "gen_ai.response.id")}
+        events = tuple(dict(e.attributes or {}).get("exception.type") for e in s.events)
+        out.append((s.name, s.kind, parent, s.status.status_code, tuple(sorted(attrs.items(), key=str)), events))
+    return sorted(out, key=repr)
+
+
+@pytest.mark.parametrize("sampled_parent", [False, True])
+async def test_own_recording_gives_the_sdks_span_tree(tmp_path: Path, upstream: ScriptedUpstream,
+                                                      sampled_parent: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A sampled request recorded by tiergate itself (``OwnSpan``: no SDK ``Span``, the provider's
+    batch/simple processors get the ended spans) gives the same spans as the SDK records: names,
+    kinds, parents, statuses, attributes; for a direct, a pipelined streamed and a failed request,
+    a new trace or a client's sampled one continued with the upstream told the client span's id."""
+    from opentelemetry.sdk.trace import Tracer
+    from opentelemetry.sdk.trace.sampling import ParentBased
+
+    from tests.gateway.scripted_upstream import Behaviour
+
+    sdk_started: list[str] = []
+    original = Tracer.start_span
+
+    def counting(self: Tracer, name: str, *args: Any, **kwargs: Any) -> Any:
+        sdk_started.append(name)
+        return original(self, name, *args, **kwargs)
+    monkeypatch.setattr(Tracer, "start_span", counting)
+
+    bodies: list[dict[str, Any]] = [
+        {"model": "tier-low", "messages": MSGS, "max_tokens": 3},
+        {"model": "auto", "reasoning_effort": "high", "messages": MSGS, "max_tokens": 200, "stream": True},
+        {"model": "tier-low", "messages": MSGS, "max_tokens": 3},  # the upstream fails it
+    ]
+    headers = {"traceparent": f"00-{TRACE_ID}-{PARENT_ID}-01"} if sampled_parent else {}
+    trees, sent = [], []
+    for own in (True, False):
+        exporter, sdk_started[:] = InMemorySpanExporter(), []
+        provider = TracerProvider(sampler=ParentBased(ALWAYS_ON))
+        processor = SimpleSpanProcessor(exporter) if own else _StartingProcessor(exporter)
+        provider.add_span_processor(processor)
+        async with app_with(tmp_path / str(own), upstream, tracer_provider=provider, **ON) as gw:
+            for i, body in enumerate(bodies):
+                if i == 2:
+                    upstream.push(*[Behaviour(status=500)] * 8)
+                before = len(upstream.requests)
+                r = await gw.client.post("/v1/chat/completions", json=body, headers={**gw.auth, **headers})
+                assert (r.status_code == 200) == (i != 2), r.text
+                sent.append([req.headers["traceparent"] for req in upstream.requests[before:]])
+                upstream.clear()
+        provider.shutdown()
+        spans = list(exporter.get_finished_spans())
+        # own: the SDK never asked to start a span; else every span through the SDK (and on_start)
+        assert len(sdk_started) == (0 if own else len(spans))
+        assert own or (isinstance(processor, _StartingProcessor) and processor.started == len(spans))
+        clients = {s.context.span_id: s for s in spans if s.kind == SpanKind.CLIENT}
+        for group in sent:  # each upstream call was told its own client span, in the request's trace
+            for tp in group:
+                _, trace_id, span_id, flags = tp.split("-")
+                assert int(span_id, 16) in clients and flags == ("01" if sampled_parent else "03")  # SDK: random ids
+                if sampled_parent:
+                    assert trace_id == TRACE_ID
+        sent.clear()
+        servers = [s for s in spans if s.kind == SpanKind.SERVER]
+        assert len(servers) == 3 and all((s.parent is not None) == sampled_parent for s in servers)
+        if sampled_parent:
+            assert all(s.parent is not None and format(s.parent.span_id, "016x") == PARENT_ID and s.parent.is_remote
+                       for s in servers)
+        trees.append(_tree(spans))
+    assert trees[0] == trees[1] and len(trees[0]) > 6
