@@ -90,7 +90,7 @@ async def test_pipeline_request_has_a_span_per_stage(tmp_path: Path, upstream: S
     assert len(clients) == len(rows) > 1  # one client span per upstream call, each under its stage
     stage_ids = {s.context.span_id for s in stages}
     assert all(c.parent is not None and c.parent.span_id in stage_ids for c in clients)
-    assert sum(dict(c.attributes or {})["gen_ai.usage.output_tokens"] for c in clients) == sum(
+    assert sum(int(dict(c.attributes or {})["gen_ai.usage.output_tokens"]) for c in clients) == sum(  # type: ignore[arg-type,misc]
         row.completion_tokens for row in rows) == dict(server.attributes or {})["gen_ai.usage.output_tokens"]
     assert len({s.context.trace_id for s in spans}) == 1
 
@@ -241,8 +241,8 @@ def _tree(spans: list[ReadableSpan]) -> list[tuple[Any, ...]]:
     by_id = {s.context.span_id: s for s in spans}
     out = []
     for s in spans:
-        parent = by_id.get(s.parent.span_id).name if s.parent is not None and s.parent.span_id in by_id else (
-            "remote" if s.parent is not None else None)
+        up = by_id.get(s.parent.span_id) if s.parent is not None else None
+        parent = up.name if up is not None else ("remote" if s.parent is not None else None)
         attrs = {k: v for k, v in (s.attributes or {}).items() if k not in ("tiergate.request_id", "gen_ai.response.id")}
         events = tuple(dict(e.attributes or {}).get("exception.type") for e in s.events)
         out.append((s.name, s.kind, parent, s.status.status_code, tuple(sorted(attrs.items(), key=str)), events))
