@@ -152,8 +152,18 @@ class BenchArgs:
 
 
 # The default tiergate target runs the default observability: Prometheus metrics on, tracing off.
+# "{sink}": the bench's OTLP receiver (gateway.bench.tools sink), filled in when the servers start.
 OBSERVABILITY: dict[str, dict[str, Any]] = {
     "tiergate-no-metrics": {"metrics": {"enabled": False}},
+    # the A/A control: a second server configured as tiergate-no-metrics, measured as a variant is (the
+    # spread two identical servers show here is the noise floor of every ratio below)
+    "tiergate-no-metrics-b": {"metrics": {"enabled": False}},
+    # tracing as an operator runs it: metrics on, the default ratio, the real OTLP/HTTP exporter (batched,
+    # protobuf) sending to a local receiver: the spans' encoding and sending are in the server's CPU too
+    "tiergate-otlp@0.1": {"metrics": {"enabled": True}, "tracing": {"enabled": True, "exporter": "otlp",
+                                                                  "endpoint": "{sink}", "sample_ratio": 0.1}},
+    "tiergate-otlp": {"metrics": {"enabled": True}, "tracing": {"enabled": True, "exporter": "otlp",
+                                                              "endpoint": "{sink}", "sample_ratio": 1.0}},
     # every span created and recorded, then dropped (exporter none): the in-process cost of tracing
     "tiergate-traced": {"metrics": {"enabled": True}, "tracing": {"enabled": True, "exporter": "none",
                                                                 "sample_ratio": 1.0}},
@@ -293,12 +303,20 @@ def run_gateway_bench(args: BenchArgs) -> str:
                          "tiergate-fsync: durability=fsync (responses wait for the fdatasync); tiergate-nowait: "
                          "durability=none (rows journaled within ms but not awaited)")
         if args.observability_variants:
+            sink_port = _free_port()
+            sink = f"http://127.0.0.1:{sink_port}"
+            sink_cmd = [*_pin(args.load_core), sys.executable, "-m", "gateway.bench.tools", "sink",
+                        "--port", str(sink_port)]
+            stack.enter_context(_process(sink_cmd, f"{sink}/stats", work / "sink.log", env))
             for name, observability in OBSERVABILITY.items():
+                observability = orjson.loads(orjson.dumps(observability).replace(b"{sink}", sink.encode()))
                 targets.append(_tiergate_target(stack, work, name, upstream, "process", args, env, observability)[0])
             notes.append("tiergate: Prometheus metrics on (the default), tracing off; tiergate-no-metrics: metrics "
-                         "off; tiergate-traced: metrics and OpenTelemetry tracing on (every span recorded, exporter "
-                         "none: the in-process cost, without an exporter's network I/O); tiergate-traced@0.1: "
-                         "the same with sample_ratio 0.1 (the default ratio)")
+                         "off; tiergate-no-metrics-b: the same again (the A/A control: two identical servers); "
+                         "tiergate-otlp@0.1: metrics and OpenTelemetry tracing on with the OTLP/HTTP exporter "
+                         "sending to a local receiver, sample_ratio 0.1 (the default ratio); tiergate-otlp: the same "
+                         "at 1.0 (every request's spans); tiergate-traced / tiergate-traced@0.1: exporter none "
+                         "(spans recorded, then dropped: the in-process cost without encoding and sending)")
         litellm_bin = args.litellm_venv / "bin" / "litellm"
         if args.only_observability:
             pass
@@ -325,6 +343,10 @@ def run_gateway_bench(args: BenchArgs) -> str:
             for t in targets if round_no % 2 == 0 else targets[::-1]:
                 measured[t.name].append(_measure(f"{t.name} (round {round_no + 1}/{args.rounds})", t.url, t.body,
                                                  t.key, args, t.pid))
+        if args.observability_variants:
+            got = httpx.get(f"{sink}/stats", timeout=10).json()
+            notes.append(f"OTLP receiver: {got['requests']} export requests, {got['spans']} spans, "
+                         f"{got['bytes'] / 1e6:.1f} MB from the tiergate-otlp targets")
         cost_lines: list[str] = []
         if args.observability_variants and args.cost_requests > 0:
             from gateway.bench import obs_cost
@@ -390,9 +412,11 @@ def _report(results: dict[str, tuple[Phase, Phase]], notes: list[str], args: Ben
                              f"ratio {nw_add / max(ll_add, 1e-9):.3f}")
     base = results.get("tiergate-no-metrics")
     if base is not None:
-        for variant in [n for n in results if n == "tiergate" or n.startswith("tiergate-traced")]:
+        for variant in [n for n in results if n in ("tiergate", "tiergate-no-metrics-b")
+                        or n.startswith(("tiergate-traced", "tiergate-otlp"))]:
             v = results[variant]
-            line = (f"observability cost, {variant} vs tiergate-no-metrics: RPS ratio "
+            what = "A/A control (noise floor)" if variant == "tiergate-no-metrics-b" else "observability cost"
+            line = (f"{what}, {variant} vs tiergate-no-metrics: RPS ratio "
                     f"{v[1].rps / max(base[1].rps, 1e-9):.3f} (target >= 0.95), added p50 "
                     f"{v[0].p50_ms - base[0].p50_ms:+.3f} ms (target <= 0.1)")
             if measured.get(variant) and measured.get("tiergate-no-metrics"):

@@ -4,6 +4,10 @@
   with the same small JSON body (with usage), after ``--delay-ms`` when given;
 - ``bare``: the floor for any Python gateway: a bare FastAPI + aiohttp pass-through (no auth, no
   ledger, no validation) under uvicorn with uvloop/httptools, one worker;
+- ``sink``: an OTLP/HTTP trace receiver (aiohttp) that takes every export (``POST /v1/traces``,
+  protobuf), answers it as a collector does (200, an empty ``ExportTraceServiceResponse``) and
+  counts the requests, bytes and spans it got (``GET /stats``: JSON) — the far end of a traced
+  gateway's real exporter, so its encoding and sending are measured too;
 - ``load``: a small closed-loop HTTP/1.1 keep-alive load generator (asyncio streams + uvloop;
   lighter than an HTTP client library so it does not become the bottleneck). It POSTs one body
   with C connections for D seconds (or N requests) and prints JSON: requests, errors, rps,
@@ -49,6 +53,30 @@ def run_mock(host: str, port: int, delay_ms: float = 0.0) -> None:
     app.router.add_post("/v1/chat/completions", chat)
     app.router.add_post("/chat/completions", chat)
     app.router.add_get("/v1/models", models)
+    web.run_app(app, host=host, port=port, access_log=None, print=None)
+
+
+def run_sink(host: str, port: int) -> None:
+    from aiohttp import web
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+    stats = {"requests": 0, "bytes": 0, "spans": 0}
+
+    async def traces(request: web.Request) -> web.Response:
+        body = await request.read()
+        export = ExportTraceServiceRequest()
+        export.ParseFromString(body)
+        stats["requests"] += 1
+        stats["bytes"] += len(body)
+        stats["spans"] += sum(len(ss.spans) for rs in export.resource_spans for ss in rs.scope_spans)
+        return web.Response(body=b"", content_type="application/x-protobuf")
+
+    async def get_stats(_: web.Request) -> web.Response:
+        return web.Response(body=orjson.dumps(stats), content_type="application/json")
+
+    app = web.Application(client_max_size=64 * 1024 * 1024)
+    app.router.add_post("/v1/traces", traces)
+    app.router.add_get("/stats", get_stats)
     web.run_app(app, host=host, port=port, access_log=None, print=None)
 
 
@@ -161,6 +189,9 @@ def main(argv: list[str] | None = None) -> None:
     mock.add_argument("--host", default="127.0.0.1")
     mock.add_argument("--port", type=int, required=True)
     mock.add_argument("--delay-ms", type=float, default=0.0, help="answer each call after this long")
+    sink = sub.add_parser("sink")
+    sink.add_argument("--host", default="127.0.0.1")
+    sink.add_argument("--port", type=int, required=True)
     bare = sub.add_parser("bare")
     bare.add_argument("--host", default="127.0.0.1")
     bare.add_argument("--port", type=int, required=True)
@@ -182,6 +213,8 @@ def main(argv: list[str] | None = None) -> None:
         pass
     if args.cmd == "mock":
         run_mock(args.host, args.port, args.delay_ms)
+    elif args.cmd == "sink":
+        run_sink(args.host, args.port)
     elif args.cmd == "bare":
         run_bare(args.host, args.port, args.upstream)
     else:

@@ -54,6 +54,39 @@ async def test_mock_and_load_generator() -> None:
         mock.wait(10)
 
 
+@pytest.mark.integration
+@pytest.mark.process
+def test_otlp_sink_counts_what_the_real_exporter_sends() -> None:
+    """The bench's OTLP receiver takes the SDK's OTLP/HTTP exporter's batches as a collector does
+    and counts their spans (so a traced target's export is real work, and checked to arrive)."""
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+
+    port = _port()
+    sink = subprocess.Popen([sys.executable, "-m", "gateway.bench.tools", "sink", "--port", str(port)],
+                            cwd=Path(__file__).resolve().parents[3])
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                assert httpx.get(f"http://127.0.0.1:{port}/stats", timeout=1).json()["spans"] == 0
+                break
+            except httpx.HTTPError:
+                assert time.monotonic() < deadline and sink.poll() is None
+                time.sleep(0.1)
+        provider = TracerProvider()
+        provider.add_span_processor(SimpleSpanProcessor(OTLPSpanExporter(endpoint=f"http://127.0.0.1:{port}/v1/traces")))
+        for i in range(3):
+            provider.get_tracer("t").start_span(f"s{i}", attributes={"i": i}).end()
+        provider.shutdown()
+        stats = httpx.get(f"http://127.0.0.1:{port}/stats", timeout=5).json()
+        assert stats["requests"] == 3 and stats["spans"] == 3 and stats["bytes"] > 0
+    finally:
+        sink.terminate()
+        sink.wait(10)
+
+
 def test_report_prints_ratios() -> None:
     results = {"direct": (Phase(1000, 1.0, 2.0, 0), Phase(1000, 1.0, 2.0, 0)),
                "tiergate": (Phase(500, 2.0, 4.0, 0), Phase(400, 2.0, 4.0, 0)),
@@ -71,7 +104,8 @@ def test_report_pairs_the_observability_variants_round_by_round() -> None:
     measured = {"direct": rounds([1000, 1000, 1000], [1.0, 1.0, 1.0]),
                 "tiergate": rounds([450, 300, 600], [2.0, 2.5, 2.0]),
                 "tiergate-no-metrics": rounds([500, 330, 610], [1.9, 2.4, 2.0]),
-                "tiergate-traced": rounds([400, 270, 480], [2.2, 2.7, 2.3])}
+                "tiergate-traced": rounds([400, 270, 480], [2.2, 2.7, 2.3]),
+                "tiergate-no-metrics-b": rounds([495, 335, 600], [1.9, 2.4, 2.0])}
     results = {name: (_median_phase([m[0] for m in ms]), _median_phase([m[1] for m in ms]))
                for name, ms in measured.items()}
     out = _report(results, [], BenchArgs(), 2, measured, ["in-process line"])
@@ -81,6 +115,7 @@ def test_report_pairs_the_observability_variants_round_by_round() -> None:
     assert "tiergate-traced vs tiergate-no-metrics: RPS ratio 0.800" in out
     assert "RPS ratio median 0.800 [0.787..0.818]" in out and "added p50 median +0.300 ms" in out
     assert "[300..600]" in out and "in-process line" in out
+    assert "A/A control (noise floor), tiergate-no-metrics-b vs tiergate-no-metrics: RPS ratio 0.990" in out
 
 
 @pytest.mark.slow
