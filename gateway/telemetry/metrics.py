@@ -13,6 +13,16 @@ Sources, each counted once, at the place that knows it:
 * The ledger's database writer (``record_flush``): batch latency, records written, the
   records waiting to be journaled / committed.
 
+The request path does not call prometheus_client per sample: each thread adds to plain cells of
+its own (``_Tallies``: a running total per labelled child — for a histogram one per bucket and the
+sum — that only that thread writes), and ``fold`` adds what each cell gained since the last fold to
+prometheus_client's values (a lock and a method call per child per fold, not per sample). A fold
+runs before every exposition (so a scrape of this process sees every sample recorded before it),
+every ``FOLD_INTERVAL_S`` in a daemon thread (so under several workers each worker's samples reach
+the shared files within that time) and at exit. What a request costs is a dict lookup and an
+addition per series instead of prometheus_client's checks and lock per sample
+(``tiergate bench gateway``'s in-process table counts the difference).
+
 Label values are bounded: route templates, tier names, configured model names, HTTP statuses,
 error codes — never what a client typed (``model`` is the routed model, empty when a request
 was refused before routing).
@@ -28,9 +38,12 @@ Imports prometheus_client and settings only.
 
 from __future__ import annotations
 
+import atexit
 import os
 import shutil
 import tempfile
+import threading
+from bisect import bisect_left
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, Protocol
@@ -81,6 +94,7 @@ WORKER = Gauge("tiergate_worker_up", "1 per live gateway process (with a pid lab
                multiprocess_mode="liveall")
 
 _state = {"on": True, "tenant_label": False}
+FOLD_INTERVAL_S = 1.0
 
 
 def enabled() -> bool:
@@ -93,6 +107,102 @@ def configure(on: bool, tenant_label: bool = False) -> None:
     _state["on"], _state["tenant_label"] = on, on and tenant_label
     if on:
         WORKER.set(1)
+        _Folder.ensure()
+
+
+# -- tallies: per-thread running totals, folded into prometheus_client's values ------------------
+class _Tallies(threading.local):
+    """This thread's cells: labelled child -> [totals, folded]. ``totals`` is written by this
+    thread only (a counter: [n]; a histogram: one count per bucket, then the sum); ``folded`` by
+    ``fold`` only (under its lock): what of ``totals`` is already in prometheus_client's values."""
+
+    def __init__(self) -> None:
+        self.cells: dict[Any, tuple[list[float], list[float]]] = {}
+        with _fold_lock:
+            _all_cells.append(self.cells)
+
+
+_fold_lock = threading.Lock()
+_all_cells: list[dict[Any, tuple[list[float], list[float]]]] = []  # every thread's cells (kept after it ends)
+_tallies = _Tallies()
+_bounds: dict[Any, tuple[float, ...]] = {}  # histogram child -> its upper bounds (+Inf last)
+
+
+def _add(child: Any, amount: float = 1.0) -> None:
+    """A counter child's ``inc(amount)``, tallied."""
+    cell = _tallies.cells.get(child)
+    if cell is None:
+        cell = _tallies.cells[child] = ([0.0], [0.0])
+    cell[0][0] += amount
+
+
+def _observe(child: Any, value: float) -> None:
+    """A histogram child's ``observe(value)``, tallied (bucket: the first upper bound >= value, as
+    prometheus_client's ``observe`` picks it)."""
+    cell = _tallies.cells.get(child)
+    if cell is None:
+        bounds = _bounds[child] = tuple(child._upper_bounds)
+        cell = _tallies.cells[child] = ([0.0] * (len(bounds) + 1), [0.0] * (len(bounds) + 1))
+    totals = cell[0]
+    totals[bisect_left(_bounds[child], value)] += 1
+    totals[-1] += value
+
+
+def fold() -> None:
+    """Add what every thread's cells gained since the last fold to prometheus_client's values
+    (a histogram's: its buckets and its sum, as its ``observe`` adds them)."""
+    with _fold_lock:
+        for cells in _all_cells:
+            for child, (totals, folded) in list(cells.items()):  # list(): one step, however the owner adds
+                if len(totals) == 1:
+                    now = totals[0]
+                    if now != folded[0]:
+                        child.inc(now - folded[0])
+                        folded[0] = now
+                    continue
+                for i in range(len(totals) - 1):
+                    now = totals[i]
+                    if now != folded[i]:
+                        child._buckets[i].inc(now - folded[i])
+                        folded[i] = now
+                now = totals[-1]
+                if now != folded[-1]:
+                    child._sum.inc(now - folded[-1])
+                    folded[-1] = now
+
+
+class _Folder:
+    """The daemon thread that folds every ``FOLD_INTERVAL_S`` (one per process; restarted in a
+    forked child, whose parent's thread did not come along), and the fold at exit."""
+
+    thread: threading.Thread | None = None
+    pid = 0
+
+    @classmethod
+    def ensure(cls) -> None:
+        if cls.thread is not None and cls.pid == os.getpid() and cls.thread.is_alive():
+            return
+        cls.pid = os.getpid()
+        cls.thread = threading.Thread(target=cls._run, name="tiergate-metrics-fold", daemon=True)
+        cls.thread.start()
+
+    @staticmethod
+    def _run() -> None:
+        stop = threading.Event()
+        while not stop.wait(FOLD_INTERVAL_S):
+            fold()
+
+
+def _after_fork_in_child() -> None:
+    """A forked child inherits its parent's cells: what they hold is the parent's to fold."""
+    for cells in _all_cells:
+        for totals, folded in cells.values():
+            folded[:] = totals
+    _Folder.thread = None
+
+
+atexit.register(fold)
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 # -- cheap children: a plain dict in front of prometheus_client's locked label lookup -----------
@@ -118,8 +228,8 @@ def record_http(route: str, tier: str, model: str, status: int, seconds: float) 
     if pair is None:
         s = str(status)
         pair = _http[key] = (HTTP_REQUESTS.labels(route, tier, model, s), HTTP_SECONDS.labels(route, tier, model, s))
-    pair[0].inc()
-    pair[1].observe(seconds)
+    _add(pair[0])
+    _observe(pair[1], seconds)
 
 
 class AttemptLike(Protocol):
@@ -136,11 +246,11 @@ class AttemptLike(Protocol):
 def record_attempt(attempt: AttemptLike) -> None:
     if not _state["on"]:
         return
-    _child(UPSTREAM_CALLS, attempt.model_name, attempt.status).inc()
-    _child(UPSTREAM_SECONDS, attempt.model_name).observe(attempt.latency_ms / 1000)
+    _add(_child(UPSTREAM_CALLS, attempt.model_name, attempt.status))
+    _observe(_child(UPSTREAM_SECONDS, attempt.model_name), attempt.latency_ms / 1000)
     if attempt.status == "error":
         code = getattr(attempt.error, "code", None) or "error"
-        _child(UPSTREAM_ERRORS, attempt.model_name, str(code)).inc()
+        _add(_child(UPSTREAM_ERRORS, attempt.model_name, str(code)))
 
 
 def observed(on_attempt: Callable[[Any], None]) -> Callable[[Any], None]:
@@ -173,24 +283,24 @@ class LedgerMetrics:
         if not _state["on"]:
             return
         u = e.usage
-        _child(LEDGER_CALLS, e.tier, e.model, e.stage, e.status).inc()
+        _add(_child(LEDGER_CALLS, e.tier, e.model, e.stage, e.status))
         if u.prompt_tokens:
-            _child(TOKENS, e.tier, e.model, "prompt").inc(u.prompt_tokens)
+            _add(_child(TOKENS, e.tier, e.model, "prompt"), u.prompt_tokens)
         if u.completion_tokens:
-            _child(TOKENS, e.tier, e.model, "completion").inc(u.completion_tokens)
+            _add(_child(TOKENS, e.tier, e.model, "completion"), u.completion_tokens)
         if e.cost_nanos:
-            _child(COST, e.tier, e.model).inc(e.cost_nanos / NANOS_PER_USD)
+            _add(_child(COST, e.tier, e.model), e.cost_nanos / NANOS_PER_USD)
         if self.tenant_label:
-            _child(TENANT_TOKENS, e.tenant_id, "prompt").inc(u.prompt_tokens)
-            _child(TENANT_TOKENS, e.tenant_id, "completion").inc(u.completion_tokens)
-            _child(TENANT_COST, e.tenant_id).inc(e.cost_nanos / NANOS_PER_USD)
+            _add(_child(TENANT_TOKENS, e.tenant_id, "prompt"), u.prompt_tokens)
+            _add(_child(TENANT_TOKENS, e.tenant_id, "completion"), u.completion_tokens)
+            _add(_child(TENANT_COST, e.tenant_id), e.cost_nanos / NANOS_PER_USD)
 
     def request(self, r: Any) -> None:  # a gateway.ledger.RequestRecord
         if not _state["on"] or r.status == "in_progress":  # counted once, when it ends
             return
-        _child(REQUESTS, r.tier, r.status).inc()
+        _add(_child(REQUESTS, r.tier, r.status))
         if r.error_code in REFUSAL_CODES:
-            _child(REFUSALS, r.error_code).inc()
+            _add(_child(REFUSALS, r.error_code))
 
     def flush(self, seconds: float, records: int, pending_journal: int, pending_db: int) -> None:
         if not _state["on"]:
@@ -234,6 +344,7 @@ def multiprocess() -> bool:
 def mark_dead(pid: int) -> None:
     """Drop a stopping worker's live gauges (its counters stay in the sums). A worker killed
     outright keeps its ``tiergate_worker_up`` / pending-records series until the next run."""
+    fold()  # this worker's last samples into its files first
     if os.environ.get(MULTIPROC_ENV):
         from prometheus_client import multiprocess
 
@@ -265,12 +376,14 @@ class _Default:
     """This process's registry, as one collector."""
 
     def collect(self) -> Iterable[Any]:
+        fold()
         return REGISTRY.collect()
 
 
 def exposition(extra: Iterable[Collector] = ()) -> tuple[bytes, str]:
     """The text exposition: every process's samples (merged under several workers) plus
     ``extra`` collectors (database-backed gauges, the engine's)."""
+    fold()  # this process's samples, to the last one recorded
     registry = CollectorRegistry(auto_describe=False)
     if os.environ.get(MULTIPROC_ENV):
         from prometheus_client import multiprocess

@@ -186,3 +186,54 @@ async def test_tenant_series_only_when_asked(tmp_path: Path, upstream: ScriptedU
         assert (await gw.client.post("/v1/chat/completions", headers=gw.auth, json=body)).status_code == 200
         after = await scrape(gw.client)
     assert not any(gw.tenant_id in str(labels) for (_, labels) in after)
+
+
+def test_tallies_fold_into_what_direct_calls_record() -> None:
+    """The request path's tallies (per-thread totals, folded into prometheus_client's values) give
+    the samples prometheus_client's own inc/observe give: every bucket edge (a value equal to a
+    bound is in that bucket), +Inf, several threads, samples after a fold folded once."""
+    import threading
+
+    from prometheus_client import CollectorRegistry, Counter, Histogram
+    from prometheus_client.exposition import generate_latest
+
+    from gateway.telemetry import metrics
+
+    def family(registry: CollectorRegistry) -> tuple[Counter, Histogram]:
+        return (Counter("t_c", "c", ["k"], registry=registry),
+                Histogram("t_h", "h", ["k"], buckets=metrics.LATENCY_BUCKETS, registry=registry))
+
+    tallied, direct = CollectorRegistry(), CollectorRegistry()
+    (tc, th), (dc, dh) = family(tallied), family(direct)
+    values = [0.0, 0.005, 0.0050001, 0.01, 0.3, 7.0, 600.0, 1000.0]  # edges, between, above the last bound
+
+    def record(k: str, vs: list[float]) -> None:
+        for v in vs:
+            metrics._add(tc.labels(k), v)
+            metrics._observe(th.labels(k), v)
+
+    def samples(registry: CollectorRegistry) -> dict[tuple[str, str], float]:
+        return {(s.name, str(sorted(s.labels.items()))): s.value
+                for f in text_string_to_metric_families(generate_latest(registry).decode()) for s in f.samples
+                if not s.name.endswith("_created")}
+
+    record("a", values)
+    threads = [threading.Thread(target=record, args=("b", values * 50)) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for k, vs in (("a", values), *[("b", values * 50)] * 3):
+        for v in vs:
+            dc.labels(k).inc(v)
+            dh.labels(k).observe(v)
+    metrics.fold()
+    metrics.fold()  # nothing more
+    record("a", [0.02, 0.02])
+    dc.labels("a").inc(0.04)
+    for v in (0.02, 0.02):
+        dh.labels("a").observe(v)
+    metrics.fold()
+    got, want = samples(tallied), samples(direct)
+    assert got.keys() == want.keys() and len(want) > 30
+    assert all(got[k] == pytest.approx(want[k], rel=1e-12) for k in want), [k for k in want if got[k] != want[k]]

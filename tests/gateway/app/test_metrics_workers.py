@@ -4,6 +4,7 @@ each worker's own file holds only its share."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -13,6 +14,7 @@ import pytest
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.parser import text_string_to_metric_families
 
+from gateway.telemetry.metrics import FOLD_INTERVAL_S
 from tests.gateway.edge.edge_support import ADMIN, Served, free_port, serve_subprocess
 from tests.gateway.scripted_upstream import UPSTREAM_KEY, UPSTREAM_KEY_ENV, Behaviour, ScriptedUpstream
 
@@ -49,6 +51,18 @@ def _per_worker(samples: Path) -> dict[str, float]:
     return out
 
 
+def _settled(samples: Path, sent: int) -> dict[str, float]:
+    """The per-worker counts once they add up to ``sent``: each worker folds its samples into its
+    file every FOLD_INTERVAL_S (gateway.telemetry.metrics), so within about that time; waits 5x
+    that at most, then returns what is there."""
+    deadline = time.monotonic() + 5 * FOLD_INTERVAL_S
+    while True:
+        per_worker = _per_worker(samples)
+        if sum(per_worker.values()) >= sent or time.monotonic() > deadline:
+            return per_worker
+        time.sleep(0.05)
+
+
 def test_two_workers_samples_are_merged(served: tuple[Served, Path, int]) -> None:
     srv, samples, port = served
 
@@ -65,7 +79,7 @@ def test_two_workers_samples_are_merged(served: tuple[Served, Path, int]) -> Non
         for _ in range(10):
             assert set(pool.map(one, range(N_REQUESTS))) == {200}
             sent += N_REQUESTS
-            per_worker = _per_worker(samples)
+            per_worker = _settled(samples, sent)
             if len([n for n in per_worker.values() if n > 0]) == 2:
                 break
     assert len([n for n in per_worker.values() if n > 0]) == 2, per_worker  # both workers served some
