@@ -164,12 +164,6 @@ OBSERVABILITY: dict[str, dict[str, Any]] = {
                                                                   "endpoint": "{sink}", "sample_ratio": 0.1}},
     "tiergate-otlp": {"metrics": {"enabled": True}, "tracing": {"enabled": True, "exporter": "otlp",
                                                               "endpoint": "{sink}", "sample_ratio": 1.0}},
-    # every span created and recorded, then dropped (exporter none): the in-process cost of tracing
-    "tiergate-traced": {"metrics": {"enabled": True}, "tracing": {"enabled": True, "exporter": "none",
-                                                                "sample_ratio": 1.0}},
-    # one request in ten sampled (parent-based; the default ratio): the others pay a sampling decision only
-    "tiergate-traced@0.1": {"metrics": {"enabled": True}, "tracing": {"enabled": True, "exporter": "none",
-                                                                    "sample_ratio": 0.1}},
 }
 
 

@@ -112,7 +112,7 @@ def configure(on: bool, tenant_label: bool = False) -> None:
 
 # -- tallies: per-thread running totals, folded into prometheus_client's values ------------------
 class _Tallies(threading.local):
-    """This thread's cells: labelled child -> [totals, folded]. ``totals`` is written by this
+    """This thread's cells: (metric, *labels) -> [totals, folded]. ``totals`` is written by this
     thread only (a counter: [n]; a histogram: one count per bucket, then the sum); ``folded`` by
     ``fold`` only (under its lock): what of ``totals`` is already in prometheus_client's values."""
 
@@ -125,26 +125,30 @@ class _Tallies(threading.local):
 _fold_lock = threading.Lock()
 _all_cells: list[dict[Any, tuple[list[float], list[float]]]] = []  # every thread's cells (kept after it ends)
 _tallies = _Tallies()
-_bounds: dict[Any, tuple[float, ...]] = {}  # histogram child -> its upper bounds (+Inf last)
+_bounds: dict[tuple[Any, ...], tuple[float, ...]] = {}  # a histogram's key -> its upper bounds (+Inf last)
+_children_of: dict[tuple[Any, ...], Any] = {}  # key -> its labelled child
 
 
-def _add(child: Any, amount: float = 1.0) -> None:
-    """A counter child's ``inc(amount)``, tallied."""
-    cell = _tallies.cells.get(child)
+def _add(key: tuple[Any, ...], amount: float = 1.0) -> None:
+    """``metric.labels(*labels).inc(amount)`` for ``key`` = (metric, *labels), tallied (the
+    labelled child is looked up when its cell is made, not per sample)."""
+    cell = _tallies.cells.get(key)
     if cell is None:
-        cell = _tallies.cells[child] = ([0.0], [0.0])
+        cell = _tallies.cells[key] = ([0.0], [0.0])
+        _children_of[key] = _child(*key)
     cell[0][0] += amount
 
 
-def _observe(child: Any, value: float) -> None:
-    """A histogram child's ``observe(value)``, tallied (bucket: the first upper bound >= value, as
-    prometheus_client's ``observe`` picks it)."""
-    cell = _tallies.cells.get(child)
+def _observe(key: tuple[Any, ...], value: float) -> None:
+    """``metric.labels(*labels).observe(value)`` for ``key`` = (metric, *labels), tallied (bucket:
+    the first upper bound >= value, as prometheus_client's ``observe`` picks it)."""
+    cell = _tallies.cells.get(key)
     if cell is None:
-        bounds = _bounds[child] = tuple(child._upper_bounds)
-        cell = _tallies.cells[child] = ([0.0] * (len(bounds) + 1), [0.0] * (len(bounds) + 1))
+        child = _children_of[key] = _child(*key)
+        _bounds[key] = tuple(child._upper_bounds)
+        cell = _tallies.cells[key] = ([0.0] * (len(_bounds[key]) + 1), [0.0] * (len(_bounds[key]) + 1))
     totals = cell[0]
-    totals[bisect_left(_bounds[child], value)] += 1
+    totals[bisect_left(_bounds[key], value)] += 1
     totals[-1] += value
 
 
@@ -153,7 +157,8 @@ def fold() -> None:
     (a histogram's: its buckets and its sum, as its ``observe`` adds them)."""
     with _fold_lock:
         for cells in _all_cells:
-            for child, (totals, folded) in list(cells.items()):  # list(): one step, however the owner adds
+            for key, (totals, folded) in list(cells.items()):  # list(): one step, however the owner adds
+                child = _children_of[key]
                 if len(totals) == 1:
                     now = totals[0]
                     if now != folded[0]:
@@ -218,7 +223,7 @@ def _child(metric: Any, *labels: str) -> Any:
 
 
 # -- recording ------------------------------------------------------------------------------------
-_http: dict[tuple[str, str, str, int], tuple[Any, Any]] = {}
+_http: dict[tuple[str, str, str, int], tuple[tuple[Any, ...], tuple[Any, ...]]] = {}
 
 
 def record_http(route: str, tier: str, model: str, status: int, seconds: float) -> None:
@@ -227,7 +232,7 @@ def record_http(route: str, tier: str, model: str, status: int, seconds: float) 
     pair = _http.get(key)
     if pair is None:
         s = str(status)
-        pair = _http[key] = (HTTP_REQUESTS.labels(route, tier, model, s), HTTP_SECONDS.labels(route, tier, model, s))
+        pair = _http[key] = ((HTTP_REQUESTS, route, tier, model, s), (HTTP_SECONDS, route, tier, model, s))
     _add(pair[0])
     _observe(pair[1], seconds)
 
@@ -246,11 +251,11 @@ class AttemptLike(Protocol):
 def record_attempt(attempt: AttemptLike) -> None:
     if not _state["on"]:
         return
-    _add(_child(UPSTREAM_CALLS, attempt.model_name, attempt.status))
-    _observe(_child(UPSTREAM_SECONDS, attempt.model_name), attempt.latency_ms / 1000)
+    _add((UPSTREAM_CALLS, attempt.model_name, attempt.status))
+    _observe((UPSTREAM_SECONDS, attempt.model_name), attempt.latency_ms / 1000)
     if attempt.status == "error":
         code = getattr(attempt.error, "code", None) or "error"
-        _add(_child(UPSTREAM_ERRORS, attempt.model_name, str(code)))
+        _add((UPSTREAM_ERRORS, attempt.model_name, str(code)))
 
 
 def observed(on_attempt: Callable[[Any], None]) -> Callable[[Any], None]:
@@ -283,24 +288,24 @@ class LedgerMetrics:
         if not _state["on"]:
             return
         u = e.usage
-        _add(_child(LEDGER_CALLS, e.tier, e.model, e.stage, e.status))
+        _add((LEDGER_CALLS, e.tier, e.model, e.stage, e.status))
         if u.prompt_tokens:
-            _add(_child(TOKENS, e.tier, e.model, "prompt"), u.prompt_tokens)
+            _add((TOKENS, e.tier, e.model, "prompt"), u.prompt_tokens)
         if u.completion_tokens:
-            _add(_child(TOKENS, e.tier, e.model, "completion"), u.completion_tokens)
+            _add((TOKENS, e.tier, e.model, "completion"), u.completion_tokens)
         if e.cost_nanos:
-            _add(_child(COST, e.tier, e.model), e.cost_nanos / NANOS_PER_USD)
+            _add((COST, e.tier, e.model), e.cost_nanos / NANOS_PER_USD)
         if self.tenant_label:
-            _add(_child(TENANT_TOKENS, e.tenant_id, "prompt"), u.prompt_tokens)
-            _add(_child(TENANT_TOKENS, e.tenant_id, "completion"), u.completion_tokens)
-            _add(_child(TENANT_COST, e.tenant_id), e.cost_nanos / NANOS_PER_USD)
+            _add((TENANT_TOKENS, e.tenant_id, "prompt"), u.prompt_tokens)
+            _add((TENANT_TOKENS, e.tenant_id, "completion"), u.completion_tokens)
+            _add((TENANT_COST, e.tenant_id), e.cost_nanos / NANOS_PER_USD)
 
     def request(self, r: Any) -> None:  # a gateway.ledger.RequestRecord
         if not _state["on"] or r.status == "in_progress":  # counted once, when it ends
             return
-        _add(_child(REQUESTS, r.tier, r.status))
+        _add((REQUESTS, r.tier, r.status))
         if r.error_code in REFUSAL_CODES:
-            _add(_child(REFUSALS, r.error_code))
+            _add((REFUSALS, r.error_code))
 
     def flush(self, seconds: float, records: int, pending_journal: int, pending_db: int) -> None:
         if not _state["on"]:

@@ -209,8 +209,8 @@ def test_tallies_fold_into_what_direct_calls_record() -> None:
 
     def record(k: str, vs: list[float]) -> None:
         for v in vs:
-            metrics._add(tc.labels(k), v)
-            metrics._observe(th.labels(k), v)
+            metrics._add((tc, k), v)
+            metrics._observe((th, k), v)
 
     def samples(registry: CollectorRegistry) -> dict[tuple[str, str], float]:
         return {(s.name, str(sorted(s.labels.items()))): s.value
