@@ -249,6 +249,7 @@ def _tree(spans: list[ReadableSpan]) -> list[tuple[Any, ...]]:
     return sorted(out, key=repr)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sampled_parent", [False, True])
 async def test_own_recording_gives_the_sdks_span_tree(tmp_path: Path, upstream: ScriptedUpstream,
                                                       sampled_parent: bool, monkeypatch: pytest.MonkeyPatch) -> None:
