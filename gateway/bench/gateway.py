@@ -309,8 +309,7 @@ def run_gateway_bench(args: BenchArgs) -> str:
                          "off; tiergate-no-metrics-b: the same again (the A/A control: two identical servers); "
                          "tiergate-otlp@0.1: metrics and OpenTelemetry tracing on with the OTLP/HTTP exporter "
                          "sending to a local receiver, sample_ratio 0.1 (the default ratio); tiergate-otlp: the same "
-                         "at 1.0 (every request's spans); tiergate-traced / tiergate-traced@0.1: exporter none "
-                         "(spans recorded, then dropped: the in-process cost without encoding and sending)")
+                         "at 1.0 (every request's spans)")
         litellm_bin = args.litellm_venv / "bin" / "litellm"
         if args.only_observability:
             pass

@@ -86,11 +86,11 @@ def build_provider(cfg: TracingSettings) -> TracerProvider:
                      else TraceIdRatioBased(cfg.sample_ratio))
     provider = TracerProvider(resource=Resource.create({"service.name": cfg.service_name}),
                               sampler=ParentBased(root), id_generator=trace_sampling.PresetTraceIds())
-    if cfg.exporter == "otlp":
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    if cfg.exporter == "otlp":  # the SDK's OTLP/HTTP exporter, encoding by gateway.telemetry.otlp_wire
+        from gateway.telemetry.otlp_wire import WireSpanExporter
 
         endpoint = cfg.endpoint.rstrip("/") + "/v1/traces" if cfg.endpoint else None
-        provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint)))
+        provider.add_span_processor(BatchSpanProcessor(WireSpanExporter(endpoint=endpoint)))
     elif cfg.exporter == "console":
         provider.add_span_processor(BatchSpanProcessor(ConsoleSpanExporter()))
     return provider
