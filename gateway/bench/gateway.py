@@ -346,7 +346,8 @@ def run_gateway_bench(args: BenchArgs) -> str:
 
             sys.stderr.write("  measuring the in-process CPU cost per request ...\n")
             cost_lines = obs_cost.report(obs_cost.measure(upstream, args.cost_requests, args.cost_rounds),
-                                         args.cost_requests, args.cost_rounds, obs_cost.sdk_floor())
+                                         args.cost_requests, args.cost_rounds, obs_cost.sdk_floor(),
+                                         obs_cost.encoding_cost())
     rows = _ledger_rows(config)
     notes.append(f"ledger rows written by the durable tiergate run: {rows} (auth + journaled ledger on, SQLite)")
     shutil.rmtree(work, ignore_errors=True)

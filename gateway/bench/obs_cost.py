@@ -283,6 +283,46 @@ def sdk_floor(spans: int = 20_000, rounds: int = 5, attributes: int = 12) -> Flo
     return Floor(span_us, max(0.0, statistics.median(full) - span_us) / attributes)
 
 
+def encoding_cost(spans: int = 512, rounds: int = 7) -> tuple[float, float]:
+    """Thread CPU µs per span to encode a batch of ``spans`` request-like server spans (16
+    attributes: the low-cardinality ones repeating, the request id, tokens and cost varying) for
+    OTLP: the OpenTelemetry exporter's encoder (message objects, then serialized) and
+    gateway.telemetry.otlp_wire's (the bytes written directly, what tiergate's exporter sends);
+    medians of ``rounds`` interleaved rounds. The export thread's work, which the in-process table
+    (the event loop's thread) does not count but a CPU-bound server pays through the GIL."""
+    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans as sdk_encode
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.trace import SpanContext, SpanKind, TraceFlags
+
+    from gateway.telemetry.otlp_wire import encode_spans as wire_encode
+
+    resource = Resource.create({"service.name": "tiergate"})
+
+    def attributes(i: int) -> dict[str, Any]:
+        return {"http.request.method": "POST", "url.scheme": "http", "url.path": "/v1/chat/completions",
+                "http.response.status_code": 200, "http.route": "/v1/chat/completions",
+                "gen_ai.operation.name": "chat", "gen_ai.request.model": "low", "tiergate.tier": "low",
+                "tiergate.effort": "low", "tiergate.effort_source": "explicit", "tiergate.pipeline": False,
+                "tiergate.model": "mock", "tiergate.request_id": f"chatcmpl-{i:032x}",
+                "gen_ai.usage.input_tokens": 10 + i % 50, "gen_ai.usage.output_tokens": i % 200,
+                "tiergate.cost_usd": 1.5e-05 * (i % 97)}
+
+    batch = [ReadableSpan("POST /v1/chat/completions", SpanContext((1 << 100) | i, i + 1, False, TraceFlags(3)),
+                          None, resource, attributes(i), kind=SpanKind.SERVER, start_time=i, end_time=i + 1000)
+             for i in range(spans)]
+
+    def timed(encode: Any) -> float:
+        t0 = time.thread_time()
+        encode(batch)
+        return (time.thread_time() - t0) / spans * 1e6
+
+    sdk, wire = [], []
+    for _ in range(rounds):
+        sdk.append(timed(lambda b: sdk_encode(b).SerializePartialToString()))
+        wire.append(timed(wire_encode))
+    return statistics.median(sdk), statistics.median(wire)
+
+
 def _added_calls(r: CostResult, off: CostResult) -> str:
     """The variant's added Python calls per request as a share of off's (counted: no noise)."""
     if not off.calls_per_request:
@@ -298,7 +338,8 @@ def _verdict(r: CostResult, off: float) -> str:
             f"{RPS_TARGET * 100:.0f}%) {rps}, added p50 target (<= {P50_TARGET_US / 1000:.1f} ms) {p50}")
 
 
-def report(results: list[CostResult], requests: int, rounds: int, floor: Floor | None = None) -> list[str]:
+def report(results: list[CostResult], requests: int, rounds: int, floor: Floor | None = None,
+           encoding: tuple[float, float] | None = None) -> list[str]:
     lines = [f"in-process CPU per request (thread CPU time, {requests} sequential requests through the ASGI app "
              f"per variant and round, {rounds} interleaved rounds; median [min..max]):",
              f"{'variant':<16}{'CPU us/req':>12}{'spread':>22}{'added us':>12}{'added spread':>22}{'% of off':>10}"
@@ -319,6 +360,10 @@ def report(results: list[CostResult], requests: int, rounds: int, floor: Floor |
                  "request, counted, the steady proxy of the same share when other load makes the times swing):")
     lines += [f"  {_verdict(r, off)}; added calls {_added_calls(r, results[0])}" for r in results[1:]]
     traced = max(results, key=lambda r: r.spans_per_request)
+    if encoding is not None:
+        lines.append(f"OTLP encoding in the export thread (512 request-like spans per batch): the OpenTelemetry "
+                     f"exporter's {encoding[0]:.1f} us per span, tiergate's (gateway.telemetry.otlp_wire) "
+                     f"{encoding[1]:.1f} us per span ({encoding[0] / max(encoding[1], 1e-9):.1f}x less)")
     if floor is not None and traced.spans:
         at = floor.per_request(traced.spans_per_request, traced.attributes_per_request)
         lines.append(f"OpenTelemetry SDK floor (hot loop of start_span/end, same sampler and BatchSpanProcessor): "

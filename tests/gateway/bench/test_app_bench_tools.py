@@ -147,8 +147,10 @@ def test_cost_report_gives_a_verdict_per_variant_and_the_sdk_floor() -> None:
 
     results = [result("off", 1000, 0), result("metrics", 1030, 30), result("traced", 1150, 150, 200, 2600),
                result("traced@0.1", 1040, 40, 20, 260)]
-    lines = report(results, 300, 5, Floor(10.0, 0.4))
+    lines = report(results, 300, 5, Floor(10.0, 0.4), (90.0, 20.0))
     text = "\n".join(lines)
+    assert "the OpenTelemetry exporter's 90.0 us per span, tiergate's (gateway.telemetry.otlp_wire) 20.0 us per " \
+           "span (4.5x less)" in text
     assert "+3.0%" in lines[3] and "+15.0%" in lines[4]  # the % of off column
     assert lines[4].endswith("2300   +15.0%")  # calls per request, and their added share of off's 2000
     verdicts = {line.split(":")[0].strip(): line for line in lines if "RPS target" in line}
@@ -157,6 +159,13 @@ def test_cost_report_gives_a_verdict_per_variant_and_the_sdk_floor() -> None:
     assert "RPS target (<= 5%) met" in verdicts["traced@0.1"]
     # the floor of the variant recording the most: 2 spans x 10 us + 26 attributes x 0.4 us per request
     assert "traced records 2.00 spans and 26.0 attributes per request -> 30.4 us = 3.0% of off" in text
+
+
+def test_encoding_cost_measures_both_encoders() -> None:
+    from gateway.bench.obs_cost import encoding_cost
+
+    sdk, wire = encoding_cost(spans=32, rounds=1)
+    assert sdk > 0 and wire > 0
 
 
 def test_sdk_floor_measures_a_span_and_an_attribute() -> None:
