@@ -105,33 +105,57 @@ static inline float from_bf16(uint16_t h) {
     return f;
 }
 
+/* Where output j (0..63) of a panel row sits among its 64 bf16 elements: each 32-output half interleaves its
+ * two 16-output quarters (outputs i and 16 + i share a 32-bit word, i in the low half), so a 64-byte load
+ * gives both as fp32 vectors with one shift and one mask (no widening shuffle). */
+static inline int64_t bf16_slot(int64_t j) { return (j & ~(int64_t)31) + 2 * (j & 15) + ((j >> 4) & 1); }
+
 void tg_pack_bf16(const float *W, int64_t N, int64_t K, int64_t ldw, uint16_t *P) {
     for (int64_t p = 0; p < panels_of(N); p++)
         for (int64_t k = 0; k < K; k++) {
             uint16_t *dst = P + (p * K + k) * PANEL;
             for (int64_t j = 0; j < PANEL; j++) {
                 int64_t n = p * PANEL + j;
-                dst[j] = to_bf16(n < N ? W[n * ldw + k] : 0.0f);
+                dst[bf16_slot(j)] = to_bf16(n < N ? W[n * ldw + k] : 0.0f);
             }
         }
 }
 
+/* Software prefetch distance (bytes) for the weight streams: the hardware prefetchers stop at each 4 KiB
+ * page, and a batch-1 product from DRAM ran at 8-13 GB/s on one core without it, 16-17 with it (this
+ * machine; 0 turns it off). Each thread prefetches only within the weights it reads. */
+#ifndef TG_PF
+#define TG_PF 8192
+#endif
+
 /* tile_<T>: y[m, 0:valid] = x[m, :K] . panel (+ bias[0:valid]) for m < mt, panel elements of type T. */
 #if TG_AVX512
-static inline __m512 load16_f32(const float *p) { return _mm512_load_ps(p); }
-static inline __m512 load16_bf16(const uint16_t *p) {
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_load_si256((const __m256i *)p)), 16));
+/* The four 16-output vectors of one panel row: fp32 as stored; bf16 (see bf16_slot) two 64-byte loads, the
+ * low halves of each word shifted up, the high halves masked. */
+static inline __attribute__((always_inline)) void load_row_f32(const float *p, __m512 w[4]) {
+    for (int v = 0; v < 4; v++) w[v] = _mm512_load_ps(p + v * 16);
 }
-#define DEFINE_TILE(NAME, T, LOAD16)                                                                            \
+static inline __attribute__((always_inline)) void load_row_bf16(const uint16_t *p, __m512 w[4]) {
+    const __m512i high = _mm512_set1_epi32((int)0xFFFF0000u);
+    for (int h = 0; h < 2; h++) {
+        const __m512i both = _mm512_load_si512((const void *)(p + h * 32));
+        w[2 * h] = _mm512_castsi512_ps(_mm512_slli_epi32(both, 16));
+        w[2 * h + 1] = _mm512_castsi512_ps(_mm512_and_si512(both, high));
+    }
+}
+#define DEFINE_TILE(NAME, T, LOAD_ROW)                                                                          \
     static inline __attribute__((always_inline)) void NAME(const float *x, int64_t ldx, const int mt,          \
                                                             const T *p, int64_t K, const float *bias, float *y, \
-                                                            int64_t ldy, int valid) {                           \
+                                                            int64_t ldy, int valid, const char *pf_end) {       \
         __m512 acc[MR][4];                                                                                      \
         for (int m = 0; m < MR; m++)                                                                            \
             for (int v = 0; v < 4; v++) acc[m][v] = _mm512_setzero_ps();                                        \
         for (int64_t k = 0; k < K; k++) {                                                                       \
             __m512 w[4];                                                                                        \
-            for (int v = 0; v < 4; v++) w[v] = LOAD16(p + v * 16);                                              \
+            if (TG_PF && (const char *)p + TG_PF < pf_end)                                                      \
+                for (int64_t i = 0; i < (int64_t)sizeof(T) * PANEL; i += 64)                                    \
+                    _mm_prefetch((const char *)p + TG_PF + i, _MM_HINT_T0);                                     \
+            LOAD_ROW(p, w);                                                                                     \
             for (int m = 0; m < MR; m++) {                                                                      \
                 if (m < mt) {                                                                                   \
                     __m512 xb = _mm512_set1_ps(x[m * ldx + k]);                                                 \
@@ -151,10 +175,11 @@ static inline __m512 load16_bf16(const uint16_t *p) {
     }
 #else
 static inline float elem_f32(const float *p, int j) { return p[j]; }
-static inline float elem_bf16(const uint16_t *p, int j) { return from_bf16(p[j]); }
+static inline float elem_bf16(const uint16_t *p, int j) { return from_bf16(p[bf16_slot(j)]); }
 #define DEFINE_TILE(NAME, T, ELEM)                                                                              \
     static inline void NAME(const float *x, int64_t ldx, const int mt, const T *p, int64_t K, const float *bias, \
-                            float *y, int64_t ldy, int valid) {                                                 \
+                            float *y, int64_t ldy, int valid, const char *pf_end) {                             \
+        (void)pf_end;                                                                                           \
         float acc[MR][PANEL];                                                                                   \
         for (int m = 0; m < mt; m++)                                                                            \
             for (int j = 0; j < PANEL; j++) acc[m][j] = 0.0f;                                                   \
@@ -168,26 +193,27 @@ static inline float elem_bf16(const uint16_t *p, int j) { return from_bf16(p[j])
         for (int m = 0; m < mt; m++)                                                                            \
             for (int j = 0; j < valid; j++) y[m * ldy + j] = acc[m][j] + (bias ? bias[j] : 0.0f);               \
     }
-#define load16_f32 elem_f32
-#define load16_bf16 elem_bf16
+#define load_row_f32 elem_f32
+#define load_row_bf16 elem_bf16
 #endif
-DEFINE_TILE(tile_f32, float, load16_f32)
-DEFINE_TILE(tile_bf16, uint16_t, load16_bf16)
+DEFINE_TILE(tile_f32, float, load_row_f32)
+DEFINE_TILE(tile_bf16, uint16_t, load_row_bf16)
 
 #define TILE_HEIGHTS(TILE, PANEL_PTR)                                                                           \
     switch (M - m0 < MR ? M - m0 : MR) { /* constant tile heights keep the accumulators in registers */       \
-    case 1: TILE(xm, ldx, 1, PANEL_PTR, K, b, ym, ldy, valid); break;                                           \
-    case 2: TILE(xm, ldx, 2, PANEL_PTR, K, b, ym, ldy, valid); break;                                           \
-    case 3: TILE(xm, ldx, 3, PANEL_PTR, K, b, ym, ldy, valid); break;                                           \
-    case 4: TILE(xm, ldx, 4, PANEL_PTR, K, b, ym, ldy, valid); break;                                           \
-    case 5: TILE(xm, ldx, 5, PANEL_PTR, K, b, ym, ldy, valid); break;                                           \
-    default: TILE(xm, ldx, MR, PANEL_PTR, K, b, ym, ldy, valid); break;                                         \
+    case 1: TILE(xm, ldx, 1, PANEL_PTR, K, b, ym, ldy, valid, pf_end); break;                                   \
+    case 2: TILE(xm, ldx, 2, PANEL_PTR, K, b, ym, ldy, valid, pf_end); break;                                   \
+    case 3: TILE(xm, ldx, 3, PANEL_PTR, K, b, ym, ldy, valid, pf_end); break;                                   \
+    case 4: TILE(xm, ldx, 4, PANEL_PTR, K, b, ym, ldy, valid, pf_end); break;                                   \
+    case 5: TILE(xm, ldx, 5, PANEL_PTR, K, b, ym, ldy, valid, pf_end); break;                                   \
+    default: TILE(xm, ldx, MR, PANEL_PTR, K, b, ym, ldy, valid, pf_end); break;                                 \
     }
 
 /* Panels [p_begin, p_end) of y = x . W^T (+ bias) for all M tokens, W packed by tg_pack (fmt TG_F32) or
  * tg_pack_bf16 (TG_BF16). */
 static void gemm_panels(const float *x, int64_t M, int64_t K, int64_t ldx, const void *P, int fmt, int64_t N,
                         const float *bias, float *y, int64_t ldy, int64_t p_begin, int64_t p_end) {
+    const char *pf_end = (const char *)P + p_end * K * PANEL * (fmt == TG_BF16 ? 2 : 4); /* this thread's panels */
     for (int64_t p = p_begin; p < p_end; p++) {
         int64_t n = p * PANEL;
         int valid = (int)(N - n < PANEL ? N - n : PANEL);
@@ -351,12 +377,14 @@ static inline int32_t load_i32(const int8_t *p) {
 /* One group's 16 rows by mt (<= MQ) tokens: out[m] (16 lanes, one per row). */
 static inline __attribute__((always_inline)) void qgroup_tile(const uint8_t *w, int fmt, int64_t nb, const float *xd,
                                                               const int8_t *xq, const int32_t *xs, int64_t K,
-                                                              const int mt, __m512 out[MQ]) {
+                                                              const int mt, __m512 out[MQ], const char *pf_end) {
     __m512 acc[MQ];
     for (int m = 0; m < MQ; m++) acc[m] = _mm512_setzero_ps();
     const int64_t gbs = QG * block_bytes(fmt);
     const __m512i low = _mm512_set1_epi8(0x0F);
     for (int64_t b = 0; b < nb; b++, w += gbs) {
+        if (TG_PF && (const char *)w + TG_PF < pf_end)
+            for (int64_t i = 0; i < gbs; i += 64) _mm_prefetch((const char *)w + TG_PF + i, _MM_HINT_T0);
         const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)w));
         __m512i v[8];
         if (fmt == TG_Q8_0) {
@@ -427,6 +455,7 @@ static int qgemm_panels(const float *xd, const int8_t *xq, int64_t M, int64_t K,
     if (!xs) return -1;
     block_offsets(xq, M, K, fmt, xs);
     const int64_t g_end = p_end * (PANEL / QG) < groups_of(N) ? p_end * (PANEL / QG) : groups_of(N);
+    const char *pf_end = (const char *)W + g_end * group_bytes; /* this thread's rows */
     for (int64_t p = p_begin; p < p_end; p++)
         for (int64_t m0 = 0; m0 < M; m0 += MQ) {
             const int mt = (int)(M - m0 < MQ ? M - m0 : MQ);
@@ -440,10 +469,10 @@ static int qgemm_panels(const float *xd, const int8_t *xq, int64_t M, int64_t K,
 #if defined(TG_VNNI)
                 __m512 out[MQ];
                 switch (mt) { /* constant tile heights keep the accumulators in registers */
-                case 1: qgroup_tile(w, fmt, nb, xdm, xqm, xsm, K, 1, out); break;
-                case 2: qgroup_tile(w, fmt, nb, xdm, xqm, xsm, K, 2, out); break;
-                case 3: qgroup_tile(w, fmt, nb, xdm, xqm, xsm, K, 3, out); break;
-                default: qgroup_tile(w, fmt, nb, xdm, xqm, xsm, K, MQ, out); break;
+                case 1: qgroup_tile(w, fmt, nb, xdm, xqm, xsm, K, 1, out, pf_end); break;
+                case 2: qgroup_tile(w, fmt, nb, xdm, xqm, xsm, K, 2, out, pf_end); break;
+                case 3: qgroup_tile(w, fmt, nb, xdm, xqm, xsm, K, 3, out, pf_end); break;
+                default: qgroup_tile(w, fmt, nb, xdm, xqm, xsm, K, MQ, out, pf_end); break;
                 }
                 const __mmask16 mask = valid >= QG ? (__mmask16)0xFFFF : (__mmask16)((1u << valid) - 1u);
                 const __m512 bv = bias ? _mm512_maskz_loadu_ps(mask, bias + n) : _mm512_setzero_ps();
@@ -451,6 +480,7 @@ static int qgemm_panels(const float *xd, const int8_t *xq, int64_t M, int64_t K,
                     _mm512_mask_storeu_ps(y + (m0 + m) * ldy + n, mask, _mm512_add_ps(out[m], bv));
 #else
                 float out[MQ][QG];
+                (void)pf_end;
                 qgroup_tile(w, fmt, nb, xdm, xqm, xsm, K, mt, out);
                 for (int m = 0; m < mt; m++)
                     for (int r = 0; r < valid; r++) y[(m0 + m) * ldy + n + r] = out[m][r] + (bias ? bias[n + r] : 0.0f);
