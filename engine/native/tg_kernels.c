@@ -338,6 +338,22 @@ static inline float from_fp16(uint16_t h) {
 
 /* Row m of x [M, K] (row stride ldx) -> xd [M, K/32] fp32 scales and xq [M, K] int8. */
 static void quantize_row_q8(const float *x, int64_t K, float *xd, int8_t *xq) {
+#if TG_AVX512
+    /* the same operations 16 lanes at a time: vmaxps keeps the running maximum where |v| is NaN, as the
+     * comparison below does; vcvtps2dq rounds to nearest even, as nearbyintf does in the default mode */
+    const __m512 sign = _mm512_set1_ps(-0.0f);
+    for (int64_t b = 0; b < K / QK; b++) {
+        const __m512 v0 = _mm512_loadu_ps(x + b * QK), v1 = _mm512_loadu_ps(x + b * QK + 16);
+        __m512 mx = _mm512_max_ps(_mm512_andnot_ps(sign, v0), _mm512_setzero_ps());
+        mx = _mm512_max_ps(_mm512_andnot_ps(sign, v1), mx);
+        const float amax = _mm512_reduce_max_ps(mx), d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+        xd[b] = d;
+        const __m512 idv = _mm512_set1_ps(id);
+        _mm_storeu_si128((__m128i *)(xq + b * QK), _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(v0, idv))));
+        _mm_storeu_si128((__m128i *)(xq + b * QK + 16),
+                         _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(v1, idv))));
+    }
+#else
     for (int64_t b = 0; b < K / QK; b++) {
         const float *v = x + b * QK;
         float amax = 0.0f;
@@ -346,6 +362,7 @@ static void quantize_row_q8(const float *x, int64_t K, float *xd, int8_t *xq) {
         xd[b] = d;
         for (int j = 0; j < QK; j++) xq[b * QK + j] = (int8_t)nearbyintf(v[j] * id);
     }
+#endif
 }
 
 void tg_quantize_rows_q8(const float *x, int64_t M, int64_t K, int64_t ldx, float *xd, int8_t *xq) {
