@@ -161,7 +161,7 @@ def test_quantized_moe_equals_the_oracle(fmt: str, tokens: int, count: ExpertCou
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
-@pytest.mark.parametrize("m", [7, 9])  # the int8 route, and the float route prefill takes from 8 tokens
+@pytest.mark.parametrize("m", [7, 9])  # a whole and a partial 4-token tile after the first
 def test_quantized_products_are_the_same_on_one_and_two_threads(fmt: str, m: int) -> None:
     x = torch.randn(m, 512, generator=_gen(5))
     w = quant.quantize(torch.randn(4096, 512, generator=_gen(6)), fmt)  # 2M multiply-adds: split over threads
