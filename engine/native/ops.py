@@ -30,10 +30,10 @@ from engine.native.threads import ThreadChoice
 
 log = logging.getLogger(__name__)
 
-ABI_VERSION = 11
+ABI_VERSION = 12
 PANEL = 64  # outputs per packed panel (tg_kernels.c)
 BLOCK = 32  # elements per quantized block
-# weight formats (tg_kernels.c): fp32 / bf16 panels, ggml Q8_0 / Q4_0 row-major blocks
+# weight formats (tg_kernels.c): fp32 / bf16 panels, ggml Q8_0 / Q4_0 blocks interleaved in 16-row groups
 F32, BF16, Q8_0, Q4_0 = 0, 1, 2, 3
 FORMAT_NAMES = {F32: "fp32", BF16: "bf16", Q8_0: "q8_0", Q4_0: "q4_0"}
 BLOCK_FORMATS = {"q8_0": Q8_0, "q4_0": Q4_0}
@@ -107,6 +107,10 @@ def _load() -> None:
     lib.tg_pack_bf16.restype = None
     lib.tg_linear.argtypes = [_p, _i64, _i64, _i64, _p, _int, _i64, _p, _p, _i64, _int]
     lib.tg_linear.restype = _int
+    lib.tg_pack_q.argtypes = [_p, _int, _i64, _i64, _p]
+    lib.tg_pack_q.restype = None
+    lib.tg_packed_q_bytes.argtypes = [_int, _i64, _i64]
+    lib.tg_packed_q_bytes.restype = _i64
     lib.tg_quantize_rows_q8.argtypes = [_p, _i64, _i64, _i64, _p, _p]
     lib.tg_quantize_rows_q8.restype = None
     lib.tg_moe.argtypes = [_p, _i64, _i64, _p, _i64, _p, _p, _int, _i64, _int, _p, _int, _p, _int]
@@ -167,7 +171,7 @@ def _ptr(t: torch.Tensor | None) -> int | None:
 
 class Packed:
     """A weight matrix W[N, K] (or a stack of E of them) as the kernels read it: 64-output panels of fp32 or
-    bf16 elements, or ggml Q8_0 / Q4_0 row-major blocks (``fmt``)."""
+    bf16 elements, or ggml Q8_0 / Q4_0 blocks in 16-row groups (``fmt``, see `pack_blocks`)."""
 
     __slots__ = ("data", "fmt", "k", "n")
 
@@ -224,8 +228,10 @@ def pack(weight: torch.Tensor, bf16: bool = False) -> Packed:
 
 
 def pack_blocks(blocks: torch.Tensor, fmt: str) -> Packed:
-    """Q8_0 / Q4_0 blocks (uint8 [N, K / 32 * block_bytes] or [E, N, ...], see `engine.quant`) copied into a
-    huge-page buffer the kernels stream; ``fmt`` ``"q8_0"`` or ``"q4_0"``."""
+    """Q8_0 / Q4_0 blocks (uint8 [N, K / 32 * block_bytes] or [E, N, ...], ggml's row-major layout, see
+    `engine.quant`) repacked into a huge-page buffer the kernels stream: rows in groups of 16, each block's 16
+    scales then its quants interleaved four bytes at a time (``tg_pack_q``; the same bytes, rows padded to a
+    whole group); ``fmt`` ``"q8_0"`` or ``"q4_0"``."""
     assert _lib is not None
     code = BLOCK_FORMATS.get(fmt)
     if code is None or blocks.dtype != torch.uint8 or blocks.dim() not in (2, 3):
@@ -235,11 +241,14 @@ def pack_blocks(blocks: torch.Tensor, fmt: str) -> Packed:
         raise ValueError(f"{fmt} rows must be whole {size}-byte blocks")
     stack = blocks if blocks.dim() == 3 else blocks[None]
     e, n, row_bytes = stack.shape
-    per = n * row_bytes
+    k = row_bytes // size * BLOCK
+    per = int(_lib.tg_packed_q_bytes(code, n, k))
     words = empty_huge(-(-e * per // 4))
     data = words.view(torch.uint8)[: e * per].view(e, per)
-    data.copy_(stack.reshape(e, per))
-    return Packed(data if blocks.dim() == 3 else data[0], n, row_bytes // size * BLOCK, fmt=code)
+    for i in range(e):
+        src = stack[i].contiguous()
+        _lib.tg_pack_q(src.data_ptr(), code, n, k, data[i].data_ptr())
+    return Packed(data if blocks.dim() == 3 else data[0], n, k, fmt=code)
 
 
 def quantize_rows_q8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

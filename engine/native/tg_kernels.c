@@ -44,7 +44,7 @@
 #define PANEL 64 /* outputs per packed panel: four 16-float vectors */
 #define MR 6      /* tokens per register tile (6 x 4 accumulators + 4 weight vectors fit in 32 registers) */
 
-int tg_abi_version(void) { return 11; }
+int tg_abi_version(void) { return 12; }
 
 /* Weight formats (`fmt` arguments and tg_layer.fmt): fp32 or bf16 64-output panels (tg_pack, tg_pack_bf16),
  * or ggml's row-major 32-element blocks, stored exactly as GGUF stores them (so a GGUF tensor is used as
@@ -105,33 +105,57 @@ static inline float from_bf16(uint16_t h) {
     return f;
 }
 
+/* Where output j (0..63) of a panel row sits among its 64 bf16 elements: each 32-output half interleaves its
+ * two 16-output quarters (outputs i and 16 + i share a 32-bit word, i in the low half), so a 64-byte load
+ * gives both as fp32 vectors with one shift and one mask (no widening shuffle). */
+static inline int64_t bf16_slot(int64_t j) { return (j & ~(int64_t)31) + 2 * (j & 15) + ((j >> 4) & 1); }
+
 void tg_pack_bf16(const float *W, int64_t N, int64_t K, int64_t ldw, uint16_t *P) {
     for (int64_t p = 0; p < panels_of(N); p++)
         for (int64_t k = 0; k < K; k++) {
             uint16_t *dst = P + (p * K + k) * PANEL;
             for (int64_t j = 0; j < PANEL; j++) {
                 int64_t n = p * PANEL + j;
-                dst[j] = to_bf16(n < N ? W[n * ldw + k] : 0.0f);
+                dst[bf16_slot(j)] = to_bf16(n < N ? W[n * ldw + k] : 0.0f);
             }
         }
 }
 
+/* Software prefetch distance (bytes) for the weight streams: the hardware prefetchers stop at each 4 KiB
+ * page, and a batch-1 product from DRAM ran at 8-13 GB/s on one core without it, 16-17 with it (this
+ * machine; 0 turns it off). Each thread prefetches only within the weights it reads. */
+#ifndef TG_PF
+#define TG_PF 8192
+#endif
+
 /* tile_<T>: y[m, 0:valid] = x[m, :K] . panel (+ bias[0:valid]) for m < mt, panel elements of type T. */
 #if TG_AVX512
-static inline __m512 load16_f32(const float *p) { return _mm512_load_ps(p); }
-static inline __m512 load16_bf16(const uint16_t *p) {
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_load_si256((const __m256i *)p)), 16));
+/* The four 16-output vectors of one panel row: fp32 as stored; bf16 (see bf16_slot) two 64-byte loads, the
+ * low halves of each word shifted up, the high halves masked. */
+static inline __attribute__((always_inline)) void load_row_f32(const float *p, __m512 w[4]) {
+    for (int v = 0; v < 4; v++) w[v] = _mm512_load_ps(p + v * 16);
 }
-#define DEFINE_TILE(NAME, T, LOAD16)                                                                            \
+static inline __attribute__((always_inline)) void load_row_bf16(const uint16_t *p, __m512 w[4]) {
+    const __m512i high = _mm512_set1_epi32((int)0xFFFF0000u);
+    for (int h = 0; h < 2; h++) {
+        const __m512i both = _mm512_load_si512((const void *)(p + h * 32));
+        w[2 * h] = _mm512_castsi512_ps(_mm512_slli_epi32(both, 16));
+        w[2 * h + 1] = _mm512_castsi512_ps(_mm512_and_si512(both, high));
+    }
+}
+#define DEFINE_TILE(NAME, T, LOAD_ROW)                                                                          \
     static inline __attribute__((always_inline)) void NAME(const float *x, int64_t ldx, const int mt,          \
                                                             const T *p, int64_t K, const float *bias, float *y, \
-                                                            int64_t ldy, int valid) {                           \
+                                                            int64_t ldy, int valid, const char *pf_end) {       \
         __m512 acc[MR][4];                                                                                      \
         for (int m = 0; m < MR; m++)                                                                            \
             for (int v = 0; v < 4; v++) acc[m][v] = _mm512_setzero_ps();                                        \
         for (int64_t k = 0; k < K; k++) {                                                                       \
             __m512 w[4];                                                                                        \
-            for (int v = 0; v < 4; v++) w[v] = LOAD16(p + v * 16);                                              \
+            if (TG_PF && (const char *)p + TG_PF < pf_end)                                                      \
+                for (int64_t i = 0; i < (int64_t)sizeof(T) * PANEL; i += 64)                                    \
+                    _mm_prefetch((const char *)p + TG_PF + i, _MM_HINT_T0);                                     \
+            LOAD_ROW(p, w);                                                                                     \
             for (int m = 0; m < MR; m++) {                                                                      \
                 if (m < mt) {                                                                                   \
                     __m512 xb = _mm512_set1_ps(x[m * ldx + k]);                                                 \
@@ -151,10 +175,11 @@ static inline __m512 load16_bf16(const uint16_t *p) {
     }
 #else
 static inline float elem_f32(const float *p, int j) { return p[j]; }
-static inline float elem_bf16(const uint16_t *p, int j) { return from_bf16(p[j]); }
+static inline float elem_bf16(const uint16_t *p, int j) { return from_bf16(p[bf16_slot(j)]); }
 #define DEFINE_TILE(NAME, T, ELEM)                                                                              \
     static inline void NAME(const float *x, int64_t ldx, const int mt, const T *p, int64_t K, const float *bias, \
-                            float *y, int64_t ldy, int valid) {                                                 \
+                            float *y, int64_t ldy, int valid, const char *pf_end) {                             \
+        (void)pf_end;                                                                                           \
         float acc[MR][PANEL];                                                                                   \
         for (int m = 0; m < mt; m++)                                                                            \
             for (int j = 0; j < PANEL; j++) acc[m][j] = 0.0f;                                                   \
@@ -168,26 +193,27 @@ static inline float elem_bf16(const uint16_t *p, int j) { return from_bf16(p[j])
         for (int m = 0; m < mt; m++)                                                                            \
             for (int j = 0; j < valid; j++) y[m * ldy + j] = acc[m][j] + (bias ? bias[j] : 0.0f);               \
     }
-#define load16_f32 elem_f32
-#define load16_bf16 elem_bf16
+#define load_row_f32 elem_f32
+#define load_row_bf16 elem_bf16
 #endif
-DEFINE_TILE(tile_f32, float, load16_f32)
-DEFINE_TILE(tile_bf16, uint16_t, load16_bf16)
+DEFINE_TILE(tile_f32, float, load_row_f32)
+DEFINE_TILE(tile_bf16, uint16_t, load_row_bf16)
 
 #define TILE_HEIGHTS(TILE, PANEL_PTR)                                                                           \
     switch (M - m0 < MR ? M - m0 : MR) { /* constant tile heights keep the accumulators in registers */       \
-    case 1: TILE(xm, ldx, 1, PANEL_PTR, K, b, ym, ldy, valid); break;                                           \
-    case 2: TILE(xm, ldx, 2, PANEL_PTR, K, b, ym, ldy, valid); break;                                           \
-    case 3: TILE(xm, ldx, 3, PANEL_PTR, K, b, ym, ldy, valid); break;                                           \
-    case 4: TILE(xm, ldx, 4, PANEL_PTR, K, b, ym, ldy, valid); break;                                           \
-    case 5: TILE(xm, ldx, 5, PANEL_PTR, K, b, ym, ldy, valid); break;                                           \
-    default: TILE(xm, ldx, MR, PANEL_PTR, K, b, ym, ldy, valid); break;                                         \
+    case 1: TILE(xm, ldx, 1, PANEL_PTR, K, b, ym, ldy, valid, pf_end); break;                                   \
+    case 2: TILE(xm, ldx, 2, PANEL_PTR, K, b, ym, ldy, valid, pf_end); break;                                   \
+    case 3: TILE(xm, ldx, 3, PANEL_PTR, K, b, ym, ldy, valid, pf_end); break;                                   \
+    case 4: TILE(xm, ldx, 4, PANEL_PTR, K, b, ym, ldy, valid, pf_end); break;                                   \
+    case 5: TILE(xm, ldx, 5, PANEL_PTR, K, b, ym, ldy, valid, pf_end); break;                                   \
+    default: TILE(xm, ldx, MR, PANEL_PTR, K, b, ym, ldy, valid, pf_end); break;                                 \
     }
 
 /* Panels [p_begin, p_end) of y = x . W^T (+ bias) for all M tokens, W packed by tg_pack (fmt TG_F32) or
  * tg_pack_bf16 (TG_BF16). */
 static void gemm_panels(const float *x, int64_t M, int64_t K, int64_t ldx, const void *P, int fmt, int64_t N,
                         const float *bias, float *y, int64_t ldy, int64_t p_begin, int64_t p_end) {
+    const char *pf_end = (const char *)P + p_end * K * PANEL * (fmt == TG_BF16 ? 2 : 4); /* this thread's panels */
     for (int64_t p = p_begin; p < p_end; p++) {
         int64_t n = p * PANEL;
         int valid = (int)(N - n < PANEL ? N - n : PANEL);
@@ -234,22 +260,55 @@ static int clamp_threads(int nthreads, int64_t work) {
 /* ---------------------------------------------------------------------------------------------------
  * Weight-only quantized products (Q8_0, Q4_0), the llama.cpp way: each activation row is quantized once
  * per call to int8 in 32-element blocks (fp32 scale amax / 127, round to nearest even), and every
- * (weight block, activation block) pair is an exact int8 dot product (AVX2 `maddubs` on |w| and
- * sign(x, w), or `vpdpbusd` where VNNI is targeted), scaled by the two blocks' scales and accumulated in
- * fp32. Work splits over 64-row groups ("panels") as for the panel formats; each row group is finished
- * for 4 tokens at a time, so its weights stay in cache while every token passes over them.
+ * (weight block, activation block) pair is an exact int8 dot product, scaled by the two blocks' scales and
+ * accumulated in fp32, block after block.
+ *
+ * Layout (tg_pack_q, once at load): the rows in groups of QG = 16, and per group and 32-element block the
+ * 16 rows' fp16 scales (32 bytes) followed by their quants interleaved four bytes at a time, so that one
+ * 64-byte vector holds the same four elements of all 16 rows: Q8_0 eight such vectors of q + 128 (unsigned),
+ * Q4_0 four vectors of ggml's nibble bytes (bytes 4c..4c+3 of each row: elements 4c..4c+3 in the low
+ * nibbles, 16 + 4c.. in the high ones, q + 8 unsigned). The same bytes as ggml's blocks (rows past N, to a
+ * whole group, are zero). A product then multiplies 16 rows at once with `vpdpbusd`: the unsigned weight
+ * bytes of a vector by four activation bytes broadcast to every row, the integer sums starting from the
+ * offsets' share, -128 sum(x) (Q8_0) or -8 sum(x) (Q4_0) of the block, so each row's block sum is exactly
+ * sum_j q_j x_j; one int -> float conversion and one multiply-add (scales of 16 rows times the activation
+ * block's) per block, 16 rows and token. llama.cpp's repacked Q4_0 (8 rows by 8 bytes) works the same way.
+ * Work splits over 64-row panels (four groups) as for the panel formats; each panel is finished for MQ
+ * tokens at a time, so its weights stay in cache while every token passes over them.
  */
-#define MQ 4 /* tokens per quantized register tile */
-#ifndef QR
-#define QR 4 /* weight rows per VNNI / float-route tile */
-#endif
+#define MQ 4  /* tokens per quantized register tile */
+#define QG 16 /* rows per interleaved group */
 
 static inline int64_t block_bytes(int fmt) { return fmt == TG_Q8_0 ? 2 + QK : 2 + QK / 2; }
+static inline int64_t groups_of(int64_t n) { return (n + QG - 1) / QG; }
 
 /* Bytes of one packed [N, K] matrix in format `fmt` (one expert's stride in a stacked tensor). */
 static int64_t weight_bytes(int fmt, int64_t N, int64_t K) {
-    if (fmt == TG_Q8_0 || fmt == TG_Q4_0) return N * (K / QK) * block_bytes(fmt);
+    if (fmt == TG_Q8_0 || fmt == TG_Q4_0) return groups_of(N) * QG * (K / QK) * block_bytes(fmt);
     return panels_of(N) * PANEL * K * (fmt == TG_BF16 ? 2 : 4);
+}
+
+int64_t tg_packed_q_bytes(int fmt, int64_t N, int64_t K) { return weight_bytes(fmt, N, K); }
+
+/* ggml row-major blocks src [N, K / 32 blocks] -> the interleaved layout above (dst: tg_packed_q_bytes). */
+void tg_pack_q(const uint8_t *src, int fmt, int64_t N, int64_t K, uint8_t *dst) {
+    const int64_t nb = K / QK, bs = block_bytes(fmt), qbytes = bs - 2;
+    for (int64_t g = 0; g < groups_of(N); g++)
+        for (int64_t b = 0; b < nb; b++) {
+            uint8_t *out = dst + (g * nb + b) * QG * bs, *qs = out + 2 * QG;
+            for (int r = 0; r < QG; r++) {
+                const int64_t n = g * QG + r;
+                const uint8_t *blk = n < N ? src + (n * nb + b) * bs : NULL;
+                if (blk)
+                    memcpy(out + 2 * r, blk, 2);
+                else
+                    memset(out + 2 * r, 0, 2);
+                for (int64_t j = 0; j < qbytes; j++) {
+                    uint8_t v = blk ? blk[2 + j] : (fmt == TG_Q8_0 ? 0 : 0x88); /* q = 0 */
+                    qs[(j / 4) * 4 * QG + r * 4 + j % 4] = fmt == TG_Q8_0 ? (uint8_t)(v ^ 0x80) : v;
+                }
+            }
+        }
 }
 
 static inline float from_fp16(uint16_t h) {
@@ -279,6 +338,22 @@ static inline float from_fp16(uint16_t h) {
 
 /* Row m of x [M, K] (row stride ldx) -> xd [M, K/32] fp32 scales and xq [M, K] int8. */
 static void quantize_row_q8(const float *x, int64_t K, float *xd, int8_t *xq) {
+#if TG_AVX512
+    /* the same operations 16 lanes at a time: vmaxps keeps the running maximum where |v| is NaN, as the
+     * comparison below does; vcvtps2dq rounds to nearest even, as nearbyintf does in the default mode */
+    const __m512 sign = _mm512_set1_ps(-0.0f);
+    for (int64_t b = 0; b < K / QK; b++) {
+        const __m512 v0 = _mm512_loadu_ps(x + b * QK), v1 = _mm512_loadu_ps(x + b * QK + 16);
+        __m512 mx = _mm512_max_ps(_mm512_andnot_ps(sign, v0), _mm512_setzero_ps());
+        mx = _mm512_max_ps(_mm512_andnot_ps(sign, v1), mx);
+        const float amax = _mm512_reduce_max_ps(mx), d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+        xd[b] = d;
+        const __m512 idv = _mm512_set1_ps(id);
+        _mm_storeu_si128((__m128i *)(xq + b * QK), _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(v0, idv))));
+        _mm_storeu_si128((__m128i *)(xq + b * QK + 16),
+                         _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(v1, idv))));
+    }
+#else
     for (int64_t b = 0; b < K / QK; b++) {
         const float *v = x + b * QK;
         float amax = 0.0f;
@@ -287,273 +362,162 @@ static void quantize_row_q8(const float *x, int64_t K, float *xd, int8_t *xq) {
         xd[b] = d;
         for (int j = 0; j < QK; j++) xq[b * QK + j] = (int8_t)nearbyintf(v[j] * id);
     }
+#endif
 }
 
 void tg_quantize_rows_q8(const float *x, int64_t M, int64_t K, int64_t ldx, float *xd, int8_t *xq) {
     for (int64_t m = 0; m < M; m++) quantize_row_q8(x + m * ldx, K, xd + m * (K / QK), xq + m * K);
 }
 
-#if defined(__AVX2__)
-static inline __m256i q4_bytes(const uint8_t *qs) { /* 16 bytes of nibbles -> 32 int8 in [-8, 7] */
-    __m128i t = _mm_loadu_si128((const __m128i *)qs);
-    __m256i b = _mm256_insertf128_si256(_mm256_castsi128_si256(t), _mm_srli_epi16(t, 4), 1);
-    return _mm256_sub_epi8(_mm256_and_si256(b, _mm256_set1_epi8(0x0F)), _mm256_set1_epi8(8));
+/* The offsets' share of each activation block's integer sum (see the layout above): xs[m * nb + b] =
+ * -128 sum(xq) (Q8_0) or -8 sum(xq) (Q4_0) of block b of token m. */
+static void block_offsets(const int8_t *xq, int64_t M, int64_t K, int fmt, int32_t *xs) {
+    const int64_t nb = K / QK;
+    const int32_t off = fmt == TG_Q8_0 ? -128 : -8;
+    for (int64_t m = 0; m < M; m++)
+        for (int64_t b = 0; b < nb; b++) {
+            const int8_t *v = xq + m * K + b * QK;
+            int32_t s = 0;
+            for (int j = 0; j < QK; j++) s += v[j];
+            xs[m * nb + b] = off * s;
+        }
 }
 
-/* Eight int32 lanes summing to sum_j w[j] x[j]: |w| (unsigned) times x with w's sign. */
-static inline __m256i dot_i8(__m256i w, __m256i x) {
-    __m256i aw = _mm256_sign_epi8(w, w), sx = _mm256_sign_epi8(x, w);
-#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
-    return _mm256_dpbusd_epi32(_mm256_setzero_si256(), aw, sx);
-#elif defined(__AVXVNNI__)
-    return _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), aw, sx);
-#else
-    return _mm256_madd_epi16(_mm256_maddubs_epi16(aw, sx), _mm256_set1_epi16(1));
-#endif
-}
-
-static inline float hsum8(__m256 v) {
-    __m128 r = _mm_add_ps(_mm256_extractf128_ps(v, 1), _mm256_castps256_ps128(v));
-    r = _mm_add_ps(r, _mm_movehl_ps(r, r));
-    r = _mm_add_ss(r, _mm_movehdup_ps(r));
-    return _mm_cvtss_f32(r);
-}
-
-/* out[m] = row . x_m for the mt (<= MQ) tokens m, one weight row `w` of nb blocks. */
-static inline __attribute__((always_inline)) void qdot_tile(const uint8_t *w, int fmt, int64_t nb, const float *xd,
-                                                            const int8_t *xq, int64_t K, const int mt, float *out) {
-    __m256 acc[MQ];
-    for (int m = 0; m < MQ; m++) acc[m] = _mm256_setzero_ps();
-    const int64_t bs = block_bytes(fmt);
-    for (int64_t b = 0; b < nb; b++, w += bs) {
-        uint16_t h;
-        memcpy(&h, w, 2);
-        const float dw = from_fp16(h);
-        const __m256i wv = fmt == TG_Q8_0 ? _mm256_loadu_si256((const __m256i *)(w + 2)) : q4_bytes(w + 2);
-        for (int m = 0; m < MQ; m++)
-            if (m < mt) {
-                __m256i xv = _mm256_loadu_si256((const __m256i *)(xq + m * K + b * QK));
-                __m256 d = _mm256_set1_ps(dw * xd[m * nb + b]);
-                acc[m] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(dot_i8(wv, xv)), acc[m]);
-            }
-    }
-    for (int m = 0; m < MQ; m++)
-        if (m < mt) out[m] = hsum8(acc[m]);
-}
-
-#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
 #define TG_VNNI 1
-/* QR weight rows by up to MQ tokens with VNNI: the activations are offset to unsigned (x + 128, one xor per
- * token and block, shared by the rows) and multiplied by the signed weights directly; the offset's
- * contribution, -128 * sum(w) per lane, is the accumulator each dot product starts from, computed once per
- * row and block for all the tokens. The integer lane sums are those of dot_i8, so the results are too. */
-static inline __attribute__((always_inline)) void qdot_rows(const uint8_t *w, int64_t row_bytes, int fmt, int64_t nb,
-                                                            const float *xd, const int8_t *xq, int64_t K,
-                                                            const int mt, float out[QR][MQ]) {
-    __m256 acc[QR][MQ];
-    for (int r = 0; r < QR; r++)
-        for (int m = 0; m < MQ; m++) acc[r][m] = _mm256_setzero_ps();
-    const int64_t bs = block_bytes(fmt);
-    const __m256i flip = _mm256_set1_epi8((char)0x80), zero = _mm256_setzero_si256();
-    for (int64_t b = 0; b < nb; b++) {
-        __m256 d[QR];
-        __m256i v[QR], c[QR];
-        for (int r = 0; r < QR; r++) {
-            const uint8_t *blk = w + r * row_bytes + b * bs;
-            uint16_t h;
-            memcpy(&h, blk, 2);
-            d[r] = _mm256_set1_ps(from_fp16(h));
-            v[r] = fmt == TG_Q8_0 ? _mm256_loadu_si256((const __m256i *)(blk + 2)) : q4_bytes(blk + 2);
-            c[r] = _mm256_sub_epi32(zero, _mm256_dpbusd_epi32(zero, flip, v[r]));
-        }
-        for (int m = 0; m < MQ; m++)
-            if (m < mt) {
-                const __m256i xv = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(xq + m * K + b * QK)), flip);
-                const __m256 dx = _mm256_set1_ps(xd[m * nb + b]);
-                for (int r = 0; r < QR; r++)
-                    acc[r][m] = _mm256_fmadd_ps(_mm256_mul_ps(d[r], dx),
-                                                _mm256_cvtepi32_ps(_mm256_dpbusd_epi32(c[r], xv, v[r])), acc[r][m]);
-            }
-    }
-    for (int r = 0; r < QR; r++)
-        for (int m = 0; m < MQ; m++)
-            if (m < mt) out[r][m] = hsum8(acc[r][m]);
+static inline int32_t load_i32(const int8_t *p) {
+    int32_t v;
+    memcpy(&v, p, sizeof v);
+    return v;
 }
-#endif
-#else
-static inline void qdot_tile(const uint8_t *w, int fmt, int64_t nb, const float *xd, const int8_t *xq, int64_t K,
-                             const int mt, float *out) {
-    const int64_t bs = block_bytes(fmt);
-    for (int m = 0; m < mt; m++) out[m] = 0.0f;
-    for (int64_t b = 0; b < nb; b++, w += bs) {
-        uint16_t h;
-        memcpy(&h, w, 2);
-        const float dw = from_fp16(h);
-        int8_t wq[QK];
+
+/* One group's 16 rows by mt (<= MQ) tokens: out[m] (16 lanes, one per row). */
+static inline __attribute__((always_inline)) void qgroup_tile(const uint8_t *w, int fmt, int64_t nb, const float *xd,
+                                                              const int8_t *xq, const int32_t *xs, int64_t K,
+                                                              const int mt, __m512 out[MQ], const char *pf_end) {
+    __m512 acc[MQ];
+    for (int m = 0; m < MQ; m++) acc[m] = _mm512_setzero_ps();
+    const int64_t gbs = QG * block_bytes(fmt);
+    const __m512i low = _mm512_set1_epi8(0x0F);
+    for (int64_t b = 0; b < nb; b++, w += gbs) {
+        if (TG_PF && (const char *)w + TG_PF < pf_end)
+            for (int64_t i = 0; i < gbs; i += 64) _mm_prefetch((const char *)w + TG_PF + i, _MM_HINT_T0);
+        const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)w));
+        __m512i v[8];
         if (fmt == TG_Q8_0) {
-            memcpy(wq, w + 2, QK);
+            for (int c = 0; c < 8; c++) v[c] = _mm512_loadu_si512((const void *)(w + 2 * QG + 64 * c));
         } else {
-            for (int j = 0; j < QK / 2; j++) {
-                wq[j] = (int8_t)((w[2 + j] & 0x0F) - 8);
-                wq[j + QK / 2] = (int8_t)((w[2 + j] >> 4) - 8);
+            for (int c = 0; c < 4; c++) {
+                const __m512i raw = _mm512_loadu_si512((const void *)(w + 2 * QG + 64 * c));
+                v[c] = _mm512_and_si512(raw, low);
+                v[c + 4] = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low);
             }
         }
-        for (int m = 0; m < mt; m++) {
-            const int8_t *xv = xq + m * K + b * QK;
-            int32_t isum = 0;
-            for (int j = 0; j < QK; j++) isum += (int32_t)wq[j] * (int32_t)xv[j];
-            out[m] += dw * xd[m * nb + b] * (float)isum;
-        }
-    }
-}
-#endif
-
-#if TG_AVX512
-/* Prefill-sized products (at least QF_MIN tokens) take a float route to the same function: QR weight rows at
- * a time are dequantized into fp32 rows (vectorised, once per call) and every token's activations as the int8
- * route sees them (d * q, also once) are dotted with them 16 lanes at a time, QR rows by QF_M tokens per tile:
- * 16 multiply-adds per 8 loads instead of the int8 route's per-block scaling. The two routes agree to fp32
- * rounding (the int8 route's integer sums are exact; here the float sums are reordered). */
-#define QF_MIN 8
-#define QF_M 4
-
-static inline __m512 i8x16_to_ps(__m128i v) { return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(v)); }
-
-static void dequant_rows(const uint8_t *W, int fmt, int64_t row_bytes, int64_t K, int64_t n0, int rows, float *out) {
-    const int64_t nb = K / QK, bs = block_bytes(fmt);
-    for (int r = 0; r < rows; r++) {
-        const uint8_t *w = W + (n0 + r) * row_bytes;
-        float *dst = out + r * K;
-        for (int64_t b = 0; b < nb; b++, w += bs, dst += QK) {
-            uint16_t h;
-            memcpy(&h, w, 2);
-            const __m512 d = _mm512_set1_ps(from_fp16(h));
-            const __m256i q = fmt == TG_Q8_0 ? _mm256_loadu_si256((const __m256i *)(w + 2)) : q4_bytes(w + 2);
-            _mm512_storeu_ps(dst, _mm512_mul_ps(d, i8x16_to_ps(_mm256_castsi256_si128(q))));
-            _mm512_storeu_ps(dst + 16, _mm512_mul_ps(d, i8x16_to_ps(_mm256_extracti128_si256(q, 1))));
-        }
-    }
-}
-
-static inline __attribute__((always_inline)) void fdot_tile(const float *wr, const float *xr, int64_t K, const int mt,
-                                                            float out[QR][QF_M]) {
-    __m512 acc[QR][QF_M];
-    for (int r = 0; r < QR; r++)
-        for (int m = 0; m < QF_M; m++) acc[r][m] = _mm512_setzero_ps();
-    for (int64_t k = 0; k < K; k += 16) {
-        __m512 wv[QR];
-        for (int r = 0; r < QR; r++) wv[r] = _mm512_loadu_ps(wr + r * K + k);
-        for (int m = 0; m < QF_M; m++)
+        for (int m = 0; m < MQ; m++)
             if (m < mt) {
-                const __m512 xv = _mm512_loadu_ps(xr + m * K + k);
-                for (int r = 0; r < QR; r++) acc[r][m] = _mm512_fmadd_ps(wv[r], xv, acc[r][m]);
+                const int8_t *x = xq + m * K + b * QK;
+                /* two chains of four: the dot products' latency overlaps */
+                __m512i s0 = _mm512_set1_epi32(xs[m * nb + b]), s1 = _mm512_setzero_si512();
+                for (int c = 0; c < 4; c++) {
+                    s0 = _mm512_dpbusd_epi32(s0, v[c], _mm512_set1_epi32(load_i32(x + 4 * c)));
+                    s1 = _mm512_dpbusd_epi32(s1, v[c + 4], _mm512_set1_epi32(load_i32(x + 16 + 4 * c)));
+                }
+                acc[m] = _mm512_fmadd_ps(_mm512_mul_ps(dw, _mm512_set1_ps(xd[m * nb + b])),
+                                         _mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1)), acc[m]);
             }
     }
-    for (int r = 0; r < QR; r++)
-        for (int m = 0; m < QF_M; m++)
-            if (m < mt) out[r][m] = _mm512_reduce_add_ps(acc[r][m]);
+    for (int m = 0; m < MQ; m++) out[m] = acc[m];
 }
-
-/* Row groups [p_begin, p_end) by the float route; -1 if its buffers could not be allocated. */
-static int qgemm_float(const float *xd, const int8_t *xq, int64_t M, int64_t K, const uint8_t *W, int fmt, int64_t N,
-                       const float *bias, float *y, int64_t ldy, int64_t p_begin, int64_t p_end) {
-    const int64_t nb = K / QK, row_bytes = nb * block_bytes(fmt);
-    float *xf = malloc(sizeof(float) * M * K), *wf = malloc(sizeof(float) * QR * K);
-    if (!xf || !wf) {
-        free(xf);
-        free(wf);
-        return -1;
-    }
-    for (int64_t i = 0; i < M * nb; i++) {
-        const __m512 d = _mm512_set1_ps(xd[i]);
-        const __m256i q = _mm256_loadu_si256((const __m256i *)(xq + i * QK));
-        _mm512_storeu_ps(xf + i * QK, _mm512_mul_ps(d, i8x16_to_ps(_mm256_castsi256_si128(q))));
-        _mm512_storeu_ps(xf + i * QK + 16, _mm512_mul_ps(d, i8x16_to_ps(_mm256_extracti128_si256(q, 1))));
-    }
-    const int64_t n_begin = p_begin * PANEL, n_end = p_end * PANEL < N ? p_end * PANEL : N;
-    for (int64_t n = n_begin; n < n_end; n += QR) {
-        const int rows = (int)(n_end - n < QR ? n_end - n : QR);
-        dequant_rows(W, fmt, row_bytes, K, n, rows, wf);
-        for (int r = rows; r < QR; r++) memset(wf + r * K, 0, sizeof(float) * K);
-        for (int64_t m0 = 0; m0 < M; m0 += QF_M) {
-            const int mt = (int)(M - m0 < QF_M ? M - m0 : QF_M);
-            float out[QR][QF_M];
-            switch (mt) {
-            case 1: fdot_tile(wf, xf + m0 * K, K, 1, out); break;
-            case 2: fdot_tile(wf, xf + m0 * K, K, 2, out); break;
-            case 3: fdot_tile(wf, xf + m0 * K, K, 3, out); break;
-            default: fdot_tile(wf, xf + m0 * K, K, QF_M, out); break;
+#else
+/* The same sums, one row and token at a time (any compiler target). */
+static void qgroup_tile(const uint8_t *w, int fmt, int64_t nb, const float *xd, const int8_t *xq, const int32_t *xs,
+                        int64_t K, const int mt, float out[MQ][QG]) {
+    const int64_t gbs = QG * block_bytes(fmt);
+    for (int m = 0; m < mt; m++)
+        for (int r = 0; r < QG; r++) out[m][r] = 0.0f;
+    for (int64_t b = 0; b < nb; b++, w += gbs) {
+        const uint8_t *qs = w + 2 * QG;
+        for (int r = 0; r < QG; r++) {
+            uint16_t h;
+            memcpy(&h, w + 2 * r, 2);
+            const float dw = from_fp16(h);
+            uint8_t u[QK]; /* the row's unsigned quants, element order */
+            for (int j = 0; j < QK; j++) {
+                if (fmt == TG_Q8_0) {
+                    u[j] = qs[(j / 4) * 4 * QG + r * 4 + j % 4];
+                } else {
+                    const int jj = j % 16;
+                    const uint8_t byte = qs[(jj / 4) * 4 * QG + r * 4 + jj % 4];
+                    u[j] = j < 16 ? byte & 0x0F : byte >> 4;
+                }
             }
-            for (int r = 0; r < rows; r++) {
-                const float b = bias ? bias[n + r] : 0.0f;
-                for (int m = 0; m < mt; m++) y[(m0 + m) * ldy + n + r] = out[r][m] + b;
+            for (int m = 0; m < mt; m++) {
+                const int8_t *x = xq + m * K + b * QK;
+                int32_t isum = xs[m * nb + b];
+                for (int j = 0; j < QK; j++) isum += (int32_t)u[j] * (int32_t)x[j];
+                out[m][r] += dw * xd[m * nb + b] * (float)isum;
             }
         }
     }
-    free(xf);
-    free(wf);
-    return 0;
 }
 #endif
 
-/* Row groups [p_begin, p_end) (64 rows each) of y = x . W^T (+ bias) for all M tokens, x given quantized
- * (xd, xq from tg_quantize_rows_q8), W in `fmt` (Q8_0 or Q4_0) row-major blocks. */
-static void qgemm_panels(const float *xd, const int8_t *xq, int64_t M, int64_t K, const uint8_t *W, int fmt,
-                         int64_t N, const float *bias, float *y, int64_t ldy, int64_t p_begin, int64_t p_end) {
-    const int64_t nb = K / QK, row_bytes = nb * block_bytes(fmt);
-#if TG_AVX512
-    if (M >= QF_MIN && qgemm_float(xd, xq, M, K, W, fmt, N, bias, y, ldy, p_begin, p_end) == 0) return;
-#endif
-    for (int64_t p = p_begin; p < p_end; p++) {
-        int64_t n_end = (p + 1) * PANEL < N ? (p + 1) * PANEL : N;
+/* Row groups of panels [p_begin, p_end) (64 rows each) of y = x . W^T (+ bias) for all M tokens, x given
+ * quantized (xd, xq from tg_quantize_rows_q8), W packed by tg_pack_q in `fmt` (Q8_0 or Q4_0). Returns 0, or -1
+ * if memory could not be allocated. */
+static int qgemm_panels(const float *xd, const int8_t *xq, int64_t M, int64_t K, const uint8_t *W, int fmt,
+                        int64_t N, const float *bias, float *y, int64_t ldy, int64_t p_begin, int64_t p_end) {
+    const int64_t nb = K / QK, group_bytes = nb * QG * block_bytes(fmt);
+    int32_t small[1024], *xs = M * nb <= 1024 ? small : malloc(sizeof(int32_t) * M * nb);
+    if (!xs) return -1;
+    block_offsets(xq, M, K, fmt, xs);
+    const int64_t g_end = p_end * (PANEL / QG) < groups_of(N) ? p_end * (PANEL / QG) : groups_of(N);
+    const char *pf_end = (const char *)W + g_end * group_bytes; /* this thread's rows */
+    for (int64_t p = p_begin; p < p_end; p++)
         for (int64_t m0 = 0; m0 < M; m0 += MQ) {
             const int mt = (int)(M - m0 < MQ ? M - m0 : MQ);
             const float *xdm = xd + m0 * nb;
             const int8_t *xqm = xq + m0 * K;
-            int64_t n = p * PANEL;
+            const int32_t *xsm = xs + m0 * nb;
+            for (int64_t g = p * (PANEL / QG); g < (p + 1) * (PANEL / QG) && g < g_end; g++) {
+                const uint8_t *w = W + g * group_bytes;
+                const int64_t n = g * QG;
+                const int valid = (int)(N - n < QG ? N - n : QG);
 #if defined(TG_VNNI)
-            for (; n + QR <= n_end; n += QR) {
-                float out[QR][MQ];
-                const uint8_t *w = W + n * row_bytes;
-                switch (mt) {
-                case 1: qdot_rows(w, row_bytes, fmt, nb, xdm, xqm, K, 1, out); break;
-                case 2: qdot_rows(w, row_bytes, fmt, nb, xdm, xqm, K, 2, out); break;
-                case 3: qdot_rows(w, row_bytes, fmt, nb, xdm, xqm, K, 3, out); break;
-                default: qdot_rows(w, row_bytes, fmt, nb, xdm, xqm, K, MQ, out); break;
-                }
-                for (int r = 0; r < QR; r++) {
-                    float b = bias ? bias[n + r] : 0.0f;
-                    for (int m = 0; m < mt; m++) y[(m0 + m) * ldy + n + r] = out[r][m] + b;
-                }
-            }
-#endif
-            for (; n < n_end; n++) {
-                float out[MQ];
-                const uint8_t *w = W + n * row_bytes;
+                __m512 out[MQ];
                 switch (mt) { /* constant tile heights keep the accumulators in registers */
-                case 1: qdot_tile(w, fmt, nb, xdm, xqm, K, 1, out); break;
-                case 2: qdot_tile(w, fmt, nb, xdm, xqm, K, 2, out); break;
-                case 3: qdot_tile(w, fmt, nb, xdm, xqm, K, 3, out); break;
-                default: qdot_tile(w, fmt, nb, xdm, xqm, K, MQ, out); break;
+                case 1: qgroup_tile(w, fmt, nb, xdm, xqm, xsm, K, 1, out, pf_end); break;
+                case 2: qgroup_tile(w, fmt, nb, xdm, xqm, xsm, K, 2, out, pf_end); break;
+                case 3: qgroup_tile(w, fmt, nb, xdm, xqm, xsm, K, 3, out, pf_end); break;
+                default: qgroup_tile(w, fmt, nb, xdm, xqm, xsm, K, MQ, out, pf_end); break;
                 }
-                float b = bias ? bias[n] : 0.0f;
-                for (int m = 0; m < mt; m++) y[(m0 + m) * ldy + n] = out[m] + b;
+                const __mmask16 mask = valid >= QG ? (__mmask16)0xFFFF : (__mmask16)((1u << valid) - 1u);
+                const __m512 bv = bias ? _mm512_maskz_loadu_ps(mask, bias + n) : _mm512_setzero_ps();
+                for (int m = 0; m < mt; m++)
+                    _mm512_mask_storeu_ps(y + (m0 + m) * ldy + n, mask, _mm512_add_ps(out[m], bv));
+#else
+                float out[MQ][QG];
+                (void)pf_end;
+                qgroup_tile(w, fmt, nb, xdm, xqm, xsm, K, mt, out);
+                for (int m = 0; m < mt; m++)
+                    for (int r = 0; r < valid; r++) y[(m0 + m) * ldy + n + r] = out[m][r] + (bias ? bias[n + r] : 0.0f);
+#endif
             }
         }
-    }
+    if (xs != small) free(xs);
+    return 0;
 }
 
 static inline int is_quantized(int fmt) { return fmt == TG_Q8_0 || fmt == TG_Q4_0; }
 
 /* One product over panels [p_begin, p_end) in any format: x as floats for the panel formats, quantized
  * (xd, xq) for the block formats. */
-static void gemm_any(const float *x, const float *xd, const int8_t *xq, int64_t M, int64_t K, int64_t ldx,
-                     const void *W, int fmt, int64_t N, const float *bias, float *y, int64_t ldy, int64_t p_begin,
-                     int64_t p_end) {
-    if (is_quantized(fmt))
-        qgemm_panels(xd, xq, M, K, (const uint8_t *)W, fmt, N, bias, y, ldy, p_begin, p_end);
-    else
-        gemm_panels(x, M, K, ldx, W, fmt, N, bias, y, ldy, p_begin, p_end);
+static int gemm_any(const float *x, const float *xd, const int8_t *xq, int64_t M, int64_t K, int64_t ldx,
+                    const void *W, int fmt, int64_t N, const float *bias, float *y, int64_t ldy, int64_t p_begin,
+                    int64_t p_end) {
+    if (is_quantized(fmt)) return qgemm_panels(xd, xq, M, K, (const uint8_t *)W, fmt, N, bias, y, ldy, p_begin, p_end);
+    gemm_panels(x, M, K, ldx, W, fmt, N, bias, y, ldy, p_begin, p_end);
+    return 0;
 }
 
 /* y[M, N] = x . W^T (+ bias), W in format `fmt`. Returns 0, or -1 if memory could not be allocated. */
@@ -571,20 +535,23 @@ int tg_linear(const float *x, int64_t M, int64_t K, int64_t ldx, const void *P, 
         }
         tg_quantize_rows_q8(x, M, K, ldx, xd, xq);
     }
-    int nth = clamp_threads(nthreads, M * N * K);
+    int nth = clamp_threads(nthreads, M * N * K), failed = 0;
     if (nth == 1) {
-        gemm_any(x, xd, xq, M, K, ldx, P, fmt, N, bias, y, ldy, 0, panels_of(N));
+        failed = gemm_any(x, xd, xq, M, K, ldx, P, fmt, N, bias, y, ldy, 0, panels_of(N));
     } else {
 #pragma omp parallel num_threads(nth)
         {
             int64_t b, e;
             share(panels_of(N), THREAD_ID(), THREADS(), &b, &e);
-            gemm_any(x, xd, xq, M, K, ldx, P, fmt, N, bias, y, ldy, b, e);
+            if (gemm_any(x, xd, xq, M, K, ldx, P, fmt, N, bias, y, ldy, b, e)) {
+#pragma omp atomic write
+                failed = 1;
+            }
         }
     }
     free(xd);
     free(xq);
-    return 0;
+    return failed ? -1 : 0;
 }
 
 /* ---------------------------------------------------------------------------------------------------
@@ -605,7 +572,7 @@ static inline float silu(float v) { return v / (1.0f + expf(-v)); }
 /* A MoE block's buffers, for up to M tokens of k_max experts among E, intermediate size I (one allocation). */
 typedef struct {
     int64_t M, H, E, I;
-    int k_max, quant;
+    int k_max, quant, failed; /* failed: an expert product could not allocate its scratch */
     float *logits, *selw, *tokw, *rows, *act, *eout, *rows_d, *act_d;
     int32_t *sel;
     int64_t *count, *offset, *tok, assignments;
@@ -620,7 +587,7 @@ static size_t carve(char *base, size_t *at, size_t bytes, void **out) {
 }
 
 static int moe_alloc(moe_work *w, int64_t M, int64_t H, int64_t E, int64_t I, int k_max, int quant) {
-    w->M = M, w->H = H, w->E = E, w->I = I, w->k_max = k_max, w->quant = quant, w->base = NULL;
+    w->M = M, w->H = H, w->E = E, w->I = I, w->k_max = k_max, w->quant = quant, w->failed = 0, w->base = NULL;
     const int64_t A = M * k_max; /* at most this many (token, expert) assignments */
     for (int pass = 0; pass < 2; pass++) {
         size_t at = 0;
@@ -711,8 +678,7 @@ static void moe_route(moe_work *w, const float *x, int64_t M, const float *route
  * (the calling parallel region's, or one thread outside any): each thread its share of every selected
  * expert's output panels, then of y's columns (summed in a fixed expert order per element, so the result
  * does not depend on the team size). Ends without a barrier. */
-static void moe_experts(const moe_work *w, const void *gate_up, const void *down, int fmt, float *y, int tid,
-                        int nth) {
+static void moe_experts(moe_work *w, const void *gate_up, const void *down, int fmt, float *y, int tid, int nth) {
     const int64_t M = w->M, H = w->H, E = w->E, I = w->I, assignments = w->assignments;
     const int64_t gu_size = weight_bytes(fmt, 2 * I, H), down_size = weight_bytes(fmt, H, I);
     const int64_t *offset = w->offset;
@@ -727,9 +693,13 @@ static void moe_experts(const moe_work *w, const void *gate_up, const void *down
     share(panels_of(2 * I), tid, nth, &b, &e_); /* gate/up: each thread its share of every expert's panels */
     for (int64_t e = 0; e < E; e++)
         if (offset[e + 1] > offset[e])
-            gemm_any(w->rows + offset[e] * H, quant ? w->rows_d + offset[e] * (H / QK) : NULL,
-                     quant ? w->rows_q + offset[e] * H : NULL, offset[e + 1] - offset[e], H, H,
-                     (const char *)gate_up + e * gu_size, fmt, 2 * I, NULL, act + offset[e] * 2 * I, 2 * I, b, e_);
+            if (gemm_any(w->rows + offset[e] * H, quant ? w->rows_d + offset[e] * (H / QK) : NULL,
+                         quant ? w->rows_q + offset[e] * H : NULL, offset[e + 1] - offset[e], H, H,
+                         (const char *)gate_up + e * gu_size, fmt, 2 * I, NULL, act + offset[e] * 2 * I, 2 * I, b,
+                         e_)) {
+#pragma omp atomic write
+                w->failed = 1;
+            }
 #pragma omp barrier
 #pragma omp for schedule(static)
     for (int64_t a = 0; a < assignments; a++) { /* act[:, :I] = silu(gate) * up */
@@ -740,9 +710,12 @@ static void moe_experts(const moe_work *w, const void *gate_up, const void *down
     share(panels_of(H), tid, nth, &b, &e_); /* down */
     for (int64_t e = 0; e < E; e++)
         if (offset[e + 1] > offset[e])
-            gemm_any(act + offset[e] * 2 * I, quant ? w->act_d + offset[e] * (I / QK) : NULL,
-                     quant ? w->act_q + offset[e] * I : NULL, offset[e + 1] - offset[e], I, 2 * I,
-                     (const char *)down + e * down_size, fmt, H, NULL, w->eout + offset[e] * H, H, b, e_);
+            if (gemm_any(act + offset[e] * 2 * I, quant ? w->act_d + offset[e] * (I / QK) : NULL,
+                         quant ? w->act_q + offset[e] * I : NULL, offset[e + 1] - offset[e], I, 2 * I,
+                         (const char *)down + e * down_size, fmt, H, NULL, w->eout + offset[e] * H, H, b, e_)) {
+#pragma omp atomic write
+                w->failed = 1;
+            }
 #pragma omp barrier
     share(H, tid, nth, &b, &e_); /* y[t] = sum of w * eout[a], in a fixed (expert) order per element */
     for (int64_t m = 0; m < M; m++) memset(y + m * H + b, 0, sizeof(float) * (e_ - b));
@@ -766,7 +739,7 @@ int tg_moe(const float *x, int64_t M, int64_t H, const float *router, int64_t E,
 #pragma omp parallel num_threads(nth)
     moe_experts(&w, gate_up, down, fmt, y, THREAD_ID(), THREADS());
     free(w.base);
-    return 0;
+    return w.failed ? -1 : 0;
 }
 
 /* ---------------------------------------------------------------------------------------------------

@@ -170,8 +170,7 @@ static int step_linear(const float *x, const float *xd, const int8_t *xq, int64_
     if (nth == 1 && kthreads > 1) return tg_linear(x, M, K, ldx, W, fmt, N, bias, y, N, kthreads);
     int64_t b, e;
     share(panels_of(N), tid, nth, &b, &e);
-    gemm_any(x, xd, xq, M, K, ldx, W, fmt, N, bias, y, N, b, e);
-    return 0;
+    return gemm_any(x, xd, xq, M, K, ldx, W, fmt, N, bias, y, N, b, e);
 }
 
 static void step_failed(step_args *a) {
@@ -280,8 +279,9 @@ static int step_go(step_args *a, int nthreads) {
 #pragma omp parallel num_threads(nth)
         step_run(a, THREAD_ID(), THREADS(), 1);
     }
+    const int failed = a->failed || (a->has_moe && a->moe.failed);
     step_free(a);
-    return a->failed ? -1 : 0;
+    return failed ? -1 : 0;
 }
 
 int tg_decode_layers(const tg_layer *layers, int n_layers, float *h, int64_t B, int64_t H, const float *cos,

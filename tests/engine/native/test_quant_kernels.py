@@ -75,7 +75,7 @@ def test_quantized_linear_equals_the_dequantize_then_matmul_oracle(fmt: str, m: 
     blocks = quant.quantize(w, fmt)
     packed = ops.pack_blocks(blocks, fmt)
     assert packed.quantized and packed.n == n and packed.k == k
-    assert packed.data.numel() == n * k // 32 * (34 if fmt == "q8_0" else 18)
+    assert packed.data.numel() == -(-n // 16) * 16 * k // 32 * (34 if fmt == "q8_0" else 18)  # whole 16-row groups
     for bias in (None, b):
         got = ops.linear(x, packed, bias)
         ref = quant.reference_linear(x, blocks, fmt, bias)
@@ -84,6 +84,33 @@ def test_quantized_linear_equals_the_dequantize_then_matmul_oracle(fmt: str, m: 
     # and within int8 activation rounding of the plain product with the dequantized weight
     plain = F.linear(x, quant.dequantize(blocks, fmt))
     assert float((got - b - plain).norm() / plain.norm()) < 0.02
+
+
+def _ggml_rows(packed: ops.Packed, fmt: str) -> torch.Tensor:
+    """ggml's row-major blocks back from the kernels' 16-row groups (tg_pack_q's layout, read independently):
+    per group and block, 16 fp16 scales, then the quants four bytes per row at a time (Q8_0: q + 128)."""
+    size = 34 if fmt == "q8_0" else 18
+    nb, groups = packed.k // 32, -(-packed.n // 16)
+    data = packed.data.reshape(groups, nb, 16 * size)
+    scales = data[:, :, :32].reshape(groups, nb, 16, 2)
+    quants = data[:, :, 32:].reshape(groups, nb, (size - 2) // 4, 16, 4).permute(0, 1, 3, 2, 4)
+    quants = quants.reshape(groups, nb, 16, size - 2)
+    if fmt == "q8_0":
+        quants = quants ^ 0x80
+    blocks = torch.cat([scales, quants], dim=-1).permute(0, 2, 1, 3).reshape(groups * 16, nb * size)
+    assert not blocks[packed.n:].reshape(-1, size)[:, :2].any()  # padding rows: zero scales
+    return blocks[: packed.n]
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_packed_blocks_hold_ggml_s_bytes_in_16_row_groups(fmt: str) -> None:
+    for n in (16, 37):
+        blocks = quant.quantize(torch.randn(n, 96, generator=_gen(n)), fmt)
+        assert torch.equal(_ggml_rows(ops.pack_blocks(blocks, fmt), fmt), blocks)
+    stack = quant.quantize(torch.randn(3, 20, 64, generator=_gen(7)), fmt)
+    packed = ops.pack_blocks(stack, fmt)
+    for e in range(3):
+        assert torch.equal(_ggml_rows(ops.Packed(packed.data[e], 20, 64, fmt=packed.fmt), fmt), stack[e])
 
 
 def test_quantized_linear_reads_strided_rows_and_refuses_a_wrong_width() -> None:
@@ -134,7 +161,7 @@ def test_quantized_moe_equals_the_oracle(fmt: str, tokens: int, count: ExpertCou
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
-@pytest.mark.parametrize("m", [7, 9])  # the int8 route, and the float route prefill takes from 8 tokens
+@pytest.mark.parametrize("m", [7, 9])  # a whole and a partial 4-token tile after the first
 def test_quantized_products_are_the_same_on_one_and_two_threads(fmt: str, m: int) -> None:
     x = torch.randn(m, 512, generator=_gen(5))
     w = quant.quantize(torch.randn(4096, 512, generator=_gen(6)), fmt)  # 2M multiply-adds: split over threads
