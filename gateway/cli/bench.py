@@ -159,6 +159,21 @@ def journal_writes_bench(
         typer.echo(line)
 
 
+@app.command("obs-instructions")
+def obs_instructions_bench(
+    requests: int = typer.Option(300, help="counted requests per run"),
+    warmup: int = typer.Option(100, help="uncounted requests first"),
+    concurrency: int = typer.Option(32), runs: int = typer.Option(2, help="interleaved runs per variant"),
+    variants: str = typer.Option(",".join(["off", "metrics", "metrics+tracing@0", "metrics+tracing@0.1",
+                                           "metrics+tracing@1.0"]), help="comma-separated"),
+) -> None:
+    """Metrics and tracing cost per request in CPU instructions (valgrind callgrind): a count, steady on a busy machine."""
+    from gateway.bench.obs_instructions import InstructionArgs, run
+
+    for line in run(InstructionArgs(requests, warmup, concurrency, runs, tuple(v for v in variants.split(",") if v))):
+        typer.echo(line)
+
+
 @app.command("ledger-sqlite")
 def ledger_sqlite_bench(n: int = typer.Option(3000, help="Entries per variant."),
                         concurrency: int = typer.Option(64, help="Concurrent writers.")) -> None:
