@@ -44,7 +44,7 @@ import functools
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Protocol
@@ -142,7 +142,8 @@ class Ledger:
         self._write_batch = self.process_applier or functools.partial(write_batch, session_factory)
         self.syncer = JournalSyncer(self._apply, self.segments,
                                     batch_size=batch_size, flush_interval_ms=flush_interval_ms,
-                                    retry_max_s=retry_max_s)
+                                    retry_max_s=retry_max_s,
+                                    apply_lines=self._apply_lines if self.process_applier is not None else None)
         self.writer = JournalWriter(self.segments, self.syncer.enqueue, self.syncer.journal_finished,
                                     retry_max_s=retry_max_s)
         self._started = False
@@ -249,19 +250,27 @@ class Ledger:
 
     def _apply(self, records: Sequence[Record]) -> object:
         """One database batch (the syncer's thread), timed for the observer."""
+        return self._timed(functools.partial(self._write_batch, records), len(records))
+
+    def _apply_lines(self, lines: bytes, count: int) -> object:
+        """One database batch given as its journal lines (the child-process applier's way)."""
+        assert self.process_applier is not None
+        return self._timed(functools.partial(self.process_applier.apply_lines, lines, count), count)
+
+    def _timed(self, write: Callable[[], object], count: int) -> object:
         observer = self.observer
         if observer is None:
-            return self._write_batch(records)
+            return write()
         started = time.perf_counter()
         try:
-            out = self._write_batch(records)
+            out = write()
         except Exception:
             observer.flush_failed()
             raise
         seconds = time.perf_counter() - started
         buffered, _, _ = self.writer.counts()
         pending, _ = self.syncer.counts()
-        observer.flush(seconds, len(records), buffered, max(pending - len(records), 0))
+        observer.flush(seconds, count, buffered, max(pending - count, 0))
         return out
 
     # ---------------------------------------------------------------- recording

@@ -25,26 +25,36 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gateway.ledger.entries import Record
-from gateway.ledger.journal import read_segment
+from gateway.ledger.journal import encode_lines, read_segment
 from gateway.ledger.segments import SegmentTracker
 from gateway.log_safety import describe
 
 log = logging.getLogger("tiergate.ledger")
 
 Apply = Callable[[Sequence[Record]], object]  # writes one batch in one transaction, or raises
+# ``Apply`` for a batch given as its journal lines (journal.encode_lines) and its record count
+ApplyLines = Callable[[bytes, int], object]
 
 
 @dataclass
 class _Group:
     segment: int
-    records: list[Record]
+    records: list[Record]  # empty where the syncer keeps the group's journal lines instead
     upto_seq: int  # the sequence number of its last record
+    count: int
+    lines: bytes = b""
 
 
 class JournalSyncer:
     def __init__(self, apply: Apply, segments: SegmentTracker, *, batch_size: int = 500,
-                 flush_interval_ms: int = 50, retry_max_s: float = 5.0) -> None:
+                 flush_interval_ms: int = 50, retry_max_s: float = 5.0,
+                 apply_lines: ApplyLines | None = None) -> None:
         self._apply = apply
+        # Where given, batches go to ``apply_lines`` as the journal lines the writer already
+        # encoded (the process applier sends them to its child as they are: nothing is pickled
+        # here, on a thread that shares the GIL with the event loop), and the queue keeps only
+        # those bytes, not the records.
+        self._apply_lines = apply_lines
         self._segments = segments
         self._batch_size = batch_size
         self._flush_s = flush_interval_ms / 1000
@@ -77,7 +87,7 @@ class JournalSyncer:
             for i in range(0, len(contents.records), self._batch_size):
                 chunk = contents.records[i:i + self._batch_size]
                 seq += len(chunk)
-                self._queue.append(_Group(contents.seq, chunk, seq))
+                self._queue.append(self._group(contents.seq, chunk, seq, None))
                 self._queued += len(chunk)
         if seq:
             log.info("ledger: replaying %d journaled record(s)", seq)
@@ -115,16 +125,23 @@ class JournalSyncer:
         return not self._thread.is_alive()
 
     # ---------------------------------------------------------------- the journal writer's side
-    def enqueue(self, segment: int, records: list[Record], upto_seq: int) -> None:
-        """A journaled group, for the database. Wakes the DB thread only when it has to act: the
-        queue was empty (it waits for a first group) or a batch is full (otherwise it is already
-        waiting for the flush interval to pass, or writing)."""
+    def enqueue(self, segment: int, records: list[Record], upto_seq: int, lines: bytes | None = None) -> None:
+        """A journaled group (``lines``: as the journal holds it, if known), for the database.
+        Wakes the DB thread only when it has to act: the queue was empty (it waits for a first
+        group) or a batch is full (otherwise it is already waiting for the flush interval to
+        pass, or writing)."""
+        group = self._group(segment, records, upto_seq, lines)
         with self._cond:
             was_empty = not self._queue
-            self._queue.append(_Group(segment, records, upto_seq))
+            self._queue.append(group)
             self._queued += len(records)
             if was_empty or self._queued >= self._batch_size:
                 self._cond.notify_all()
+
+    def _group(self, segment: int, records: list[Record], upto_seq: int, lines: bytes | None) -> _Group:
+        if self._apply_lines is None:
+            return _Group(segment, records, upto_seq, len(records))
+        return _Group(segment, [], upto_seq, len(records), encode_lines(records) if lines is None else lines)
 
     # ---------------------------------------------------------------- observing
     def wait_applied(self, target_seq: int, timeout_s: float | None) -> bool:
@@ -152,10 +169,10 @@ class JournalSyncer:
             groups: list[_Group] = []
             n = 0
             for group in self._queue:
-                if groups and n + len(group.records) > self._batch_size:
+                if groups and n + group.count > self._batch_size:
                     break
                 groups.append(group)
-                n += len(group.records)
+                n += group.count
             return groups
 
     def _run(self) -> None:
@@ -164,19 +181,22 @@ class JournalSyncer:
             if groups is None:
                 return
             try:
-                self._apply([r for g in groups for r in g.records])
+                if self._apply_lines is not None:
+                    self._apply_lines(b"".join(g.lines for g in groups), sum(g.count for g in groups))
+                else:
+                    self._apply([r for g in groups for r in g.records])
             except Exception as exc:
                 self._failed(len(groups), exc)
                 continue
             with self._cond:
                 for group in groups:
                     self._queue.popleft()
-                    self._queued -= len(group.records)
+                    self._queued -= group.count
                 self.failures = 0
                 self._applied_seq = max(self._applied_seq, groups[-1].upto_seq)
                 self._cond.notify_all()
             for group in groups:
-                self._segments.applied(group.segment, len(group.records))
+                self._segments.applied(group.segment, group.count)
 
     def _failed(self, n_groups: int, exc: Exception) -> None:
         with self._cond:
