@@ -115,7 +115,7 @@ def _process_applier(session_factory: sessionmaker[Session], mode: ApplierMode, 
 
 class Ledger:
     def __init__(self, session_factory: sessionmaker[Session], journal_dir: str | Path,
-                 flush_interval_ms: int = 50, batch_size: int = 500, *,
+                 flush_interval_ms: int = 200, batch_size: int = 500, *,
                  max_segment_bytes: int = 16 * 1024 * 1024, max_segment_age_s: float = 10.0,
                  retry_max_s: float = 5.0, interrupted_billing: Literal["estimate", "reserved"] = "estimate",
                  applier: ApplierMode = "auto", applier_nice: int = 10) -> None:
@@ -346,7 +346,7 @@ class Ledger:
 
     def flush(self, timeout_s: float | None = 10.0) -> bool:
         """Block until everything recorded so far is committed to the database."""
-        return self.syncer.wait_applied(self.writer.seq, timeout_s)
+        return self.syncer.wait_applied(self.writer.seq, timeout_s, urge=True)
 
     async def aflush(self, timeout_s: float | None = 10.0) -> bool:
         return await asyncio.to_thread(self.flush, timeout_s)

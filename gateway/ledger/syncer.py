@@ -3,7 +3,8 @@
 Journaled groups (``enqueue``, from the journal writer) and, at start, the records of segments
 a previous run left behind (``replay``, queued ahead of everything new) wait in a queue. The
 *DB thread* takes them in batches (``batch_size`` records, or whatever is queued after
-``flush_interval_ms``, or at once while stopping) and hands each batch to the applier
+``flush_interval_ms``, or at once while stopping or while someone waits for them:
+``wait_applied(urge=True)``, which ``Ledger.flush`` uses) and hands each batch to the applier
 (``apply``: idempotent, one transaction, see applier.py), so a record applied twice — a replay
 after a crash that followed the commit — is never counted twice. A batch is taken off the queue
 only after it committed; then its segments are told (``SegmentTracker.applied``) so they can be
@@ -66,6 +67,7 @@ class JournalSyncer:
         self._journal_done = False
         self._stopping = False
         self._abandon = False
+        self._urgent_seq = 0  # someone waits for the records up to here: written without waiting out the interval
         self.failures = 0
         self.last_error: tuple[float, str] | None = None  # (monotonic time, message)
         self._thread: threading.Thread | None = None
@@ -78,6 +80,7 @@ class JournalSyncer:
             self._queue.clear()
             self._queued = 0
             self._applied_seq = 0
+            self._urgent_seq = 0
         seq = 0
         for path in segment_paths:
             contents = read_segment(path)
@@ -144,9 +147,14 @@ class JournalSyncer:
         return _Group(segment, [], upto_seq, len(records), encode_lines(records) if lines is None else lines)
 
     # ---------------------------------------------------------------- observing
-    def wait_applied(self, target_seq: int, timeout_s: float | None) -> bool:
-        """Block until every record up to ``target_seq`` is committed."""
+    def wait_applied(self, target_seq: int, timeout_s: float | None, *, urge: bool = False) -> bool:
+        """Block until every record up to ``target_seq`` is committed. ``urge``: the DB thread
+        writes them as soon as they are queued, not after the flush interval (a caller waiting
+        for them, e.g. ``Ledger.flush``, never waits out the interval)."""
         with self._cond:
+            if urge and target_seq > self._urgent_seq:
+                self._urgent_seq = target_seq
+                self._cond.notify_all()
             return self._cond.wait_for(lambda: self._applied_seq >= target_seq, timeout_s)
 
     def counts(self) -> tuple[int, int]:
@@ -163,7 +171,8 @@ class JournalSyncer:
                 queued = self._queued
                 if self._abandon or (self._journal_done and not queued):
                     return None
-                if queued and (queued >= self._batch_size or self._stopping or time.monotonic() >= deadline):
+                if queued and (queued >= self._batch_size or self._stopping or self._urgent_seq > self._applied_seq
+                               or time.monotonic() >= deadline):
                     break
                 self._cond.wait(timeout=max(deadline - time.monotonic(), 0.001) if queued else 1.0)
             groups: list[_Group] = []

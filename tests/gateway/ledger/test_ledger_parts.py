@@ -271,6 +271,23 @@ def test_syncer_hands_batches_on_as_journal_lines_where_asked(tmp_path: Path) ->
     assert syncer.join(time.monotonic() + 5)
 
 
+def test_a_waiter_that_urges_does_not_wait_out_the_flush_interval() -> None:
+    """Rows queued for the database wait up to ``flush_interval_ms`` to be batched, except those
+    someone waits for with ``urge`` (``Ledger.flush``): written at once."""
+    db = Db()
+    syncer = JournalSyncer(db.apply, SegmentTracker(Deleted()), flush_interval_ms=60_000)
+    syncer.replay([])
+    syncer.start()
+    syncer.enqueue(1, [entry(1)], 1)
+    assert not syncer.wait_applied(1, 0.3)  # batched: waits for the interval (a minute here)
+    assert syncer.wait_applied(1, 5, urge=True) and len(db.batches) == 1
+    syncer.enqueue(1, [entry(2)], 2)
+    assert not syncer.wait_applied(2, 0.3)  # the urge covered records up to #1 only
+    syncer.begin_stop()
+    syncer.journal_finished()
+    assert syncer.join(time.monotonic() + 5) and syncer.counts() == (0, 2)
+
+
 def test_decoding_lines_refuses_a_bad_line_instead_of_skipping_it() -> None:
     lines = encode_lines([entry(1), entry(2)])
     assert [r.id for r in decode_lines(lines)] == [r.id for r in decode_lines(lines[:-1])]  # final newline optional
