@@ -70,6 +70,15 @@ def _settings(workdir: Path, db_url: str) -> Any:
     }, base_dir=workdir)
 
 
+def _batching() -> tuple[int, int]:
+    """(flush_interval_ms, batch_size): the ledger's batching as a server built from the defaults
+    has it (ledger.flush_interval_ms, ledger.batch_size), for both replicas."""
+    from gateway.settings import LedgerSettings
+
+    d = LedgerSettings()
+    return d.flush_interval_ms, d.batch_size
+
+
 def _extra_replica(url: str, journal_dir: str, rate: float, stop: Any) -> None:
     """Another gateway replica's ledger: its own process, Ledger and journal, same database."""
     from gateway.db.session import make_engine, make_session_factory
@@ -77,7 +86,7 @@ def _extra_replica(url: str, journal_dir: str, rate: float, stop: Any) -> None:
     from gateway.providers.base import Usage
 
     engine = make_engine(url)
-    ledger = Ledger(make_session_factory(engine), journal_dir, flush_interval_ms=50, batch_size=500)
+    ledger = Ledger(make_session_factory(engine), journal_dir, *_batching())
     ledger.start()
     t0, sent = time.perf_counter(), 0
     while not stop.is_set():
@@ -122,7 +131,7 @@ def run_serving(url: str, workdir: Path, n: int, concurrency: int, upstream_ms: 
     replica.start()
     try:
         time.sleep(3.0)  # let the replica import and reach its steady rate
-        ledger = Ledger(sf, workdir / "journal", flush_interval_ms=50, batch_size=500)
+        ledger = Ledger(sf, workdir / "journal", *_batching())
         ledger.start()
         closed = _rounds(app_with, ledger, sf, raw, n, rounds, concurrency, None)
         # Open loop at a share of what the closed loop showed the server can do without a ledger

@@ -57,6 +57,27 @@ def encode_line(record: Record) -> bytes:
     return b"%08x %s\n" % (zlib.crc32(payload), payload)
 
 
+def encode_lines(records: Sequence[Record]) -> bytes:
+    """``records`` as journal lines, in one buffer (what ``Journal.write`` writes)."""
+    return b"".join(encode_line(r) for r in records)
+
+
+def decode_lines(data: bytes) -> list[Record]:
+    """The records of ``encode_lines(records)``. Raises ``ValueError`` on a line that does not
+    decode: these bytes never touched a disk (unlike a segment's, which may end torn), so a bad
+    line is a bug, never something to skip."""
+    lines = data.split(b"\n")
+    if lines[-1] == b"":  # the newline that ends the last line
+        lines.pop()
+    records: list[Record] = []
+    for line in lines:
+        rec = decode_line(line)
+        if rec is None:
+            raise ValueError(f"undecodable journal line: {line[:80]!r}")
+        records.append(rec)
+    return records
+
+
 def decode_line(line: bytes) -> Record | None:
     """The record on one journal line, or None if the line is torn or corrupt."""
     if len(line) < 10 or line[8:9] != b" ":
@@ -194,7 +215,10 @@ class Journal:
 
         After an error the caller must ``seal()`` so a retry goes to a fresh segment and never
         lands after a half-written line."""
-        data = b"".join(encode_line(r) for r in records)
+        return self.write_lines(encode_lines(records))
+
+    def write_lines(self, data: bytes) -> int:
+        """``write`` for records already encoded (``encode_lines``)."""
         if self._fd is None:
             self._open_next()
         assert self._fd is not None

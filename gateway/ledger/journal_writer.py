@@ -52,7 +52,7 @@ from collections.abc import Callable
 from typing import Literal
 
 from gateway.ledger.entries import Record
-from gateway.ledger.journal import Journal
+from gateway.ledger.journal import Journal, encode_lines
 from gateway.ledger.segments import SegmentTracker
 from gateway.ledger.waiters import Waiter, resolve_waiter, take_waiters
 
@@ -63,8 +63,9 @@ class LedgerError(RuntimeError):
     """The ledger could not make a record durable, or is not running."""
 
 
-# (segment seq, the group's records, the sequence number of its last record)
-OnWritten = Callable[[int, list[Record], int], None]
+# (segment seq, the group's records, the sequence number of its last record, the group's
+# journal lines as written: the process applier sends these on instead of pickling the records)
+OnWritten = Callable[[int, list[Record], int, bytes], None]
 
 
 SYNC_INTERVAL_S = 0.01  # the least time between two fdatasyncs nobody waits for
@@ -224,12 +225,13 @@ class JournalWriter:
                     return
                 batch, upto = self._buffer, self._seq
                 self._buffer = []
+            data = encode_lines(batch)
             try:
-                seg = journal.write(batch)
+                seg = journal.write_lines(data)
             except OSError as exc:  # the thread seals this segment (a torn line may end it), then retries
                 self._write_failed(batch, upto, exc, reseal=True)
                 return
-            self._written(seg, batch, upto, loop)
+            self._written(seg, batch, upto, data, loop)
         finally:
             self._write_lock.release()
 
@@ -278,23 +280,24 @@ class JournalWriter:
         seals the segment the failure may have torn and retries later. Returns the waiters to
         resume (after the write lock is released)."""
         journal = self._journal_()
+        data = encode_lines(batch)
         try:
             if self._reseal or journal.should_rotate():
                 self._seal_current()
-            seg = journal.write(batch)
+            seg = journal.write_lines(data)
         except OSError as exc:
             self._seal_current()
             self._write_failed(batch, upto, exc)
             return []
-        return self._written(seg, batch, upto, None)
+        return self._written(seg, batch, upto, data, None)
 
-    def _written(self, seg: int, batch: list[Record], upto: int,
+    def _written(self, seg: int, batch: list[Record], upto: int, data: bytes,
                  loop: asyncio.AbstractEventLoop | None) -> list[Waiter]:
-        """A group is in the journal: hand it on, wake the sync thread. On ``loop`` (the loop
-        this runs on) its waiters are resumed here; from the journal thread (``loop`` None) the
-        waiters to resume are returned."""
+        """A group is in the journal (``data``: its lines as written): hand it on, wake the sync
+        thread. On ``loop`` (the loop this runs on) its waiters are resumed here; from the journal
+        thread (``loop`` None) the waiters to resume are returned."""
         self._segments.wrote(seg, len(batch))
-        self._on_written(seg, batch, upto)
+        self._on_written(seg, batch, upto, data)
         with self._lock:
             self.journal_failures = 0
             self._written_seq = upto

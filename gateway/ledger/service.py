@@ -44,7 +44,7 @@ import functools
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Protocol
@@ -115,7 +115,7 @@ def _process_applier(session_factory: sessionmaker[Session], mode: ApplierMode, 
 
 class Ledger:
     def __init__(self, session_factory: sessionmaker[Session], journal_dir: str | Path,
-                 flush_interval_ms: int = 50, batch_size: int = 500, *,
+                 flush_interval_ms: int = 200, batch_size: int = 500, *,
                  max_segment_bytes: int = 16 * 1024 * 1024, max_segment_age_s: float = 10.0,
                  retry_max_s: float = 5.0, interrupted_billing: Literal["estimate", "reserved"] = "estimate",
                  applier: ApplierMode = "auto", applier_nice: int = 10) -> None:
@@ -142,7 +142,8 @@ class Ledger:
         self._write_batch = self.process_applier or functools.partial(write_batch, session_factory)
         self.syncer = JournalSyncer(self._apply, self.segments,
                                     batch_size=batch_size, flush_interval_ms=flush_interval_ms,
-                                    retry_max_s=retry_max_s)
+                                    retry_max_s=retry_max_s,
+                                    apply_lines=self._apply_lines if self.process_applier is not None else None)
         self.writer = JournalWriter(self.segments, self.syncer.enqueue, self.syncer.journal_finished,
                                     retry_max_s=retry_max_s)
         self._started = False
@@ -249,19 +250,27 @@ class Ledger:
 
     def _apply(self, records: Sequence[Record]) -> object:
         """One database batch (the syncer's thread), timed for the observer."""
+        return self._timed(functools.partial(self._write_batch, records), len(records))
+
+    def _apply_lines(self, lines: bytes, count: int) -> object:
+        """One database batch given as its journal lines (the child-process applier's way)."""
+        assert self.process_applier is not None
+        return self._timed(functools.partial(self.process_applier.apply_lines, lines, count), count)
+
+    def _timed(self, write: Callable[[], object], count: int) -> object:
         observer = self.observer
         if observer is None:
-            return self._write_batch(records)
+            return write()
         started = time.perf_counter()
         try:
-            out = self._write_batch(records)
+            out = write()
         except Exception:
             observer.flush_failed()
             raise
         seconds = time.perf_counter() - started
         buffered, _, _ = self.writer.counts()
         pending, _ = self.syncer.counts()
-        observer.flush(seconds, len(records), buffered, max(pending - len(records), 0))
+        observer.flush(seconds, count, buffered, max(pending - count, 0))
         return out
 
     # ---------------------------------------------------------------- recording
@@ -337,7 +346,7 @@ class Ledger:
 
     def flush(self, timeout_s: float | None = 10.0) -> bool:
         """Block until everything recorded so far is committed to the database."""
-        return self.syncer.wait_applied(self.writer.seq, timeout_s)
+        return self.syncer.wait_applied(self.writer.seq, timeout_s, urge=True)
 
     async def aflush(self, timeout_s: float | None = 10.0) -> bool:
         return await asyncio.to_thread(self.flush, timeout_s)

@@ -206,13 +206,13 @@ async def test_call_rows_and_request_record_share_one_journal_fsync(tmp_path: Pa
     from gateway.ledger.journal import Journal
 
     batches: list[int] = []
-    real_write = Journal.write  # one write per group; its fdatasync follows (or is awaited) per group
+    real_write = Journal.write_lines  # one write per group; its fdatasync follows (or is awaited) per group
 
-    def counting_write(self: Journal, batch: list[Any]) -> Any:
-        batches.append(len(batch))
-        return real_write(self, batch)
+    def counting_write(self: Journal, lines: bytes) -> Any:
+        batches.append(lines.count(b"\n"))  # one line per record (JSON escapes newlines)
+        return real_write(self, lines)
 
-    monkeypatch.setattr(Journal, "write", counting_write)
+    monkeypatch.setattr(Journal, "write_lines", counting_write)
     import sys
 
     old_interval = sys.getswitchinterval()

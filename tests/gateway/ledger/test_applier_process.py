@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import pickle
 import signal
 import subprocess
 import sys
@@ -127,3 +128,19 @@ def test_the_process_applier_is_refused_on_sqlite(tmp_path: Path) -> None:
         Ledger(make_session_factory(engine), tmp_path / "j", applier="process")
     assert Ledger(make_session_factory(engine), tmp_path / "j2").process_applier is None  # auto: a thread
     engine.dispose()
+
+
+def test_a_batch_message_is_decoded_exactly_or_refused() -> None:
+    """The child takes a batch as the journal lines the parent sends, or pickled records; a
+    message whose record count does not match its lines, or of an unknown kind, is an error
+    (answered to the parent, which retries the batch), never a batch written in part."""
+    from gateway.ledger.applier_process import _LENGTH, _LINES, _PICKLED, _records
+    from gateway.ledger.journal import encode_lines
+
+    records = [entry(1), entry(2)]
+    assert _records(_LINES + _LENGTH.pack(2) + encode_lines(records)) == records
+    assert _records(_PICKLED + pickle.dumps(records)) == records
+    with pytest.raises(ValueError, match="batch of 3"):
+        _records(_LINES + _LENGTH.pack(3) + encode_lines(records))
+    with pytest.raises(ValueError, match="unknown batch message"):
+        _records(b"X" + encode_lines(records))

@@ -15,7 +15,7 @@ import pytest
 
 from gateway.ledger import LedgerEntry, new_entry_id
 from gateway.ledger.entries import Record
-from gateway.ledger.journal import Journal, read_segment
+from gateway.ledger.journal import Journal, decode_lines, encode_lines, read_segment
 from gateway.ledger.journal_writer import JournalWriter, LedgerError
 from gateway.ledger.segments import SegmentTracker
 from gateway.ledger.syncer import JournalSyncer
@@ -64,7 +64,8 @@ class Groups:
         self.writers: list[str] = []
         self.finished = threading.Event()
 
-    def written(self, seg: int, records: list[Record], upto: int) -> None:
+    def written(self, seg: int, records: list[Record], upto: int, lines: bytes) -> None:
+        assert decode_lines(lines) == records  # the group's lines as the journal holds them
         self.groups.append((seg, records, upto))
         self.writers.append(threading.current_thread().name)
 
@@ -180,16 +181,16 @@ async def test_writer_seals_on_stop_and_the_tracker_deletes_once_applied(tmp_pat
 
 async def test_writer_write_failure_fails_waiters_then_retries_into_a_fresh_segment(tmp_path: Path) -> None:
     writer, groups, journal, _ = _writer(tmp_path)
-    real_write = journal.write
+    real_write = journal.write_lines  # the writer's one write(2) per group
     calls = {"n": 0}
 
-    def flaky(records: Sequence[Record]) -> int:
+    def flaky(data: bytes) -> int:
         calls["n"] += 1
         if calls["n"] == 1:
             raise OSError(28, "No space left on device")
-        return real_write(records)
+        return real_write(data)
 
-    journal.write = flaky  # type: ignore[method-assign]
+    journal.write_lines = flaky  # type: ignore[method-assign]
     writer.start(journal, 0)
     writer.append(entry(1))
     with pytest.raises(LedgerError, match="No space left"):
@@ -225,7 +226,7 @@ def test_syncer_batches_and_reports_what_is_committed() -> None:
     syncer = JournalSyncer(db.apply, tracker, batch_size=4, flush_interval_ms=5, retry_max_s=0.05)
     assert syncer.replay([]) == 0
     syncer.start()
-    records = [entry(i) for i in range(10)]
+    records: list[Record] = [entry(i) for i in range(10)]
     for i in range(0, 10, 2):
         tracker.wrote(1, 2)
         syncer.enqueue(1, records[i:i + 2], i + 2)
@@ -235,6 +236,64 @@ def test_syncer_batches_and_reports_what_is_committed() -> None:
     assert syncer.counts() == (0, 10) and deleted == [1]
     syncer.journal_finished()
     assert syncer.join(time.monotonic() + 5)
+
+
+def test_syncer_hands_batches_on_as_journal_lines_where_asked(tmp_path: Path) -> None:
+    """With ``apply_lines`` (the process applier) each batch arrives as the journal lines of its
+    records, in order, with their count: the groups' own lines where the writer gave them, lines
+    encoded from the records of a replayed segment otherwise; nothing goes to ``apply``."""
+    journal = Journal(tmp_path / "j")
+    journal.existing_segments()
+    old: list[Record] = [entry(i) for i in range(3)]
+    journal.append(old)
+    journal.seal()
+    db, batches = Db(), []
+    tracker = SegmentTracker(journal.delete)
+
+    def apply_lines(lines: bytes, count: int) -> None:
+        records = decode_lines(lines)
+        assert len(records) == count
+        batches.append(records)
+
+    syncer = JournalSyncer(db.apply, tracker, batch_size=4, flush_interval_ms=5, apply_lines=apply_lines)
+    assert syncer.replay(journal.existing_segments()) == 3
+    syncer.start()
+    new: list[Record] = [entry(10 + i) for i in range(6)]
+    for i in range(0, 6, 2):
+        tracker.wrote(7, 2)
+        syncer.enqueue(7, new[i:i + 2], 3 + i + 2, encode_lines(new[i:i + 2]))
+    tracker.sealed(7)
+    assert syncer.wait_applied(9, 5)
+    assert [r for b in batches for r in b] == old + new and max(len(b) for b in batches) <= 4
+    assert db.batches == [] and syncer.counts() == (0, 9)
+    assert journal.existing_segments() == []  # the replayed segment too: committed, deleted
+    syncer.journal_finished()
+    assert syncer.join(time.monotonic() + 5)
+
+
+def test_a_waiter_that_urges_does_not_wait_out_the_flush_interval() -> None:
+    """Rows queued for the database wait up to ``flush_interval_ms`` to be batched, except those
+    someone waits for with ``urge`` (``Ledger.flush``): written at once."""
+    db = Db()
+    syncer = JournalSyncer(db.apply, SegmentTracker(Deleted()), flush_interval_ms=60_000)
+    syncer.replay([])
+    syncer.start()
+    syncer.enqueue(1, [entry(1)], 1)
+    assert not syncer.wait_applied(1, 0.3)  # batched: waits for the interval (a minute here)
+    assert syncer.wait_applied(1, 5, urge=True) and len(db.batches) == 1
+    syncer.enqueue(1, [entry(2)], 2)
+    assert not syncer.wait_applied(2, 0.3)  # the urge covered records up to #1 only
+    syncer.begin_stop()
+    syncer.journal_finished()
+    assert syncer.join(time.monotonic() + 5) and syncer.counts() == (0, 2)
+
+
+def test_decoding_lines_refuses_a_bad_line_instead_of_skipping_it() -> None:
+    lines = encode_lines([entry(1), entry(2)])
+    assert [r.id for r in decode_lines(lines)] == [r.id for r in decode_lines(lines[:-1])]  # final newline optional
+    corrupt = lines.replace(b'"req-2"', b'"req-3"')  # the second line's checksum no longer matches
+    with pytest.raises(ValueError, match="undecodable"):
+        decode_lines(corrupt)
 
 
 def test_syncer_retries_a_failing_database_and_surfaces_it() -> None:

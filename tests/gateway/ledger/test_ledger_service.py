@@ -182,16 +182,16 @@ async def test_journal_write_failure_fails_durable_waiters_and_retries(db, tmp_p
     ledger.start()
     journal = ledger.writer.journal
     assert journal is not None
-    real_write = journal.write
+    real_write = journal.write_lines  # the writer's one write(2) per group
     calls = {"n": 0}
 
-    def flaky_write(records):  # type: ignore[no-untyped-def]
+    def flaky_write(lines):  # type: ignore[no-untyped-def]
         calls["n"] += 1
         if calls["n"] == 1:
             raise OSError(28, "No space left on device")
-        return real_write(records)
+        return real_write(lines)
 
-    journal.write = flaky_write  # type: ignore[method-assign]
+    journal.write_lines = flaky_write  # type: ignore[method-assign]
     with pytest.raises(LedgerError, match="No space left"):
         await ledger.record_durable(entry(1), level)
     assert await ledger.aflush(5)  # retried from memory, then committed
