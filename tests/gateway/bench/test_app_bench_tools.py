@@ -25,21 +25,27 @@ def _port() -> int:
         return int(s.getsockname()[1])
 
 
+def _tool(kind: str, port: int, ready_path: str) -> tuple[subprocess.Popen[bytes], httpx.Response]:
+    """``python -m gateway.bench.tools <kind>`` on ``port``, and its first answer on ``ready_path``."""
+    proc = subprocess.Popen([sys.executable, "-m", "gateway.bench.tools", kind, "--port", str(port)],
+                            cwd=Path(__file__).resolve().parents[3])
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            return proc, httpx.get(f"http://127.0.0.1:{port}{ready_path}", timeout=1)
+        except httpx.HTTPError:
+            if time.monotonic() >= deadline or proc.poll() is not None:
+                proc.terminate()
+                raise
+            time.sleep(0.1)
+
+
 @pytest.mark.integration
 @pytest.mark.process
 async def test_mock_and_load_generator() -> None:
     port = _port()
-    mock = subprocess.Popen([sys.executable, "-m", "gateway.bench.tools", "mock", "--port", str(port)],
-                            cwd=Path(__file__).resolve().parents[3])
+    mock, _ = _tool("mock", port, "/v1/models")
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=1)
-                break
-            except httpx.HTTPError:
-                assert time.monotonic() < deadline and mock.poll() is None
-                time.sleep(0.1)
         body = orjson.dumps({"model": "m", "messages": [{"role": "user", "content": "x"}]})
         got = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", content=body).json()
         assert got["object"] == "chat.completion" and got["usage"]["total_tokens"] == 21
@@ -64,17 +70,9 @@ def test_otlp_sink_counts_what_the_real_exporter_sends() -> None:
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
     port = _port()
-    sink = subprocess.Popen([sys.executable, "-m", "gateway.bench.tools", "sink", "--port", str(port)],
-                            cwd=Path(__file__).resolve().parents[3])
+    sink, first = _tool("sink", port, "/stats")
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                assert httpx.get(f"http://127.0.0.1:{port}/stats", timeout=1).json()["spans"] == 0
-                break
-            except httpx.HTTPError:
-                assert time.monotonic() < deadline and sink.poll() is None
-                time.sleep(0.1)
+        assert first.json()["spans"] == 0
         provider = TracerProvider()
         provider.add_span_processor(SimpleSpanProcessor(OTLPSpanExporter(endpoint=f"http://127.0.0.1:{port}/v1/traces")))
         for i in range(3):
