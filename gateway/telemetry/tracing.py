@@ -25,7 +25,7 @@ is taken ahead of the SDK: a request not sampled then costs a random draw and it
 string, with no span object and no OpenTelemetry context attached.
 
 A sampled request whose decision was taken here is recorded by tiergate itself where the provider
-allows it (``_OwnRecording``: an SDK provider whose processors are all the SDK's batch or simple
+allows it (``OwnRecording``, gateway.telemetry.own_spans: an SDK provider whose processors are all the SDK's batch or simple
 ones — their ``on_start`` does nothing — with default span limits and random ids): its spans are
 ``OwnSpan`` objects — a name, ids, a plain attribute dict, a status — with no SDK ``Span``, no
 OpenTelemetry context attached, no per-attribute validation or lock, and each, when it ends,
@@ -48,9 +48,6 @@ Imports opentelemetry and settings only.
 
 from __future__ import annotations
 
-import random
-import time
-import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from contextvars import ContextVar, Token
@@ -60,13 +57,14 @@ import orjson
 from opentelemetry import baggage, propagate, trace
 from opentelemetry import context as otel_context
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import Event, ReadableSpan, SynchronousMultiSpanProcessor, TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SimpleSpanProcessor
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON, ParentBased, Sampler, TraceIdRatioBased
-from opentelemetry.trace import SpanKind, Status, StatusCode
+from opentelemetry.trace import SpanKind, StatusCode
 
 from gateway.settings import TracingSettings
 from gateway.telemetry import trace_sampling
+from gateway.telemetry.own_spans import OwnRecording, OwnSpan
 
 NANOS_PER_USD = 1_000_000_000
 _state: dict[str, Any] = {"tracer": None, "capture": False, "propagator": None, "fields": frozenset(), "w3c": False,
@@ -105,128 +103,12 @@ def configure(cfg: TracingSettings, provider: TracerProvider | None = None) -> T
     provider = provider or build_provider(cfg)
     _state["tracer"] = tracer = provider.get_tracer("tiergate")
     _state["plan"] = plan = trace_sampling.plan(provider)  # what tiergate may decide ahead of the SDK
-    _state["own"] = _OwnRecording.of(provider, tracer) if plan is not None and plan.random_ids else None
+    _state["own"] = OwnRecording.of(provider, tracer) if plan is not None and plan.random_ids else None
     _state["capture"] = cfg.capture_content
     return provider
 
 
-# -- spans recorded by tiergate itself -------------------------------------------------------------
-# The processors whose on_start does nothing: a span they get only at its end loses nothing.
-_END_ONLY_PROCESSORS = (BatchSpanProcessor, SimpleSpanProcessor)
-
-
-class _OwnRecording:
-    """What tiergate needs to record a sampled request's spans itself and hand them, ended, to the
-    provider's span processors as the SDK's ``Span.end`` does (a ``ReadableSpan`` to ``on_end``):
-    the provider's processors, resource and the tracer's instrumentation scope. Only for an SDK
-    provider whose tracer is enabled, whose span limits leave tiergate's attributes as they are
-    (no value length limit, room for them all), and whose processors are all the SDK's batch or
-    simple ones (their ``on_start`` does nothing, so a span they see only at its end loses
-    nothing); ``usable`` re-checks the processors (one may be added later) by the identity of
-    their tuple. Anything else: the SDK records every span, as without this."""
-
-    __slots__ = ("info", "multi", "processors", "resource", "scope")
-
-    def __init__(self, multi: SynchronousMultiSpanProcessor, resource: Resource, scope: Any, info: Any) -> None:
-        self.multi, self.resource, self.scope, self.info = multi, resource, scope, info
-        self.processors: tuple[Any, ...] | None = None
-
-    @classmethod
-    def of(cls, provider: Any, tracer: Any) -> _OwnRecording | None:
-        multi = getattr(provider, "_active_span_processor", None)
-        limits = getattr(provider, "_span_limits", None)
-        enabled = getattr(tracer, "_is_enabled", None)
-        if (type(multi) is not SynchronousMultiSpanProcessor or limits is None or enabled is None or not enabled()
-                or getattr(limits, "max_attribute_length", 0) is not None
-                or (getattr(limits, "max_span_attributes", 0) or 0) < 64
-                or not hasattr(tracer, "_instrumentation_scope")):
-            return None
-        return cls(multi, provider.resource, tracer._instrumentation_scope, getattr(tracer, "instrumentation_info", None))
-
-    def usable(self) -> bool:
-        processors = self.multi._span_processors  # replaced, not mutated, when one is added
-        if processors is not self.processors:
-            if not all(type(p) in _END_ONLY_PROCESSORS for p in processors):
-                return False
-            self.processors = processors
-        return True
-
-
-class OwnSpan:
-    """A sampled span tiergate records itself: what the SDK's ``Span`` keeps for it, without its
-    locks, per-attribute validation and context objects, and the part of the ``Span`` interface
-    tiergate's code uses (``is_recording``, ``set_attribute(s)``, ``set_status``, ``update_name``,
-    ``end``, ``get_span_context``). Ended once: a ``ReadableSpan`` (attributes without the
-    ``None`` values the SDK would drop) goes to the provider's processors."""
-
-    __slots__ = ("attributes", "context", "ended", "events", "kind", "name", "own", "parent", "start", "status")
-
-    def __init__(self, own: _OwnRecording, name: str, kind: SpanKind, context: trace.SpanContext,
-                 parent: trace.SpanContext | None, attributes: dict[str, Any] | None = None) -> None:
-        self.own, self.name, self.kind, self.context, self.parent = own, name, kind, context, parent
-        self.attributes: dict[str, Any] = attributes if attributes is not None else {}
-        self.start, self.ended, self.status = time.time_ns(), False, _UNSET
-        self.events: tuple[Event, ...] = ()
-
-    def child(self, name: str, kind: SpanKind, attributes: dict[str, Any] | None = None) -> OwnSpan:
-        ctx = self.context
-        return OwnSpan(self.own, name, kind, trace.SpanContext(ctx.trace_id, _new_span_id(), False, ctx.trace_flags),
-                       ctx, attributes)
-
-    def is_recording(self) -> bool:
-        return not self.ended
-
-    def get_span_context(self) -> trace.SpanContext:
-        return self.context
-
-    def set_attribute(self, key: str, value: Any) -> None:
-        if not self.ended:
-            self.attributes[key] = value
-
-    def set_attributes(self, attributes: dict[str, Any]) -> None:
-        if not self.ended:
-            self.attributes.update(attributes)
-
-    def set_status(self, status: Status | StatusCode, description: str | None = None) -> None:
-        if not self.ended:
-            self.status = status if isinstance(status, Status) else Status(status, description)
-
-    def update_name(self, name: str) -> None:
-        if not self.ended:
-            self.name = name
-
-    def record_exception(self, error: BaseException) -> None:
-        """An ``exception`` event as the SDK records one (type, message, stack trace)."""
-        self.events = (*self.events, Event("exception", {
-            "exception.type": type(error).__qualname__, "exception.message": str(error),
-            "exception.stacktrace": "".join(traceback.format_exception(error)), "exception.escaped": "False"}))
-
-    @property
-    def traceparent(self) -> str:
-        ctx = self.context
-        return f"00-{ctx.trace_id:032x}-{ctx.span_id:016x}-{ctx.trace_flags:02x}"
-
-    def end(self) -> None:
-        if self.ended:
-            return
-        self.ended = True
-        own = self.own
-        own.multi.on_end(ReadableSpan(
-            name=self.name, context=self.context, parent=self.parent, resource=own.resource,
-            attributes={k: v for k, v in self.attributes.items() if v is not None}, events=self.events,
-            kind=self.kind, status=self.status, start_time=self.start, end_time=time.time_ns(),
-            instrumentation_info=own.info, instrumentation_scope=own.scope))
-
-
-_UNSET = Status(StatusCode.UNSET)
 _current_own: ContextVar[OwnSpan | None] = ContextVar("tiergate_own_span", default=None)  # a stage's, while it runs
-
-
-def _new_span_id() -> int:
-    span_id = random.getrandbits(64)
-    while not span_id:
-        span_id = random.getrandbits(64)
-    return span_id
 
 
 def _own_parent() -> OwnSpan | None:
