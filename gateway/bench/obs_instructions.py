@@ -34,7 +34,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
 import orjson
 
 from gateway.bench.gateway import REQUEST, _free_port, _process, _tiergate_config, _tiergate_key
@@ -127,7 +126,6 @@ def run(args: InstructionArgs) -> list[str]:
         with ExitStack() as stack:
             stack.enter_context(_process([sys.executable, "-m", "gateway.bench.tools", "mock", "--port", str(mock_port)],
                                          f"{upstream}/models", work / "mock.log", env))
-            httpx.get(f"{upstream}/models", timeout=5)
             for round_no in range(args.runs):
                 order = list(args.variants) if round_no % 2 == 0 else list(args.variants)[::-1]
                 for name in order:

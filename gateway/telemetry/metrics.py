@@ -126,16 +126,14 @@ _fold_lock = threading.Lock()
 _all_cells: list[dict[Any, tuple[list[float], list[float]]]] = []  # every thread's cells (kept after it ends)
 _tallies = _Tallies()
 _bounds: dict[tuple[Any, ...], tuple[float, ...]] = {}  # a histogram's key -> its upper bounds (+Inf last)
-_children_of: dict[tuple[Any, ...], Any] = {}  # key -> its labelled child
 
 
 def _add(key: tuple[Any, ...], amount: float = 1.0) -> None:
     """``metric.labels(*labels).inc(amount)`` for ``key`` = (metric, *labels), tallied (the
-    labelled child is looked up when its cell is made, not per sample)."""
+    labelled child is looked up when folded, not per sample)."""
     cell = _tallies.cells.get(key)
     if cell is None:
         cell = _tallies.cells[key] = ([0.0], [0.0])
-        _children_of[key] = _child(*key)
     cell[0][0] += amount
 
 
@@ -144,8 +142,7 @@ def _observe(key: tuple[Any, ...], value: float) -> None:
     the first upper bound >= value, as prometheus_client's ``observe`` picks it)."""
     cell = _tallies.cells.get(key)
     if cell is None:
-        child = _children_of[key] = _child(*key)
-        _bounds[key] = tuple(child._upper_bounds)
+        _bounds[key] = tuple(_child(*key)._upper_bounds)
         cell = _tallies.cells[key] = ([0.0] * (len(_bounds[key]) + 1), [0.0] * (len(_bounds[key]) + 1))
     totals = cell[0]
     totals[bisect_left(_bounds[key], value)] += 1
@@ -158,7 +155,7 @@ def fold() -> None:
     with _fold_lock:
         for cells in _all_cells:
             for key, (totals, folded) in list(cells.items()):  # list(): one step, however the owner adds
-                child = _children_of[key]
+                child = _child(*key)  # the labelled child, cached by the same key
                 if len(totals) == 1:
                     now = totals[0]
                     if now != folded[0]:
