@@ -271,7 +271,9 @@ def config_for(base_url: str, *, db_url: str = "sqlite:///var/tiergate.db", jour
                max_retries: int = 2, durability: str = "process", timeout_s: float = 5,
                unknown_fields: str = "reject") -> dict[str, Any]:
     """A config.yaml dict whose every tier points at the scripted upstream (model ``up-a``, with
-    ``up-b`` on the same server as the low tier's fallback)."""
+    ``up-b`` on the same server as the low tier's fallback). Exploration is off (the product's
+    default explores 2% of ``auto`` requests, which would make a routed tier random in tests);
+    the tests of exploration set ``routing.exploration`` themselves."""
     model = {"provider": "openai", "api_base": base_url, "api_key_env": UPSTREAM_KEY_ENV,
              "max_retries": max_retries, "timeout_s": timeout_s, "context_window": context_window,
              "price": {"input": 1.0, "output": 2.0}}
@@ -287,4 +289,5 @@ def config_for(base_url: str, *, db_url: str = "sqlite:///var/tiergate.db", jour
                    "up-high": {**model, "model": "upstream-high", "price": {"input": 10.0, "output": 20.0}},
                    "up-solo": {**model, "model": "upstream-solo"}},
         "tiers": tiers,
+        "routing": {"exploration": 0.0},
     }
