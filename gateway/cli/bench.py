@@ -174,6 +174,22 @@ def obs_instructions_bench(
         typer.echo(line)
 
 
+@app.command("obs-paired")
+def obs_paired_bench(
+    rounds: int = typer.Option(8, min=1, help="rounds (every variant once per round, beside the baseline)"),
+    duration: float = typer.Option(4.0, help="seconds of load per pair"),
+    concurrency: int = typer.Option(16, help="connections per server"),
+    variants: str = typer.Option("no-metrics-b,metrics,metrics+otlp@0.1,metrics+otlp@1.0", help="comma-separated"),
+    base: str = typer.Option("no-metrics", help="the variant every other one runs beside"),
+) -> None:
+    """Metrics and tracing cost per request, each variant's server run beside the baseline at the same time on one core."""
+    from gateway.bench.obs_paired import PairedArgs, run
+
+    args = PairedArgs(rounds, duration, concurrency, variants=tuple(v for v in variants.split(",") if v), base=base)
+    for line in run(args):
+        typer.echo(line)
+
+
 @app.command("ledger-sqlite")
 def ledger_sqlite_bench(n: int = typer.Option(3000, help="Entries per variant."),
                         concurrency: int = typer.Option(64, help="Concurrent writers.")) -> None:

@@ -65,6 +65,23 @@ def test_encoding_parses_to_the_exporters_own_message() -> None:
         got = ExportTraceServiceRequest()
         got.ParseFromString(otlp_wire.encode_spans([one]))
         assert got == sdk_encode([one])
+    # one resource and scope object for the whole batch (a server's usual batch: grouped by identity)
+    got = ExportTraceServiceRequest()
+    got.ParseFromString(otlp_wire.encode_spans(spans[:2]))
+    assert got == sdk_encode(spans[:2]) and len(got.resource_spans) == 1
+
+
+def test_resources_equal_by_value_are_one_group_as_the_exporter_makes_them() -> None:
+    a, b = Resource.create({"service.name": "tiergate"}), Resource.create({"service.name": "tiergate"})
+    scope = InstrumentationScope("tiergate")
+    assert a is not b and a == b
+    spans = [ReadableSpan(f"s{i}", _ctx(i + 1), None, r, {"i": i}, start_time=1, end_time=2, instrumentation_scope=scope)
+             for i, r in enumerate((a, b, a))]
+    got = ExportTraceServiceRequest()
+    got.ParseFromString(otlp_wire.encode_spans(spans))
+    assert got == sdk_encode(spans)
+    assert len(got.resource_spans) == 1 and [s.name for s in got.resource_spans[0].scope_spans[0].spans] == [
+        "s0", "s1", "s2"]
 
 
 def test_a_value_the_exporter_cannot_encode_is_refused() -> None:

@@ -1,0 +1,253 @@
+"""`tiergate bench obs-paired`: what metrics and tracing cost a server, measured on two servers that
+run *at the same time* on the same core.
+
+`tiergate bench gateway` times each server alone, round after round; on a shared machine the load
+of other jobs changes between two targets' turns, so its per-round RPS ratios of two identical
+servers (the A/A control) span ±15-50%, more than the 5% to be shown. Here each round runs the
+baseline (metrics and tracing off) and one variant side by side: both real ``tiergate serve``
+processes (one worker, the journaled ledger on SQLite, the bench's mock upstream) pinned to the
+same core, each driven by its own closed-loop load generator at the same concurrency, started
+and stopped together. Whatever else the machine does in that window it does to both. Measured per
+server over the window: requests answered and its CPU time (every thread's, from /proc), so:
+
+- **CPU per request, baseline over variant**: the share of RPS a CPU-bound server keeps with the
+  variant's observability on (RPS = CPU available / CPU per request). This is the figure held to
+  the target (≥ 0.95: at most 5% of RPS lost);
+- **RPS ratio**: the variant's requests over the baseline's in the same window. Both servers
+  compete for one core under the kernel's fair scheduler, so this is roughly the same ratio, but
+  it also moves with how the scheduler splits the core between the two processes' threads.
+
+An A/A pair (the baseline against a second server configured identically) runs in every round
+too: its spread is the floor under every other figure. Variants run in a rotating order within a
+round. The OTLP variants export with the real OTLP/HTTP exporter to the bench's receiver
+(``python -m gateway.bench.tools sink``, on the load core), so encoding and sending are in the
+server's CPU. Added p50 latency (the second target) is `tiergate bench gateway`'s: sequential
+requests, one server at a time.
+
+Bench-only: imported lazily by gateway.cli.bench.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from contextlib import ExitStack
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+
+from gateway.bench.gateway import (
+    REQUEST,
+    _cpu_s,
+    _free_port,
+    _pin,
+    _process,
+    _tiergate_config,
+    _tiergate_key,
+)
+
+BASE = "no-metrics"
+VARIANTS: dict[str, dict[str, Any]] = {
+    BASE: {"metrics": {"enabled": False}},
+    "no-metrics-b": {"metrics": {"enabled": False}},  # the A/A control
+    "metrics": {"metrics": {"enabled": True}},  # the default
+    "metrics+otlp@0.1": {"metrics": {"enabled": True}, "tracing": {"enabled": True, "exporter": "otlp",
+                                                                 "endpoint": "{sink}", "sample_ratio": 0.1}},
+    # what the tracing switch costs alone: every request's sampling decision and upstream traceparent,
+    # nothing sampled; and sampling at 0.1 with no exporter (the spans recorded, not encoded or sent)
+    "metrics+otlp@0": {"metrics": {"enabled": True}, "tracing": {"enabled": True, "exporter": "otlp",
+                                                               "endpoint": "{sink}", "sample_ratio": 0.0}},
+    "metrics+tracing-no-export@0": {"metrics": {"enabled": True},
+                                    "tracing": {"enabled": True, "exporter": "none", "sample_ratio": 0.0}},
+    "metrics+tracing-no-export@0.1": {"metrics": {"enabled": True},
+                                      "tracing": {"enabled": True, "exporter": "none", "sample_ratio": 0.1}},
+    "metrics+otlp@1.0": {"metrics": {"enabled": True}, "tracing": {"enabled": True, "exporter": "otlp",
+                                                                 "endpoint": "{sink}", "sample_ratio": 1.0}},
+}
+
+
+@dataclass(frozen=True)
+class PairedArgs:
+    rounds: int = 8
+    duration_s: float = 4.0
+    concurrency: int = 16  # per server
+    warmup: int = 300  # requests per server before the window, uncounted
+    settle_s: float = 1.5  # quiet after the warm-up and after the window (> the export schedule)
+    server_core: int = 0
+    load_core: int = 1
+    variants: tuple[str, ...] = ("no-metrics-b", "metrics", "metrics+otlp@0.1", "metrics+otlp@1.0")
+    base: str = BASE  # the variant every other one runs beside
+
+
+@dataclass(frozen=True)
+class Pair:
+    """One round's window for one variant: requests and CPU seconds of the baseline and the variant."""
+
+    base_requests: int
+    base_cpu_s: float
+    requests: int
+    cpu_s: float
+    base_rps: float
+    rps: float
+
+    @property
+    def cpu_ratio(self) -> float:
+        """Baseline CPU per request over the variant's (1.0: free; 0.95: 5% of RPS lost)."""
+        return (self.base_cpu_s / max(self.base_requests, 1)) / max(self.cpu_s / max(self.requests, 1), 1e-12)
+
+    @property
+    def rps_ratio(self) -> float:
+        return self.rps / max(self.base_rps, 1e-9)
+
+
+@dataclass(frozen=True)
+class Server:
+    name: str
+    url: str
+    key: str
+    pid: int
+
+
+def _load_cmd(s: Server, concurrency: int, *, duration_s: float = 0.0, requests: int = 0, core: int) -> list[str]:
+    return [*_pin(core), sys.executable, "-m", "gateway.bench.tools", "load", "--url", s.url,
+            "--body", orjson.dumps(REQUEST).decode(), "--key", s.key, "--concurrency", str(concurrency),
+            "--duration", str(duration_s or 3600), "--requests", str(requests), "--warmup", "0"]
+
+
+def _drive(servers: tuple[Server, Server], args: PairedArgs, order: tuple[int, int], **load: Any) -> list[Any]:
+    started = {i: subprocess.Popen(_load_cmd(servers[i], args.concurrency, core=args.load_core, **load),
+                                   stdout=subprocess.PIPE, stderr=subprocess.DEVNULL) for i in order}
+    outs = [started[i].communicate(timeout=900)[0] for i in (0, 1)]
+    got = [orjson.loads(o.strip().splitlines()[-1]) for o in outs]
+    for s, r, i in zip(servers, got, (0, 1), strict=True):
+        if started[i].returncode != 0 or r["errors"]:
+            raise RuntimeError(f"load on {s.name} failed: rc {started[i].returncode}, {r['errors']} errors")
+    return got
+
+
+def _pair(base: Server, variant: Server, args: PairedArgs, swap: bool = False) -> Pair:
+    """Drive both servers at once: first ``args.warmup`` requests each, uncounted (a fresh server's
+    first requests import and build what later ones reuse); then ``args.duration_s`` seconds,
+    followed by ``args.settle_s`` of quiet so the span processors' scheduled exports of the spans
+    the window recorded run inside it (``OTEL_BSP_SCHEDULE_DELAY``, set below that). CPU is
+    read before and after the window (the servers' every thread, /proc), requests counted by the
+    load generators. ``swap``: the variant's generator starts first (alternated by round)."""
+    servers, order = (base, variant), ((1, 0) if swap else (0, 1))
+    _drive(servers, args, order, requests=args.warmup)
+    time.sleep(args.settle_s)  # the warm-up's spans exported before the window
+    cpu0 = [_cpu_s(base.pid), _cpu_s(variant.pid)]
+    got = _drive(servers, args, order, duration_s=args.duration_s)
+    time.sleep(args.settle_s)
+    cpu1 = [_cpu_s(base.pid), _cpu_s(variant.pid)]
+    return Pair(int(got[0]["requests"]), cpu1[0] - cpu0[0], int(got[1]["requests"]), cpu1[1] - cpu0[1],
+                float(got[0]["rps"]), float(got[1]["rps"]))
+
+
+def _start(stack: ExitStack, work: Path, name: str, upstream: str, sink: str, args: PairedArgs,
+           env: dict[str, str]) -> Server:
+    """A fresh ``tiergate serve`` for variant ``name`` over its own new database and journal."""
+    home = Path(tempfile.mkdtemp(prefix=name.replace("@", "-").replace("+", "-") + "-", dir=work))
+    observability = orjson.loads(orjson.dumps(VARIANTS[name]).replace(b"{sink}", sink.encode()))
+    config = _tiergate_config(home, upstream, observability=observability)
+    key, port = _tiergate_key(config), _free_port()
+    cmd = [*_pin(args.server_core), sys.executable, "-c", "from gateway.cli import main; main()",
+           "serve", "--config", str(config), "--port", str(port)]
+    pid = stack.enter_context(_process(cmd, f"http://127.0.0.1:{port}/readyz", home / "server.log", env))
+    return Server(name, f"http://127.0.0.1:{port}/v1/chat/completions", key, pid)
+
+
+def run(args: PairedArgs) -> list[str]:
+    unknown = {*args.variants, args.base} - set(VARIANTS)
+    if unknown:
+        raise ValueError(f"unknown variants {sorted(unknown)}; known: {sorted(VARIANTS)}")
+    work = Path(tempfile.mkdtemp(prefix="tiergate-obs-paired-"))
+    # every server the same string hashing (dict layouts), so two servers differ only in their config
+    env = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True", "TIERGATE_BENCH_DATABASE_URL": "",
+           "PYTHONHASHSEED": "0",
+           # the span processor's export schedule (the SDK's default 5 s) shortened so every span of a
+           # window is exported, and its encoding and sending counted, before the window's CPU is read;
+           # more, smaller batches than a default server sends: if anything, more export CPU per span
+           "OTEL_BSP_SCHEDULE_DELAY": str(int(args.settle_s * 1000 / 2))}
+    pairs: dict[str, list[Pair]] = {v: [] for v in args.variants}
+    try:
+        with ExitStack() as stack:
+            mock_port, sink_port = _free_port(), _free_port()
+            upstream, sink = f"http://127.0.0.1:{mock_port}/v1", f"http://127.0.0.1:{sink_port}"
+            stack.enter_context(_process([*_pin(args.load_core), sys.executable, "-m", "gateway.bench.tools", "mock",
+                                          "--port", str(mock_port)], f"{upstream}/models", work / "mock.log", env))
+            stack.enter_context(_process([*_pin(args.load_core), sys.executable, "-m", "gateway.bench.tools", "sink",
+                                          "--port", str(sink_port)], f"{sink}/stats", work / "sink.log", env))
+            for round_no in range(args.rounds):
+                k = round_no % len(args.variants)
+                for name in args.variants[k:] + args.variants[:k]:  # a rotating order
+                    sys.stderr.write(f"  round {round_no + 1}/{args.rounds}: {args.base} + {name} ...\n")
+                    # a fresh pair each time: no server carries a bigger database or a longer history
+                    # than its partner, and an instance's own luck (memory layout) is not in every round
+                    swap = round_no % 2 == 1  # which server starts first, and whose load starts first
+                    with ExitStack() as servers:
+                        if swap:
+                            variant = _start(servers, work, name, upstream, sink, args, env)
+                            base = _start(servers, work, args.base, upstream, sink, args, env)
+                        else:
+                            base = _start(servers, work, args.base, upstream, sink, args, env)
+                            variant = _start(servers, work, name, upstream, sink, args, env)
+                        pairs[name].append(_pair(base, variant, args, swap=swap))
+            exported = httpx.get(f"{sink}/stats", timeout=10).json()
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return report(pairs, args, exported)
+
+
+def _spread(values: list[float]) -> str:
+    return f"[{min(values):.3f}..{max(values):.3f}]"
+
+
+def report(pairs: dict[str, list[Pair]], args: PairedArgs, exported: dict[str, Any] | None = None) -> list[str]:
+    what = "metrics and tracing off" if args.base == BASE else "as configured in VARIANTS"
+    lines = [f"tiergate bench obs-paired: each variant's server beside the baseline ({args.base}: {what}), both on core {args.server_core} at the same time, {args.concurrency} connections each for "
+             f"{args.duration_s:g} s, {args.rounds} rounds (load generators, mock upstream and OTLP receiver on "
+             f"core {args.load_core})", "",
+             f"{'variant':<20}{'CPU us/req':>12}{'base us/req':>13}{'CPU ratio':>11}   {'per round':<16}"
+             f"{'RPS ratio':>10}   per round"]
+    control: list[float] = []
+    for name, ps in pairs.items():
+        if not ps:
+            continue
+        cpu = [p.cpu_ratio for p in ps]
+        rps = [p.rps_ratio for p in ps]
+        if name == "no-metrics-b" and args.base == BASE:
+            control = cpu
+        us = statistics.median(p.cpu_s / max(p.requests, 1) * 1e6 for p in ps)
+        base_us = statistics.median(p.base_cpu_s / max(p.base_requests, 1) * 1e6 for p in ps)
+        lines.append(f"{name:<20}{us:>12.1f}{base_us:>13.1f}{statistics.median(cpu):>11.3f}   {_spread(cpu):<16}"
+                     f"{statistics.median(rps):>10.3f}   {_spread(rps)}")
+    lines.append("")
+    for name, ps in pairs.items():
+        if ps:
+            lines.append(f"{name}: CPU ratio by round (rounds 2, 4, ...: the variant's server started first) "
+                         + " ".join(f"{p.cpu_ratio:.3f}" for p in ps))
+    lines.append("")
+    lines.append("CPU ratio: the baseline's CPU per request over the variant's, median of the rounds (the RPS share "
+                 "a CPU-bound server keeps; target >= 0.95). RPS ratio: requests answered, variant over baseline, "
+                 "in the same window.")
+    if control:
+        lines.append(f"noise floor (A/A: two identical servers): CPU ratio median {statistics.median(control):.3f}, "
+                     f"rounds {_spread(control)}")
+    for name, ps in pairs.items():
+        if name == "no-metrics-b" or not ps:
+            continue
+        med = statistics.median(p.cpu_ratio for p in ps)
+        verdict = "met" if med >= 0.95 else "NOT met"
+        lines.append(f"{name}: costs {(1 - med) * 100:+.1f}% of RPS (CPU per request) -> RPS target (<= 5%) {verdict}")
+    if exported:
+        lines.append(f"OTLP receiver: {exported['requests']} export requests, {exported['spans']} spans, "
+                     f"{exported['bytes'] / 1e6:.1f} MB")
+    return lines

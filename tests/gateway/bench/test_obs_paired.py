@@ -1,0 +1,39 @@
+"""`tiergate bench obs-paired`' parts that run without servers: a pair's ratios, the report's
+verdicts and noise floor, and refusing an unknown variant."""
+
+from __future__ import annotations
+
+import pytest
+
+from gateway.bench.obs_paired import VARIANTS, Pair, PairedArgs, report, run
+
+
+def test_a_pairs_ratios_are_cpu_per_request_and_rps_side_by_side() -> None:
+    # the baseline spent 1.0 s on 1000 requests (1 ms each), the variant 1.1 s on 1000 (1.1 ms each)
+    p = Pair(base_requests=1000, base_cpu_s=1.0, requests=1000, cpu_s=1.1, base_rps=250.0, rps=240.0)
+    assert p.cpu_ratio == pytest.approx(1.0 / 1.1)
+    assert p.rps_ratio == pytest.approx(0.96)
+    # CPU per request, not CPU: the variant answering more requests for the same CPU is cheaper
+    assert Pair(1000, 1.0, 1100, 1.0, 1.0, 1.0).cpu_ratio == pytest.approx(1.1)
+
+
+def test_report_gives_each_variants_verdict_against_the_noise_floor() -> None:
+    args = PairedArgs(rounds=3, variants=("no-metrics-b", "metrics", "metrics+otlp@0.1"))
+    pairs = {
+        "no-metrics-b": [Pair(1000, 1.0, 1000, c, 100, 100) for c in (0.99, 1.0, 1.02)],
+        "metrics": [Pair(1000, 1.0, 1000, c, 100, 100) for c in (1.01, 1.02, 1.03)],
+        "metrics+otlp@0.1": [Pair(1000, 1.0, 1000, c, 100, 100) for c in (1.06, 1.08, 1.07)],
+    }
+    text = "\n".join(report(pairs, args, {"requests": 3, "spans": 60, "bytes": 12_000}))
+    assert "noise floor (A/A: two identical servers): CPU ratio median 1.000" in text
+    assert "metrics: costs +2.0% of RPS (CPU per request) -> RPS target (<= 5%) met" in text
+    assert "metrics+otlp@0.1: costs +6.5% of RPS (CPU per request) -> RPS target (<= 5%) NOT met" in text
+    assert "OTLP receiver: 3 export requests, 60 spans" in text
+    assert "no-metrics-b: costs" not in text  # the control is the floor, not a variant with a verdict
+
+
+def test_every_variant_is_a_config_and_an_unknown_one_is_refused() -> None:
+    assert all("metrics" in v for v in VARIANTS.values())
+    assert VARIANTS["metrics+otlp@0.1"]["tracing"]["sample_ratio"] == 0.1
+    with pytest.raises(ValueError, match="unknown variants"):
+        run(PairedArgs(variants=("metrics", "nope")))
