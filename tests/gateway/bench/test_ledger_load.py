@@ -1,13 +1,16 @@
 """The ledger benches' open loop: requests go out on a seeded Poisson schedule whatever the
 answers do, and a server that falls behind is charged from each request's *scheduled* time (no
-coordinated omission)."""
+coordinated omission); and the rate-finding the open loops are scaled from."""
 
 from __future__ import annotations
 
 import asyncio
 import time
+from typing import Any
 
-from gateway.bench.ledger_load import _open_loop
+import pytest
+
+from gateway.bench.ledger_load import Probe, _open_loop, judge_probe, poisson_schedule, sustainable_rate
 
 
 def _run(rate: float, n: int, service_s: float, seed: int = 0) -> tuple[list[float], list[float]]:
@@ -47,3 +50,58 @@ def test_a_server_that_falls_behind_is_charged_from_the_scheduled_time() -> None
     _, latencies = _run(rate=1000.0, n=100, service_s=0.005)
     assert max(latencies) > 0.25
     assert min(latencies) < 0.05
+
+
+# The open-loop capacity the bench scales its open loops from (sustainable_rate, judge_probe),
+# against a simulated server: one request at a time takes 1/capacity of its CPU, then a fixed
+# 20 ms upstream wait overlaps with the others' (pure arithmetic, no event loop, no database).
+
+def _simulated_probe(capacity: float, upstream_s: float = 0.02, seconds: float = 3.0) -> Any:
+    rates: list[float] = []
+
+    def probe(rate: float) -> Probe:
+        rates.append(rate)
+        due = poisson_schedule(max(200, int(rate * seconds)), rate, seed=len(rates))
+        spans, free = [], 0.0
+        for t0 in due:
+            free = max(free, t0) + 1 / capacity
+            spans.append((t0, free + upstream_s))
+        return judge_probe(rate, spans)
+
+    probe.rates = rates  # type: ignore[attr-defined]
+    return probe
+
+
+def test_a_probe_keeps_up_below_capacity_and_falls_behind_above_it() -> None:
+    probe = _simulated_probe(1000.0)
+    below = probe(700.0)
+    assert below.keeps_up, below.line()
+    assert below.achieved_rps == pytest.approx(below.offered_rps, rel=0.02)
+    above = probe(1100.0)
+    assert not above.keeps_up, above.line()
+    assert above.achieved_rps == pytest.approx(1000.0, rel=0.02)  # the server's own rate, not the offered
+    assert above.last_quarter_p50_s > 3 * above.first_quarter_p50_s  # the backlog grew
+    assert "falls behind" in above.line() and "keeps up" in below.line()
+
+
+def test_the_sustainable_rate_is_found_by_bisection_near_the_capacity() -> None:
+    probe = _simulated_probe(1000.0)
+    rate, probes = sustainable_rate(probe, 200.0, 1100.0, steps=5)
+    assert probe.rates[:2] == [1100.0, 650.0]  # high first, then the middle of [low, high]
+    assert len(probes) == 6 and [p.rate for p in probes] == probe.rates
+    assert 900.0 <= rate <= 1030.0  # within the bisection's step (28/s) and the probes' noise
+    assert any(p.rate == rate and p.keeps_up for p in probes)
+    # the highest rate that kept up is returned, and every rate above it that was probed fell behind
+    assert all(not p.keeps_up for p in probes if p.rate > rate)
+
+
+def test_the_sustainable_rate_is_the_top_of_the_range_when_that_keeps_up() -> None:
+    rate, probes = sustainable_rate(_simulated_probe(1000.0), 100.0, 500.0)
+    assert rate == 500.0 and len(probes) == 1 and probes[0].keeps_up
+
+
+def test_no_sustainable_rate_in_the_range_raises() -> None:
+    probe = _simulated_probe(100.0)
+    with pytest.raises(RuntimeError, match="falls behind even at 200 requests/s"):
+        sustainable_rate(probe, 200.0, 1100.0, steps=3)
+    assert probe.rates[-1] == 200.0  # the low end itself was probed before giving up
