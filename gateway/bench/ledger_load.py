@@ -200,16 +200,25 @@ def judge_probe(rate: float, spans: list[tuple[float, float]]) -> Probe:
                  median_latency(ordered[:q]), median_latency(ordered[-q:]))
 
 
-def sustainable_rate(probe: Any, low: float, high: float, steps: int = 5) -> tuple[float, list[Probe]]:
-    """The highest rate in [low, high] that ``probe`` (rate -> Probe) says the loop keeps up with,
-    by bisection: ``high`` first (returned if it keeps up), then ``steps`` halvings of the
-    interval between the highest rate that kept up (``low`` at first, assumed) and the lowest
-    that fell behind; if no probed rate kept up, ``low`` is probed too. Returns the rate and
-    every probe, in order; raises if even ``low`` falls behind."""
-    probes = [probe(high)]
-    if probes[-1].keeps_up:
-        return high, probes
-    good, bad = low, high
+def sustainable_rate(probe: Any, start: float, low: float, *, grow: float = 1.25, max_grows: int = 4,
+                     steps: int = 4) -> tuple[float, list[Probe]]:
+    """The highest rate ``probe`` (rate -> Probe) says the loop keeps up with. ``start`` first;
+    while the last rate kept up, ``grow`` times it (at most ``max_grows`` times: the last one is
+    returned if all kept up); then ``steps`` bisections of the interval between the highest rate
+    that kept up (``low``, assumed, if none did) and the lowest that fell behind. If no probed
+    rate kept up, ``low`` is probed too. Returns the rate and every probe, in order; raises if
+    even ``low`` falls behind."""
+    probes = [probe(start)]
+    good, bad = (start, None) if probes[-1].keeps_up else (low, start)
+    if bad is None:
+        for _ in range(max_grows):
+            probes.append(probe(good * grow))
+            if not probes[-1].keeps_up:
+                bad = probes[-1].rate
+                break
+            good = probes[-1].rate
+        else:
+            return good, probes
     for _ in range(steps):
         mid = (good + bad) / 2
         probes.append(probe(mid))

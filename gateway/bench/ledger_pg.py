@@ -68,10 +68,11 @@ SUMMARY_DAYS = 30
 # The open-loop phases' offered loads, as shares of the ledger-off open-loop capacity (one set of
 # ABBA rounds each): what the ledger costs a client's latency at a moderate and at a busy load.
 OPEN_FRACTIONS = (0.3, 0.6)
-# The open-loop capacity probes: ledger-off open loops of this many seconds each, bisecting rates
-# between these shares of the closed loop's ledger-off throughput.
+# The open-loop capacity probes: ledger-off open loops of this many seconds each, from the closed
+# loop's ledger-off throughput up by PROBE_GROW while they keep up, then bisecting PROBE_STEPS
+# times (down to PROBE_LOW of the closed loop's throughput).
 PROBE_S = 3.0
-PROBE_LOW, PROBE_HIGH, PROBE_STEPS = 0.2, 1.1, 5
+PROBE_LOW, PROBE_GROW, PROBE_STEPS = 0.2, 1.25, 4
 EXTRA_TENANT = "bench-extra"  # the other replica's rows
 
 __all__ = ["FullCollections", "NullLedger", "Phase", "SleepingUpstream", "run"]
@@ -169,7 +170,8 @@ def run_serving(url: str, workdir: Path, n: int, concurrency: int, upstream_ms: 
                                                 seed=next(seeds)))
                 return judge_probe(rate, phase.spans)
 
-            capacity, probes = sustainable_rate(probe, PROBE_LOW * closed_rps, PROBE_HIGH * closed_rps, PROBE_STEPS)
+            capacity, probes = sustainable_rate(probe, closed_rps, PROBE_LOW * closed_rps, grow=PROBE_GROW,
+                                                steps=PROBE_STEPS)
         opened = [(f, f * capacity, _rounds(app_with, ledger, sf, raw, n, rounds, concurrency, f * capacity))
                   for f in open_fractions if f > 0]
     finally:  # the replica never outlives the bench, whatever happened
@@ -400,9 +402,9 @@ def run(admin_url: str, n: int, concurrency: int, upstream_ms: float, extra_rows
                 f"open-loop capacity without a ledger: {r['capacity_rps']:.0f} requests/s, the highest Poisson rate "
                 f"a ledger-off open loop kept up with (achieved >= {Probe.KEEP_UP:.0%} of offered, the last "
                 f"quarter's median latency <= {Probe.GROWTH:g} x the first's + {Probe.GROWTH_SLACK_S * 1000:g} ms), "
-                f"probed by bisection from {PROBE_LOW:g}-{PROBE_HIGH:g} x the closed loop's "
-                f"{r['closed_rps']:.0f}/s, {PROBE_S:g} s a probe:")
-            lines += [f"  probe {i}: {p.line()}" for i, p in enumerate(r["probes"], 1)]
+                f"probed from the closed loop's {r['closed_rps']:.0f}/s (up x{PROBE_GROW:g} while kept up, then "
+                f"bisected {PROBE_STEPS} times), {PROBE_S:g} s a probe:")
+            lines += [f"  probe {i} at {p.rate:.0f}/s: {p.line()}" for i, p in enumerate(r["probes"], 1)]
         for fraction, rate, opened in r["open"]:
             lines += _block(opened, f"open loop at {rate:.0f} requests/s = {fraction:.0%} of the "
                             f"{r['capacity_rps']:.0f}/s open-loop capacity without a ledger (Poisson arrivals, "

@@ -84,10 +84,10 @@ def test_a_probe_keeps_up_below_capacity_and_falls_behind_above_it() -> None:
     assert "falls behind" in above.line() and "keeps up" in below.line()
 
 
-def test_the_sustainable_rate_is_found_by_bisection_near_the_capacity() -> None:
+def test_the_sustainable_rate_is_found_below_the_start_by_bisection() -> None:
     probe = _simulated_probe(1000.0)
-    rate, probes = sustainable_rate(probe, 200.0, 1100.0, steps=5)
-    assert probe.rates[:2] == [1100.0, 650.0]  # high first, then the middle of [low, high]
+    rate, probes = sustainable_rate(probe, 1100.0, 200.0, steps=5)
+    assert probe.rates[:3] == [1100.0, 650.0, 875.0]  # the start fell behind: bisect [low, start]
     assert len(probes) == 6 and [p.rate for p in probes] == probe.rates
     assert 900.0 <= rate <= 1030.0  # within the bisection's step (28/s) and the probes' noise
     assert any(p.rate == rate and p.keeps_up for p in probes)
@@ -95,13 +95,24 @@ def test_the_sustainable_rate_is_found_by_bisection_near_the_capacity() -> None:
     assert all(not p.keeps_up for p in probes if p.rate > rate)
 
 
-def test_the_sustainable_rate_is_the_top_of_the_range_when_that_keeps_up() -> None:
-    rate, probes = sustainable_rate(_simulated_probe(1000.0), 100.0, 500.0)
-    assert rate == 500.0 and len(probes) == 1 and probes[0].keeps_up
+def test_the_sustainable_rate_is_found_above_the_start_by_growing_then_bisecting() -> None:
+    probe = _simulated_probe(1000.0)
+    rate, probes = sustainable_rate(probe, 600.0, 100.0, grow=1.25, steps=4)
+    assert probe.rates[:4] == [600.0, 750.0, 937.5, 1171.875]  # x1.25 until one falls behind
+    assert [p.keeps_up for p in probes[:4]] == [True, True, True, False]
+    assert len(probes) == 8
+    assert 937.5 <= rate <= 1030.0
+    assert all(not p.keeps_up for p in probes if p.rate > rate)
+
+
+def test_the_sustainable_rate_stops_growing_after_max_grows() -> None:
+    probe = _simulated_probe(1000.0)
+    rate, probes = sustainable_rate(probe, 100.0, 50.0, grow=1.5, max_grows=2)
+    assert rate == 225.0 and probe.rates == [100.0, 150.0, 225.0] and all(p.keeps_up for p in probes)
 
 
 def test_no_sustainable_rate_in_the_range_raises() -> None:
     probe = _simulated_probe(100.0)
     with pytest.raises(RuntimeError, match="falls behind even at 200 requests/s"):
-        sustainable_rate(probe, 200.0, 1100.0, steps=3)
-    assert probe.rates[-1] == 200.0  # the low end itself was probed before giving up
+        sustainable_rate(probe, 1100.0, 200.0, steps=3)
+    assert probe.rates == [1100.0, 650.0, 425.0, 312.5, 200.0]  # the low end itself probed before giving up
