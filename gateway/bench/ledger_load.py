@@ -205,32 +205,41 @@ def sustainable_rate(probe: Any, start: float, low: float, *, grow: float = 1.25
     """The highest rate ``probe`` (rate -> Probe) says the loop keeps up with. ``start`` first;
     while the last rate kept up, ``grow`` times it (at most ``max_grows`` times: the last one is
     returned if all kept up); then ``steps`` bisections of the interval between the highest rate
-    that kept up (``low``, assumed, if none did) and the lowest that fell behind. If no probed
-    rate kept up, ``low`` is probed too. Returns the rate and every probe, in order; raises if
-    even ``low`` falls behind."""
-    probes = [probe(start)]
-    good, bad = (start, None) if probes[-1].keeps_up else (low, start)
-    if bad is None:
+    that kept up (``low``, assumed, if none did) and the lowest that fell behind. A rate that
+    falls behind is probed once more and counts as kept up if the second probe keeps up: a
+    disturbance (another process taking the cores for a moment) can only make a probe fall
+    behind, never keep up, so one bad probe must not cap the search. If no probed rate kept up,
+    ``low`` is probed too. Returns the rate and every probe, in order; raises if even ``low``
+    falls behind."""
+    probes: list[Probe] = []
+
+    def keeps_up(rate: float) -> bool:
+        probes.append(probe(rate))
+        if not probes[-1].keeps_up:
+            probes.append(probe(rate))
+        return probes[-1].keeps_up
+
+    good: float = start
+    bad: float | None = None
+    if not keeps_up(start):
+        good, bad = low, start
+    else:
         for _ in range(max_grows):
-            probes.append(probe(good * grow))
-            if not probes[-1].keeps_up:
-                bad = probes[-1].rate
+            if not keeps_up(good * grow):
+                bad = good * grow
                 break
-            good = probes[-1].rate
+            good *= grow
         else:
             return good, probes
     for _ in range(steps):
         mid = (good + bad) / 2
-        probes.append(probe(mid))
-        if probes[-1].keeps_up:
+        if keeps_up(mid):
             good = mid
         else:
             bad = mid
-    if not any(p.keeps_up for p in probes):
-        probes.append(probe(low))
-        if not probes[-1].keeps_up:
-            raise RuntimeError(f"the open loop falls behind even at {low:.0f} requests/s: "
-                               + "; ".join(p.line() for p in probes))
+    if not any(p.keeps_up for p in probes) and not keeps_up(low):
+        raise RuntimeError(f"the open loop falls behind even at {low:.0f} requests/s: "
+                           + "; ".join(p.line() for p in probes))
     return good, probes
 
 

@@ -403,7 +403,8 @@ def run(admin_url: str, n: int, concurrency: int, upstream_ms: float, extra_rows
                 f"a ledger-off open loop kept up with (achieved >= {Probe.KEEP_UP:.0%} of offered, the last "
                 f"quarter's median latency <= {Probe.GROWTH:g} x the first's + {Probe.GROWTH_SLACK_S * 1000:g} ms), "
                 f"probed from the closed loop's {r['closed_rps']:.0f}/s (up x{PROBE_GROW:g} while kept up, then "
-                f"bisected {PROBE_STEPS} times), {PROBE_S:g} s a probe:")
+                f"bisected {PROBE_STEPS} times; a rate that falls behind is probed again, a disturbance can only "
+                f"make a probe fail), {PROBE_S:g} s a probe:")
             lines += [f"  probe {i} at {p.rate:.0f}/s: {p.line()}" for i, p in enumerate(r["probes"], 1)]
         for fraction, rate, opened in r["open"]:
             lines += _block(opened, f"open loop at {rate:.0f} requests/s = {fraction:.0%} of the "
