@@ -162,30 +162,37 @@ def poisson_schedule(n: int, rate: float, seed: int, origin: float = 0.0) -> lis
 
 @dataclass(frozen=True)
 class Probe:
-    """One open-loop probe of a rate: what was offered, what was answered, and whether a backlog
-    grew (the median latency of the last quarter of arrivals vs the first quarter's)."""
+    """One open-loop probe of a rate: what was offered, what was answered, and whether there was
+    a backlog: the median latency of the first and of the last quarter of arrivals, each held
+    to the probe's fastest answer (the latency with no queue), so a backlog that grew, and one the
+    probe started with and worked off (another process had the cores for a moment), both fail."""
 
     rate: float  # the rate asked for
     offered_rps: float  # the schedule's own rate
     achieved_rps: float
     first_quarter_p50_s: float
     last_quarter_p50_s: float
+    floor_s: float = 0.0  # the fastest answer
 
     KEEP_UP = 0.98  # achieved at least this share of offered
-    GROWTH = 1.5  # and the last quarter's median latency within this many times the first's
-    GROWTH_SLACK_S = 0.005  # plus this (a few ms of jitter on a ~20 ms request is no backlog)
+    BACKLOG = 1.5  # and both quarters' median latency within this many times the fastest answer
+    BACKLOG_SLACK_S = 0.005  # plus this (a few ms of queueing on a ~20 ms request is no backlog)
+
+    @property
+    def bound_s(self) -> float:
+        return self.BACKLOG * self.floor_s + self.BACKLOG_SLACK_S
 
     @property
     def keeps_up(self) -> bool:
         return (self.achieved_rps >= self.KEEP_UP * self.offered_rps
-                and self.last_quarter_p50_s <= self.GROWTH * self.first_quarter_p50_s + self.GROWTH_SLACK_S)
+                and max(self.first_quarter_p50_s, self.last_quarter_p50_s) <= self.bound_s)
 
     def line(self) -> str:
         verdict = "keeps up" if self.keeps_up else "falls behind"
         return (f"offered {self.offered_rps:.0f}/s, achieved {self.achieved_rps:.0f}/s "
                 f"({self.achieved_rps / self.offered_rps:.1%}), median latency first quarter "
-                f"{self.first_quarter_p50_s * 1000:.1f} ms, last quarter {self.last_quarter_p50_s * 1000:.1f} ms: "
-                f"{verdict}")
+                f"{self.first_quarter_p50_s * 1000:.1f} ms, last quarter {self.last_quarter_p50_s * 1000:.1f} ms "
+                f"(bound {self.bound_s * 1000:.1f} ms): {verdict}")
 
 
 def judge_probe(rate: float, spans: list[tuple[float, float]]) -> Probe:
@@ -197,7 +204,7 @@ def judge_probe(rate: float, spans: list[tuple[float, float]]) -> Probe:
         return sorted(e - s for s, e in part)[len(part) // 2]
 
     return Probe(rate, schedule_rps([s for s, _ in ordered]), achieved_rps(ordered, 0.0, open_loop=True),
-                 median_latency(ordered[:q]), median_latency(ordered[-q:]))
+                 median_latency(ordered[:q]), median_latency(ordered[-q:]), min(e - s for s, e in ordered))
 
 
 def sustainable_rate(probe: Any, start: float, low: float, *, grow: float = 1.25, max_grows: int = 4,

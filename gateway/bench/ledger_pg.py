@@ -400,8 +400,9 @@ def run(admin_url: str, n: int, concurrency: int, upstream_ms: float, extra_rows
         if r["probes"]:
             lines.append(
                 f"open-loop capacity without a ledger: {r['capacity_rps']:.0f} requests/s, the highest Poisson rate "
-                f"a ledger-off open loop kept up with (achieved >= {Probe.KEEP_UP:.0%} of offered, the last "
-                f"quarter's median latency <= {Probe.GROWTH:g} x the first's + {Probe.GROWTH_SLACK_S * 1000:g} ms), "
+                f"a ledger-off open loop kept up with (achieved >= {Probe.KEEP_UP:.0%} of offered, the first and "
+                f"the last quarter's median latency <= {Probe.BACKLOG:g} x the probe's fastest answer + "
+                f"{Probe.BACKLOG_SLACK_S * 1000:g} ms), "
                 f"probed from the closed loop's {r['closed_rps']:.0f}/s (up x{PROBE_GROW:g} while kept up, then "
                 f"bisected {PROBE_STEPS} times; a rate that falls behind is probed again, a disturbance can only "
                 f"make a probe fail), {PROBE_S:g} s a probe:")

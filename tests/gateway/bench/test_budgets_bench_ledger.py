@@ -38,7 +38,8 @@ def test_bench_ledger_pg_small(postgres_url: str) -> None:
     capacity = int(m.group(1))
     assert 0.2 * int(m.group(2)) - 1 <= capacity <= 1.25 ** 4 * int(m.group(2)) + 1
     probes = re.findall(r"\n  probe \d+ at \d+/s: offered (\d+)/s, achieved (\d+)/s \([\d.]+%\), median latency first "
-                        r"quarter [\d.]+ ms, last quarter [\d.]+ ms: (keeps up|falls behind)", closed)
+                        r"quarter [\d.]+ ms, last quarter [\d.]+ ms \(bound [\d.]+ ms\): (keeps up|falls behind)",
+                        closed)
     assert probes and any(v == "keeps up" for *_, v in probes)
     rates = []
     for block, share in zip(opened, ("30%", "60%"), strict=True):

@@ -88,6 +88,26 @@ def test_a_probe_keeps_up_below_capacity_and_falls_behind_above_it() -> None:
     assert "falls behind" in above.line() and "keeps up" in below.line()
 
 
+def test_a_probe_that_starts_behind_does_not_keep_up_though_it_catches_up() -> None:
+    # 600 arrivals at 1000/s into a server of 1500/s (20 ms upstream) that is stopped for the first
+    # 100 ms: it answers every one and works the backlog off within the first quarter's arrivals,
+    # but that quarter's median waited; the same schedule undisturbed keeps up
+    due = poisson_schedule(600, 1000.0, seed=3)
+
+    def served(stopped_s: float) -> list[tuple[float, float]]:
+        spans, free = [], stopped_s
+        for t0 in due:
+            free = max(free, t0) + 1 / 1500
+            spans.append((t0, free + 0.02))
+        return spans
+
+    late = judge_probe(1000.0, served(0.1))
+    assert late.achieved_rps >= Probe.KEEP_UP * late.offered_rps
+    assert late.last_quarter_p50_s < late.bound_s < late.first_quarter_p50_s
+    assert not late.keeps_up, late.line()
+    assert judge_probe(1000.0, served(0.0)).keeps_up
+
+
 def _failed_twice(probes: list[Probe]) -> None:
     """Every rate that fell behind was probed again at once."""
     for i, p in enumerate(probes):
