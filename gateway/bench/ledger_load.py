@@ -122,10 +122,132 @@ class Phase:
     loop_lag: Lag
     loop_sched: tuple[float, float] = (0.0, 0.0)  # the loop thread's (s on a CPU, s waiting for one)
     switch_interval_s: float = 0.0  # the GIL switch interval while timed (the app sets it as serve does)
+    offered_rps: float | None = None  # open loop: the arrival rate of its schedule (None: closed loop)
 
     @property
     def latencies(self) -> list[float]:
         return [e - s for s, e in self.spans]
+
+    @property
+    def achieved_rps(self) -> float:
+        """Requests answered per second: between the first and the last completion in an open loop
+        (as the offered rate is between the first and the last arrival, so a loop that keeps up
+        shows the same rate whatever its latency), from the start in a closed loop."""
+        return achieved_rps(self.spans, self.origin, open_loop=self.offered_rps is not None)
+
+
+def achieved_rps(spans: list[tuple[float, float]], origin: float, *, open_loop: bool) -> float:
+    ends = sorted(e for _, e in spans)
+    if not ends:
+        return 0.0
+    if open_loop:
+        return (len(ends) - 1) / (ends[-1] - ends[0]) if len(ends) > 1 and ends[-1] > ends[0] else 0.0
+    return len(ends) / (ends[-1] - origin) if ends[-1] > origin else 0.0
+
+
+def schedule_rps(due: list[float]) -> float:
+    """The arrival rate of a schedule: between its first and its last arrival."""
+    return (len(due) - 1) / (due[-1] - due[0]) if len(due) > 1 and due[-1] > due[0] else 0.0
+
+
+def poisson_schedule(n: int, rate: float, seed: int, origin: float = 0.0) -> list[float]:
+    """``n`` arrival times after ``origin``, Poisson at ``rate`` per second, seeded."""
+    rng = random.Random(seed)
+    due, at = [], origin
+    for _ in range(n):
+        at += rng.expovariate(rate)
+        due.append(at)
+    return due
+
+
+@dataclass(frozen=True)
+class Probe:
+    """One open-loop probe of a rate: what was offered, what was answered, and whether there was
+    a backlog: the median latency of the first and of the last quarter of arrivals, each held
+    to the probe's fastest answer (the latency with no queue), so a backlog that grew, and one the
+    probe started with and worked off (another process had the cores for a moment), both fail."""
+
+    rate: float  # the rate asked for
+    offered_rps: float  # the schedule's own rate
+    achieved_rps: float
+    first_quarter_p50_s: float
+    last_quarter_p50_s: float
+    floor_s: float = 0.0  # the fastest answer
+
+    KEEP_UP = 0.98  # achieved at least this share of offered
+    BACKLOG = 1.5  # and both quarters' median latency within this many times the fastest answer
+    BACKLOG_SLACK_S = 0.005  # plus this (a few ms of queueing on a ~20 ms request is no backlog)
+
+    @property
+    def bound_s(self) -> float:
+        return self.BACKLOG * self.floor_s + self.BACKLOG_SLACK_S
+
+    @property
+    def keeps_up(self) -> bool:
+        return (self.achieved_rps >= self.KEEP_UP * self.offered_rps
+                and max(self.first_quarter_p50_s, self.last_quarter_p50_s) <= self.bound_s)
+
+    def line(self) -> str:
+        verdict = "keeps up" if self.keeps_up else "falls behind"
+        return (f"offered {self.offered_rps:.0f}/s, achieved {self.achieved_rps:.0f}/s "
+                f"({self.achieved_rps / self.offered_rps:.1%}), median latency first quarter "
+                f"{self.first_quarter_p50_s * 1000:.1f} ms, last quarter {self.last_quarter_p50_s * 1000:.1f} ms "
+                f"(bound {self.bound_s * 1000:.1f} ms): {verdict}")
+
+
+def judge_probe(rate: float, spans: list[tuple[float, float]]) -> Probe:
+    """A probe's verdict from its spans (scheduled time, completion), pure arithmetic."""
+    ordered = sorted(spans)
+    q = max(1, len(ordered) // 4)
+
+    def median_latency(part: list[tuple[float, float]]) -> float:
+        return sorted(e - s for s, e in part)[len(part) // 2]
+
+    return Probe(rate, schedule_rps([s for s, _ in ordered]), achieved_rps(ordered, 0.0, open_loop=True),
+                 median_latency(ordered[:q]), median_latency(ordered[-q:]), min(e - s for s, e in ordered))
+
+
+def sustainable_rate(probe: Any, start: float, low: float, *, grow: float = 1.25, max_grows: int = 4,
+                     steps: int = 4) -> tuple[float, list[Probe]]:
+    """The highest rate ``probe`` (rate -> Probe) says the loop keeps up with. ``start`` first;
+    while the last rate kept up, ``grow`` times it (at most ``max_grows`` times: the last one is
+    returned if all kept up); then ``steps`` bisections of the interval between the highest rate
+    that kept up (``low``, assumed, if none did) and the lowest that fell behind. A rate that
+    falls behind is probed once more and counts as kept up if the second probe keeps up: a
+    disturbance (another process taking the cores for a moment) can only make a probe fall
+    behind, never keep up, so one bad probe must not cap the search. If no probed rate kept up,
+    ``low`` is probed too. Returns the rate and every probe, in order; raises if even ``low``
+    falls behind."""
+    probes: list[Probe] = []
+
+    def keeps_up(rate: float) -> bool:
+        probes.append(probe(rate))
+        if not probes[-1].keeps_up:
+            probes.append(probe(rate))
+        return probes[-1].keeps_up
+
+    good: float = start
+    bad: float | None = None
+    if not keeps_up(start):
+        good, bad = low, start
+    else:
+        for _ in range(max_grows):
+            if not keeps_up(good * grow):
+                bad = good * grow
+                break
+            good *= grow
+        else:
+            return good, probes
+    for _ in range(steps):
+        mid = (good + bad) / 2
+        if keeps_up(mid):
+            good = mid
+        else:
+            bad = mid
+    if not any(p.keeps_up for p in probes) and not keeps_up(low):
+        raise RuntimeError(f"the open loop falls behind even at {low:.0f} requests/s: "
+                           + "; ".join(p.line() for p in probes))
+    return good, probes
 
 
 async def serve_phase(app: Any, key: str, n: int, concurrency: int, pauses: FullCollections,
@@ -151,6 +273,7 @@ async def serve_phase(app: Any, key: str, n: int, concurrency: int, pauses: Full
         for _ in range(20):  # warm-up
             await client.post("/v1/chat/completions", json=body, headers=headers)
         origin = time.perf_counter()
+        offered: float | None = None
         switch_s = sys.getswitchinterval()
         lag.start(origin)
         try:
@@ -165,21 +288,18 @@ async def serve_phase(app: Any, key: str, n: int, concurrency: int, pauses: Full
 
                     await asyncio.gather(*(worker() for _ in range(concurrency)))
                 else:
-                    await _open_loop(one, n, rate, seed, origin)
+                    offered = await _open_loop(one, n, rate, seed, origin)
         finally:
             await lag.stop()
-    return Phase(kind, round_, spans, origin, lag.worst(), lag.totals(), switch_s)
+    return Phase(kind, round_, spans, origin, lag.worst(), lag.totals(), switch_s, offered)
 
 
 OPEN_LOOP_MAX_IN_FLIGHT = 1024
 
 
-async def _open_loop(one: Any, n: int, rate: float, seed: int, origin: float) -> None:
-    rng = random.Random(seed)
-    due, at = [], origin
-    for _ in range(n):
-        at += rng.expovariate(rate)
-        due.append(at)
+async def _open_loop(one: Any, n: int, rate: float, seed: int, origin: float) -> float:
+    """Sends the schedule; returns its arrival rate (``schedule_rps``)."""
+    due = poisson_schedule(n, rate, seed, origin)
     slots = asyncio.Semaphore(OPEN_LOOP_MAX_IN_FLIGHT)
     tasks: list[asyncio.Task[None]] = []
 
@@ -193,3 +313,4 @@ async def _open_loop(one: Any, n: int, rate: float, seed: int, origin: float) ->
             await asyncio.sleep(wait)
         tasks.append(asyncio.create_task(scheduled(t0)))  # latency from the scheduled time, not the send
     await asyncio.gather(*tasks)
+    return schedule_rps(due)

@@ -12,10 +12,15 @@ heap, its own 20-request warm-up. During both kinds a second process (another re
 only in this process's own ledger. The rounds run twice, in the two shapes of
 gateway.bench.ledger_load: first *closed loop* (``--concurrency`` workers, at saturation: the
 ledger's cost in throughput, which a saturated server can only show as queueing), then *open
-loop* at ``--open-fraction`` of the requests/s the closed loop served without a ledger (Poisson
-arrivals, the same schedule for both kinds, latency counted from each request's scheduled time):
-the latency clients see at a load the server keeps up with, which the target is about. For each:
-ledger rows/s committed to PostgreSQL during the timed ledger-on phases (both processes); the
+loop* at ``--open-fractions`` of the open loop's capacity without a ledger (Poisson arrivals, the
+same schedule for both kinds, latency counted from each request's scheduled time): the latency
+clients see at a load the server keeps up with, which the target is about. That capacity is
+measured, not taken from the closed loop (an open loop costs the loop thread more per request, so
+a share of the closed loop's throughput can be a saturated open loop whose p99 is its queue):
+short ledger-off open loops bisect for the highest rate whose answers keep up with the arrivals
+(gateway.bench.ledger_load.sustainable_rate); each probe and each phase prints its offered and
+achieved rate. For each: ledger rows/s committed to PostgreSQL during the timed ledger-on phases
+(this process's and the other replica's, each shown); the
 request p50/p99 of both kinds (all rounds pooled); the p99 ratio on/off as the median of the
 rounds' ratios, so one disturbed phase cannot set it (target, open loop: ≥ 2,000 rows/s, p99
 ratio ≤ 1.10), each round's ratio and the pooled one; and the full (generation-2) garbage
@@ -46,14 +51,29 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from gateway.bench.ledger_load import FullCollections, NullLedger, Phase, SleepingUpstream, serve_phase
+from gateway.bench.ledger_load import (
+    FullCollections,
+    NullLedger,
+    Phase,
+    Probe,
+    SleepingUpstream,
+    judge_probe,
+    serve_phase,
+    sustainable_rate,
+)
 from gateway.bench.ledger_load import pct as _pct
 from gateway.bench.stalls import Stall, longest_stall, overlapping
 
 SUMMARY_DAYS = 30
-# The open-loop phases' offered loads, as shares of the ledger-off closed-loop throughput (one set of
+# The open-loop phases' offered loads, as shares of the ledger-off open-loop capacity (one set of
 # ABBA rounds each): what the ledger costs a client's latency at a moderate and at a busy load.
 OPEN_FRACTIONS = (0.3, 0.6)
+# The open-loop capacity probes: ledger-off open loops of this many seconds each, from the closed
+# loop's ledger-off throughput up by PROBE_GROW while they keep up, then bisecting PROBE_STEPS
+# times (down to PROBE_LOW of the closed loop's throughput).
+PROBE_S = 3.0
+PROBE_LOW, PROBE_GROW, PROBE_STEPS = 0.2, 1.25, 4
+EXTRA_TENANT = "bench-extra"  # the other replica's rows
 
 __all__ = ["FullCollections", "NullLedger", "Phase", "SleepingUpstream", "run"]
 
@@ -92,7 +112,7 @@ def _extra_replica(url: str, journal_dir: str, rate: float, stop: Any) -> None:
     while not stop.is_set():
         due = int((time.perf_counter() - t0) * rate)
         for _ in range(due - sent):
-            ledger.record(LedgerEntry(new_entry_id(), "req_bench_extra", "bench-extra", None, "execute", "low",
+            ledger.record(LedgerEntry(new_entry_id(), "req_bench_extra", EXTRA_TENANT, None, "execute", "low",
                                       "bench", Usage(100, 20), 100_000, 1_000_000))
         sent = max(sent, due)
         time.sleep(0.005)
@@ -134,9 +154,24 @@ def run_serving(url: str, workdir: Path, n: int, concurrency: int, upstream_ms: 
         ledger = Ledger(sf, workdir / "journal", *_batching())
         ledger.start()
         closed = _rounds(app_with, ledger, sf, raw, n, rounds, concurrency, None)
-        # Open loop at a share of what the closed loop showed the server can do without a ledger
-        # (requests/s over its ledger-off phases): the latency at an offered load it keeps up with.
-        capacity = statistics.median(len(p.spans) / _wall_s(p) for p in closed["phases"] if p.kind == "off")
+        closed_rps = statistics.median(p.achieved_rps for p in closed["phases"] if p.kind == "off")
+        # Open loop at a share of the open loop's own capacity without a ledger: the highest Poisson
+        # rate a ledger-off loop keeps up with (gateway.bench.ledger_load.sustainable_rate). Not the
+        # closed loop's throughput: an open loop costs the loop thread more per request (fewer
+        # requests per loop iteration, a task and a timer per arrival), so a share of the closed
+        # loop's rate can be a saturated open loop, whose p99 is its growing queue.
+        capacity, probes = 0.0, list[Probe]()
+        if any(f > 0 for f in open_fractions):
+            seeds = iter(range(100, 200))  # each probe its own schedule, none the phases' own (seeds 0..rounds)
+
+            def probe(rate: float) -> Probe:
+                phase = asyncio.run(serve_phase(app_with(NullLedger()), raw, max(200, int(rate * PROBE_S)),
+                                                concurrency, FullCollections(), "probe", 0, rate=rate,
+                                                seed=next(seeds)))
+                return judge_probe(rate, phase.spans)
+
+            capacity, probes = sustainable_rate(probe, closed_rps, PROBE_LOW * closed_rps, grow=PROBE_GROW,
+                                                steps=PROBE_STEPS)
         opened = [(f, f * capacity, _rounds(app_with, ledger, sf, raw, n, rounds, concurrency, f * capacity))
                   for f in open_fractions if f > 0]
     finally:  # the replica never outlives the bench, whatever happened
@@ -149,53 +184,58 @@ def run_serving(url: str, workdir: Path, n: int, concurrency: int, upstream_ms: 
     engine.dispose()
     if replica.exitcode != 0:
         raise RuntimeError(f"the extra ledger replica failed (exit code {replica.exitcode})")
-    return {"closed": closed, "open": opened, "capacity_rps": capacity,
+    return {"closed": closed, "open": opened, "capacity_rps": capacity, "closed_rps": closed_rps, "probes": probes,
             "switch_interval_ms": max(p.switch_interval_s for p in closed["phases"]) * 1000}
 
 
-def _wall_s(phase: Phase) -> float:
-    return max((e for _, e in phase.spans), default=phase.origin) - phase.origin
+def _committed(sf: Any) -> tuple[int, int]:
+    """Ledger rows in the database: (this process's, the other replica's)."""
+    from gateway.db.models import LedgerEntryRow
+
+    extra = LedgerEntryRow.tenant_id == EXTRA_TENANT
+    with sf() as s:
+        own, other = s.execute(sa.select(sa.func.count().filter(~extra), sa.func.count().filter(extra))).one()
+    return int(own), int(other)
 
 
 def _rounds(app_with: Any, ledger: Any, sf: Any, raw: str, n: int, rounds: int, concurrency: int,
             rate: float | None) -> dict[str, Any]:
     """``rounds`` ABBA rounds of a ledger-off and a ledger-on phase (closed loop, or open loop at
-    ``rate``); every ledger-on phase's rows are committed before the next phase starts."""
-    from gateway.db.models import LedgerEntryRow
-
+    ``rate``); every ledger-on phase's rows are committed before the next phase starts. Rows
+    committed while serving are counted per process and kind of phase: this process's during its
+    ledger-on phases, the other replica's during both kinds."""
     per_phase = max(1, n // rounds)
     base: list[float] = []
     on: list[float] = []
     round_p99_ms: list[tuple[float, float]] = []
     phases: list[Phase] = []
     pauses = {"off": FullCollections(), "on": FullCollections()}
-    during, serve_s = 0, 0.0
+    own_rows, extra_rows = 0, {"off": 0, "on": 0}
+    serve_s = {"off": 0.0, "on": 0.0}
     for i in range(rounds):
         latencies: dict[str, list[float]] = {}
         for kind in ("off", "on") if i % 2 == 0 else ("on", "off"):  # ABBA
-            if kind == "off":
-                phase = asyncio.run(serve_phase(app_with(NullLedger()), raw, per_phase, concurrency, pauses[kind],
-                                                kind, i + 1, rate=rate, seed=i))
-                phases.append(phase)
-                latencies[kind] = phase.latencies
-                continue
-            with sf() as s:
-                before = s.scalar(sa.select(sa.func.count()).select_from(LedgerEntryRow)) or 0
+            own0, extra0 = _committed(sf)
             t0 = time.perf_counter()
-            phase = asyncio.run(serve_phase(app_with(ledger), raw, per_phase, concurrency, pauses[kind], kind, i + 1,
-                                            rate=rate, seed=i))
+            phase = asyncio.run(serve_phase(app_with(NullLedger() if kind == "off" else ledger), raw, per_phase,
+                                            concurrency, pauses[kind], kind, i + 1, rate=rate, seed=i))
+            serve_s[kind] += time.perf_counter() - t0
+            own1, extra1 = _committed(sf)
             phases.append(phase)
             latencies[kind] = phase.latencies
-            serve_s += time.perf_counter() - t0
-            with sf() as s:
-                during += (s.scalar(sa.select(sa.func.count()).select_from(LedgerEntryRow)) or 0) - before
-            # Drain this phase's rows before the next phase, so no phase pays for the
-            # ledger-on phase's tail of writes.
-            assert ledger.flush(120), "ledger did not drain"
+            extra_rows[kind] += extra1 - extra0
+            if kind == "on":
+                own_rows += own1 - own0
+                # Drain this phase's rows before the next phase, so no phase pays for the
+                # ledger-on phase's tail of writes.
+                assert ledger.flush(120), "ledger did not drain"
         base += latencies["off"]
         on += latencies["on"]
         round_p99_ms.append((_pct(latencies["off"], 0.99) * 1000, _pct(latencies["on"], 0.99) * 1000))
-    return {"rows": during, "serve_s": serve_s, "rows_per_s": during / serve_s,
+    on_s = serve_s["on"]
+    return {"rows": own_rows + extra_rows["on"], "serve_s": on_s, "rows_per_s": (own_rows + extra_rows["on"]) / on_s,
+            "own_rows_per_s": own_rows / on_s, "extra_rows_per_s": extra_rows["on"] / on_s,
+            "extra_off_rows_per_s": extra_rows["off"] / serve_s["off"],
             "base_p50_ms": statistics.median(base) * 1000, "base_p99_ms": _pct(base, 0.99) * 1000,
             "on_p50_ms": statistics.median(on) * 1000, "on_p99_ms": _pct(on, 0.99) * 1000,
             "requests": per_phase * rounds, "rounds": rounds, "round_p99_ms": round_p99_ms, "phases": phases,
@@ -275,7 +315,9 @@ def phase_line(phase: Phase) -> str:
     lag = phase.loop_lag
     cpu_s, queued_s = phase.loop_sched
     wall_s = max((e for _, e in phase.spans), default=phase.origin) - phase.origin
-    return (f"    round {phase.round} ledger {phase.kind + ':':<4} p99 {_pct(lat, 0.99) * 1000:6.2f} ms, "
+    rate = (f"offered {phase.offered_rps:.0f}/s, achieved {phase.achieved_rps:.0f}/s" if phase.offered_rps
+            else f"achieved {phase.achieved_rps:.0f}/s")
+    return (f"    round {phase.round} ledger {phase.kind + ':':<4} {rate}, p99 {_pct(lat, 0.99) * 1000:6.2f} ms, "
             f"{without} without its longest stall: {stall.duration_s * 1000:.0f} ms at {stall.start_s:.2f} s "
             f"({stall.in_flight} in flight); loop lag max {lag.lag_s * 1000:.0f} ms at {lag.at_s:.2f} s "
             f"(loop thread meanwhile: {lag.on_cpu_s * 1000:.0f} ms on a CPU, {lag.run_queue_s * 1000:.0f} ms "
@@ -313,8 +355,10 @@ def _block(r: dict[str, Any], title: str, *, target: bool) -> list[str]:
     verdict = "target <= 1.10" if target else "no target: the latency of a saturated server is its queue"
     return [
         f"{title}: {r['requests']:.0f} chat requests per kind of phase (ledger off, on) in {r['rounds']} ABBA rounds",
-        f"  ledger rows committed to PostgreSQL while serving (this process + 1 extra replica): "
-        f"{r['rows']:.0f} in {r['serve_s']:.2f} s = {r['rows_per_s']:.0f} rows/s (target >= 2000)",
+        f"  ledger rows committed to PostgreSQL while serving (ledger-on phases, this process + 1 extra replica): "
+        f"{r['rows']:.0f} in {r['serve_s']:.2f} s = {r['rows_per_s']:.0f} rows/s (target >= 2000): this process "
+        f"{r['own_rows_per_s']:.0f} rows/s, the other replica {r['extra_rows_per_s']:.0f} rows/s (during the "
+        f"ledger-off phases: {r['extra_off_rows_per_s']:.0f} rows/s)",
         f"  request latency, ledger off (baseline): p50 {r['base_p50_ms']:.2f} ms  p99 {r['base_p99_ms']:.2f} ms",
         f"  request latency, ledger on:             p50 {r['on_p50_ms']:.2f} ms  p99 {r['on_p99_ms']:.2f} ms",
         f"  p99 ratio on/off: {statistics.median(ratios):.3f} (median of the rounds; {verdict})",
@@ -353,9 +397,19 @@ def run(admin_url: str, n: int, concurrency: int, upstream_ms: float, extra_rows
             f"builds it (startup heap frozen, GIL switch interval {r['switch_interval_ms']:g} ms)")
         lines += _block(r["closed"], "closed loop at saturation (each worker sends its next request when answered: "
                         "what the ledger costs in throughput, shown as latency)", target=False)
+        if r["probes"]:
+            lines.append(
+                f"open-loop capacity without a ledger: {r['capacity_rps']:.0f} requests/s, the highest Poisson rate "
+                f"a ledger-off open loop kept up with (achieved >= {Probe.KEEP_UP:.0%} of offered, the first and "
+                f"the last quarter's median latency <= {Probe.BACKLOG:g} x the probe's fastest answer + "
+                f"{Probe.BACKLOG_SLACK_S * 1000:g} ms), "
+                f"probed from the closed loop's {r['closed_rps']:.0f}/s (up x{PROBE_GROW:g} while kept up, then "
+                f"bisected {PROBE_STEPS} times; a rate that falls behind is probed again, a disturbance can only "
+                f"make a probe fail), {PROBE_S:g} s a probe:")
+            lines += [f"  probe {i} at {p.rate:.0f}/s: {p.line()}" for i, p in enumerate(r["probes"], 1)]
         for fraction, rate, opened in r["open"]:
             lines += _block(opened, f"open loop at {rate:.0f} requests/s = {fraction:.0%} of the "
-                            f"{r['capacity_rps']:.0f}/s the closed loop served without a ledger (Poisson arrivals, "
+                            f"{r['capacity_rps']:.0f}/s open-loop capacity without a ledger (Poisson arrivals, "
                             "same schedule for both kinds, latency from each request's scheduled time: what a "
                             "client sees at that load)", target=True)
         seconds = seed_ledger(url, seed_rows)

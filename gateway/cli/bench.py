@@ -133,8 +133,8 @@ def ledger_pg_bench(
     extra_rows_per_s: float = typer.Option(2500.0, help="extra ledger rows/s recorded while serving"),
     seed_rows: int = typer.Option(1_000_000, help="ledger rows seeded before timing the spend summary"),
     open_fractions: str = typer.Option("0.3,0.6", "--open-fractions",
-                                       help="open-loop offered loads, as shares of the ledger-off closed-loop "
-                                       "requests/s, comma-separated (one set of rounds each; 0 or empty: closed loop only)"),
+                                       help="open-loop offered loads, as shares of the ledger-off open-loop capacity "
+                                       "(measured first: the highest Poisson rate it keeps up with), comma-separated (one set of rounds each; 0 or empty: closed loop only)"),
 ) -> None:
     """Ledger rows/s into PostgreSQL while serving (p99 vs ledger off, closed and open loop) and spend-summary latency."""
     from gateway.bench.ledger_pg import run

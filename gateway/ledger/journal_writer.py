@@ -96,6 +96,9 @@ class JournalWriter:
         self._synced_waiters: list[Waiter] = []
         self._blocking_sync_waits = 0  # threads in wait_synced
         self._flush_loops: set[asyncio.AbstractEventLoop] = set()  # loops with a write scheduled
+        # Each loop's scheduled write, for ``wait`` to cancel when it writes the records itself (an
+        # entry is only touched on its own loop's thread; a stale one is harmless: the handle ran).
+        self._flush_handles: dict[asyncio.AbstractEventLoop, asyncio.Handle] = {}
         self._running = False
         self._stopping = False
         self._exited = False
@@ -154,7 +157,7 @@ class JournalWriter:
                 return  # this loop writes it with the rest of this iteration's records
             self._flush_loops.add(loop)
         try:
-            loop.call_soon(self._flush_on_loop, loop)
+            self._flush_handles[loop] = loop.call_soon(self._flush_on_loop, loop)
         except RuntimeError:  # the loop is closing: the journal thread writes it
             with self._lock:
                 self._flush_loops.discard(loop)
@@ -173,6 +176,9 @@ class JournalWriter:
         loop lets go of the GIL, and the answer would wait behind whatever else is ready)."""
         loop = asyncio.get_running_loop()
         if loop in self._flush_loops:
+            handle = self._flush_handles.pop(loop, None)
+            if handle is not None:  # written here and now: the scheduled write would find nothing left to
+                handle.cancel()     # write, or leave what it found to the journal thread as this does
             self._flush_on_loop(loop)
         with self._lock:
             target = self._seq
@@ -207,6 +213,7 @@ class JournalWriter:
     def _flush_on_loop(self, loop: asyncio.AbstractEventLoop) -> None:
         """Write what is buffered as one group, on the event loop (see the module docstring);
         anything this must not do is left to the journal thread."""
+        self._flush_handles.pop(loop, None)
         with self._lock:
             self._flush_loops.discard(loop)
             if not self._buffer:

@@ -49,7 +49,9 @@ def test_phase_line_reports_the_p99_with_and_without_the_stall_window() -> None:
     # 100 requests of 10 ms, one after another, then 5 together that wait 200 ms
     spans = [(i * 0.01, (i + 1) * 0.01) for i in range(100)] + [(1.0, 1.2)] * 5
     line = phase_line(Phase("off", 2, spans, 0.0, Lag(1.05, 0.19, 0.03, 0.15), (0.6, 0.25)))
-    m = re.search(r"round 2 ledger off: p99 +([\d.]+) ms, ([\d.]+) ms without its longest stall: (\d+) ms at "
+    # a closed loop's line: 105 answers in 1.2 s
+    assert re.search(r"round 2 ledger off: achieved 88/s, p99 ", line), line
+    m = re.search(r"round 2 ledger off: achieved \d+/s, p99 +([\d.]+) ms, ([\d.]+) ms without its longest stall: (\d+) ms at "
                   r"([\d.]+) s \((\d+) in flight\); loop lag max (\d+) ms at ([\d.]+) s \(loop thread meanwhile: "
                   r"(\d+) ms on a CPU, (\d+) ms waiting for one\); phase ([\d.]+) s, loop thread ([\d.]+) s on a "
                   r"CPU, ([\d.]+) s waiting for one", line)
@@ -57,6 +59,10 @@ def test_phase_line_reports_the_p99_with_and_without_the_stall_window() -> None:
     assert float(m.group(1)) == pytest.approx(200.0)
     assert float(m.group(2)) == pytest.approx(10.0)
     assert m.groups()[2:] == ("200", "1.00", "5", "190", "1.05", "30", "150", "1.20", "0.60", "0.25")
+    # an open loop's line also says what its schedule offered; achieved counts from the first answer
+    # to the last (104 more in 1.19 s), as offered counts from the first arrival to the last
+    opened = phase_line(Phase("on", 1, spans, 0.0, Lag(0, 0), (0.6, 0.25), offered_rps=100.0))
+    assert re.search(r"round 1 ledger on: +offered 100/s, achieved 87/s, p99 +200\.00 ms", opened), opened
 
 
 def test_loop_lag_sees_a_blocked_loop() -> None:

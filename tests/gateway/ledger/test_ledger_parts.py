@@ -109,6 +109,47 @@ async def test_the_event_loop_writes_its_own_groups_and_the_thread_writes_the_re
         assert writer.join(time.monotonic() + 5)
 
 
+async def test_a_waiter_writes_its_loop_group_itself_and_the_scheduled_write_is_cancelled(tmp_path: Path) -> None:
+    """``wait`` on the loop writes what the loop buffered at once and cancels the write the first
+    append scheduled (it would find nothing left); a record nobody waits for is still written by
+    that scheduled write, at the end of the loop iteration."""
+    writer, groups, journal, _ = _writer(tmp_path)
+    writer.start(journal, 0)
+    runs: list[int] = []
+    real = writer._flush_on_loop
+
+    def counted(loop: asyncio.AbstractEventLoop) -> None:
+        runs.append(1)
+        real(loop)
+
+    writer._flush_on_loop = counted  # type: ignore[method-assign]
+    try:
+        writer.append(entry(0))  # the first group also opens the segment: the journal thread writes it
+        await asyncio.wait_for(writer.wait("process"), 5)
+        await asyncio.sleep(0.05)
+        runs.clear()
+        waited = [entry(i) for i in range(1, 7)]
+        for i in range(0, 6, 2):
+            writer.append(waited[i])
+            writer.append(waited[i + 1])
+            await writer.wait("process")  # awaited in this task (wait_for would start a task after the scheduled write)
+            await asyncio.sleep(0)  # one loop iteration: a scheduled write would run here
+            await asyncio.sleep(0)
+        assert len(runs) == 3  # the waiters' own writes, no scheduled one ran
+        unwaited = entry(99)
+        writer.append(unwaited)  # nobody waits: the scheduled write writes it
+        for _ in range(100):
+            if groups.groups[-1][1] == [unwaited]:
+                break
+            await asyncio.sleep(0.01)
+        assert len(runs) == 4 and groups.groups[-1][1] == [unwaited]
+        assert [g for _, g, _ in groups.groups[1:]] == [waited[0:2], waited[2:4], waited[4:6], [unwaited]]
+        assert writer.counts() == (0, 8, writer.counts()[2])
+    finally:
+        writer.request_stop()
+        assert writer.join(time.monotonic() + 5)
+
+
 async def test_background_syncs_are_spaced_but_an_fsync_waiter_is_not_kept_waiting(tmp_path: Path) -> None:
     writer, _, journal, _ = _writer(tmp_path, sync_interval_s=0.5)
     syncs: list[float] = []
