@@ -195,19 +195,27 @@ class Speculator:
         return best[0]
 
     # -- the step's results -------------------------------------------------------------------------
-    def verify(self, s: ScheduledSequence, logits: torch.Tensor, suppressed: Suppressed
-               ) -> tuple[list[int], list[TokenLogprob | None]]:
-        """Check ``s``'s draft against the target's ``1 + num_spec`` rows of logits (see `verify`)."""
+    def verify(self, s: ScheduledSequence, logits: torch.Tensor, suppressed: Suppressed,
+               argmax: list[int] | None = None) -> tuple[list[int], list[TokenLogprob | None]]:
+        """Check ``s``'s draft against the target's ``1 + num_spec`` rows of logits (see `verify`); ``argmax``:
+        each row's argmax where the step computed it (a greedy check then reads no logits)."""
         seq, p = s.seq, s.seq.params
         draft = seq.spec_token_ids[:s.num_spec]
         logits = logits.float()
         masks = [suppressed(seq, j) for j in range(len(draft) + 1)]
         if any(masks):
+            argmax = None
             logits = logits.clone()
             for j, ids in enumerate(masks):
                 if ids:
                     logits[j, list(ids)] = float("-inf")
-        tokens = verify(logits, draft, p, seq.sampler_state, seq.spec_probs)
+        if p.greedy and argmax is not None:
+            n = 0
+            while n < len(draft) and draft[n] == argmax[n]:
+                n += 1
+            tokens = [*draft[:n], argmax[n]]
+        else:
+            tokens = verify(logits, draft, p, seq.sampler_state, seq.spec_probs)
         lps: list[TokenLogprob | None] = [None] * len(tokens)
         if p.wants_logprobs:
             lp = torch.log_softmax(logits[:len(tokens)], dim=-1)

@@ -380,3 +380,31 @@ def test_a_model_drafter_starts_only_where_its_catch_up_pays_back(family_models:
     assert engine._seqs[short].spec_token_ids == [] and not engine._seqs[short].spec.active(2)
     assert len(engine._seqs[long].spec_token_ids) == 2
     assert spec.drafters["draft"].lag(long, engine._seqs[long].token_ids) == 1  # it caught up
+
+
+def test_verify_and_drafting_steps_take_the_decode_fast_path(family_models: Any) -> None:
+    """On the native backend a verify step (the last token and its drafts as decode rows of one sequence) and
+    a drafter's steps run through the one-call decode step: `forward` runs only the prefills, and the greedy
+    check reads the step's argmax."""
+    model, config = family_models["mixtral"]
+    engine = _engine(model, config, draft_model=model, speculative=SpecConfig(probe_verifies=10_000))
+    if engine.runner.backend.name != "native":
+        pytest.skip("the native kernels are not built here")
+    plain = _run(_engine(model, config), None)
+    for mode in ("prompt_lookup", "self", "draft"):
+        decode_rows: list[bool] = []  # per forward: whether it ran one-token rows (what the fast path covers)
+        backends = {id(b): b for b in [engine.runner.backend, engine.speculator.drafter(mode).backend]}
+        for backend in backends.values():
+            real = backend.forward
+
+            def counting(input_ids: torch.Tensor, positions: torch.Tensor, ctx: Any, *args: Any, _real: Any = real,
+                         _seen: list[bool] = decode_rows, **kw: Any) -> torch.Tensor:
+                _seen.append(not ctx.is_prefill)
+                return _real(input_ids, positions, ctx, *args, **kw)
+
+            backend.forward = counting  # type: ignore[method-assign]
+        assert _run(engine, mode) == plain
+        assert engine.speculator.totals[mode].drafted > 0
+        for backend in backends.values():
+            del backend.forward
+        assert decode_rows and not any(decode_rows), mode  # prefills only
