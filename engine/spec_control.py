@@ -151,10 +151,9 @@ class SpecCosts:
         key = f"draft:{proposer}"
         self._sum(key, seconds)
         recent = self._drafts.setdefault(proposer, _Recent())
-        if proposer == "prompt_lookup":  # every step: the median is refreshed every 8th (no choice reads it)
+        if proposer == "prompt_lookup":
             recent.add(seconds)
-            if recent.count < 3 or self.sums[key][0] % 8 == 0:
-                self.draft_call[proposer] = recent.value
+            self.draft_call[proposer] = recent.value
         elif tokens > 0:
             recent.add(seconds / tokens)
             self.draft_token[proposer] = recent.value

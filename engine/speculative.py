@@ -133,9 +133,11 @@ class NgramIndex:
 
     def lookup(self, tokens: list[int], k: int) -> tuple[list[int], int]:
         end = len(tokens) - 1  # candidates end strictly before the last token
+        latest, top = self._latest, self.ngram_max
         for p in range(self._indexed, end):
-            for n in range(1, min(self.ngram_max, p + 1) + 1):
-                self._latest[n][tuple(tokens[p - n + 1:p + 1])] = p
+            gram = tuple(tokens[max(p - top + 1, 0):p + 1])  # the longest n-gram ending at p; the others its tails
+            for n in range(1, len(gram) + 1):
+                latest[n][gram[-n:]] = p
         self._indexed = max(self._indexed, end)
         if k < 1:
             return [], 0

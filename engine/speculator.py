@@ -30,6 +30,7 @@ from engine.sequence import Sequence
 from engine.spec_control import Acceptance, SpecConfig, SpecCosts, SpecState, SpecTotals, best_draft
 from engine.speculative import DraftRequest, ModelDrafter, NgramIndex, verify
 
+LOOKUP_TIMED_EVERY = 8  # prompt lookup's cost (for reports) is recorded at one step in this many
 CATCH_UP = 2  # a model drafter this many tokens behind is keeping up (the bonus token, the last draft)
 Suppressed = Callable[[Sequence, int], tuple[int, ...]]  # ids the offset-th next token of a sequence may not be
 
@@ -44,6 +45,7 @@ class Speculator:
         self.acceptance: dict[tuple[str, int], Acceptance] = {}
         self.drafters: dict[str, ModelDrafter] = {}
         self._lookups: dict[str, NgramIndex] = {}  # per prompt-lookup request
+        self._looked = 0  # steps at which prompt lookup proposed
         self._draft_model = draft_model
         self._kv_dtype = kv_dtype
         self._max_model_len = max_model_len
@@ -147,7 +149,9 @@ class Speculator:
                     st.pause(seq.num_output_tokens, cfg)  # probes again after a while
         spent = time.perf_counter() - start
         if looked:
-            self.costs.record_draft("prompt_lookup", spent / looked, 0)
+            self._looked += 1
+            if self._looked % LOOKUP_TIMED_EVERY == 1:  # nothing chooses by it: a sample of the steps is enough
+                self.costs.record_draft("prompt_lookup", spent / looked, 0)
         for proposer, items in groups.items():
             begin = time.perf_counter()
             drafts = self.drafter(proposer).propose([
@@ -201,24 +205,23 @@ class Speculator:
         each row's argmax where the step computed it (a greedy check then reads no logits)."""
         seq, p = s.seq, s.seq.params
         draft = seq.spec_token_ids[:s.num_spec]
-        logits = logits.float()
         masks = [suppressed(seq, j) for j in range(len(draft) + 1)]
-        if any(masks):
-            argmax = None
-            logits = logits.clone()
-            for j, ids in enumerate(masks):
-                if ids:
-                    logits[j, list(ids)] = float("-inf")
-        if p.greedy and argmax is not None:
+        if p.greedy and argmax is not None and not any(masks):  # the step's argmax is the check: no logits read
             n = 0
             while n < len(draft) and draft[n] == argmax[n]:
                 n += 1
             tokens = [*draft[:n], argmax[n]]
         else:
+            logits = logits.float()
+            if any(masks):
+                logits = logits.clone()
+                for j, ids in enumerate(masks):
+                    if ids:
+                        logits[j, list(ids)] = float("-inf")
             tokens = verify(logits, draft, p, seq.sampler_state, seq.spec_probs)
         lps: list[TokenLogprob | None] = [None] * len(tokens)
         if p.wants_logprobs:
-            lp = torch.log_softmax(logits[:len(tokens)], dim=-1)
+            lp = torch.log_softmax(logits[:len(tokens)].float(), dim=-1)
             for j, t in enumerate(tokens):
                 top: tuple[tuple[int, float], ...] = ()
                 if p.top_logprobs:

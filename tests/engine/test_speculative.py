@@ -408,3 +408,28 @@ def test_verify_and_drafting_steps_take_the_decode_fast_path(family_models: Any)
         for backend in backends.values():
             del backend.forward
         assert decode_rows and not any(decode_rows), mode  # prefills only
+
+
+def _logprobs(engine: LLMEngine, params: SamplingParams, mode: str | None) -> list[list[Any]]:
+    ids = [engine.add_request(p, params, speculative=mode) for p in PROMPTS]
+    got: dict[str, list[Any]] = {i: [] for i in ids}
+    while engine.has_unfinished_requests():
+        for o in engine.step():
+            got[o.request_id].extend(o.new_logprobs)
+    return [got[i] for i in ids]
+
+
+def test_greedy_logprobs_under_speculation_equal_plain_decoding(family_models: Any) -> None:
+    """The greedy check reads the step's argmax, yet asked-for logprobs still come from the verify rows' logits."""
+    model, config = family_models["mixtral"]
+    params = SamplingParams(temperature=0, max_tokens=16, logprobs=True, top_logprobs=2)
+    plain = _logprobs(_engine(model, config), params, None)
+    spec = _engine(model, config, speculative=SpecConfig(probe_verifies=10_000))
+    got = _logprobs(spec, params, "prompt_lookup")
+    assert spec.speculator.totals["prompt_lookup"].accepted > 0
+    for a, b in zip(plain, got, strict=True):
+        assert len(a) == len(b) == 16
+        for x, y in zip(a, b, strict=True):
+            assert x.token_id == y.token_id
+            assert x.logprob == pytest.approx(y.logprob, abs=1e-4)
+            assert [t for t, _ in x.top] == [t for t, _ in y.top]
