@@ -5,8 +5,10 @@ each proposer (prompt lookup, the draft model, MoE self-speculation) against pla
 taking turns (`best_interleaved`). Per proposer it prints the acceptance, the measured costs (plain step,
 verify step by draft length, drafting) and the *bound*: the speed those costs and the acceptance per draft
 position imply at the best fixed draft length, drafting wherever the proposer has a guess (prompt lookup
-has none where the last token never occurred before). The engine chooses per step, so it may beat the bound;
-a bound below 1 means speculating cannot pay here and the best the engine can do is decode plainly.
+has none where the last token never occurred before; its bound is replayed on the answers themselves, see
+`lookup_bound`). The engine chooses per step, so it may beat the bound; a bound below 1 means speculating
+cannot pay here and the best the engine can do is decode plainly. Prompt lookup's target is read off its
+ceiling (below), which no choice of draft lengths can beat.
 
 Per workload it also says how much the answers actually reuse: the share of the answers' 4-grams found in
 their prompt, and the share of answer positions where prompt lookup's next-token guess is right; and prompt
@@ -142,6 +144,41 @@ def speed_bound(costs: SpecCosts, totals: SpecTotals, proposer: str, plain: floa
     return best, best_k
 
 
+def lookup_bound(prompts: list[list[int]], answers: list[list[int]], costs: SpecCosts, plain: float, k_max: int,
+                 ngram_max: int, other: float = 0.0) -> tuple[float, int]:
+    """Prompt lookup's bound at a fixed draft length, replayed on the answers themselves: the speed (a multiple
+    of plain decoding's) of drafting ``k`` guessed tokens wherever it has a guess (fewer where the guess or the
+    answer is shorter) and decoding plainly elsewhere, with the costs `lookup_ceiling` uses, at the best ``k``,
+    and that ``k``. Replaying rather than applying the run's acceptance per draft position to every guess: the
+    engine drafts where its guesses hold best, so those figures overstate the guesses it declines."""
+    table = costs.verify_costs(k_max)
+    if table is None:
+        return math.nan, 0
+    plain = table[0] or plain
+    call = costs.draft_call.get("prompt_lookup", 0.0)
+    best, best_k = math.nan, 0
+    plain_spent = sum((len(a) - 1) * plain for a in answers)
+    for k in range(1, k_max + 1):
+        spent = 0.0
+        for prompt, answer in zip(prompts, answers, strict=True):
+            t = 1
+            while t < len(answer):
+                guess = prompt_lookup([*prompt, *answer[:t]], min(k, len(answer) - t - 1), ngram_max)
+                if not guess:
+                    spent += plain + call
+                    t += 1
+                    continue
+                held = 0
+                while held < len(guess) and guess[held] == answer[t + held]:
+                    held += 1
+                spent += table[len(guess)] + call
+                t += held + 1
+        speed = (other + plain_spent) / (other + spent)
+        if not speed <= best:
+            best, best_k = speed, k
+    return best, best_k
+
+
 def lookup_ceiling(prompts: list[list[int]], answers: list[list[int]], costs: SpecCosts, plain: float, k_max: int,
                    ngram_max: int, other: float = 0.0) -> float:
     """Prompt lookup's ceiling: the speed (a multiple of plain decoding's) if it knew which of its guesses will
@@ -219,8 +256,10 @@ def run_speculative_bench(demo_dir: Path, draft_dir: Path | None, log: Log, *, d
         prefills = len(prompts) * decode_tokens / speed["off"] - len(prompts) * (decode_tokens - 1) * plain
         ceiling = lookup_ceiling(prompts, answers, curve, plain, spec.config.max_draft, spec.config.ngram_max,
                                  max(prefills, 0.0))
-        rows = [replace(r, ceiling=ceiling) if r.workload == workload and r.mode == "prompt_lookup" else r
-                for r in rows]
+        bound, bound_k = lookup_bound(prompts, answers, curve, plain, spec.config.max_draft, spec.config.ngram_max,
+                                      max(prefills, 0.0))
+        rows = [replace(r, ceiling=ceiling, bound=bound, bound_k=bound_k)
+                if r.workload == workload and r.mode == "prompt_lookup" else r for r in rows]
         log(f"(f) {workload}: plain decoding {speed['off']:.1f} tok/s (decode step {1e3 * plain:.2f} ms); verify step "
             "by draft length (prompt lookup's runs, ms): " + ", ".join(
                 f"{k}: {1e3 * curve.verify[k].value:.2f}" for k in sorted(curve.verify) if curve.verify[k].count >= 3))
