@@ -42,7 +42,8 @@ class SpecConfig:
     ``engine_probe_every`` of those steps, to keep its estimate honest). A model drafter that does not pay pauses
     the sequence: for ``cooldown_tokens`` tokens (doubling each time, then a probe) while the proposer has fewer
     than ``engine_probe_verifies`` verify steps, to the end of the request after that. Once it has them and pays
-    nowhere, new requests start with it off, except one in ``engine_probe_every``, which drafts once.
+    nowhere, new requests start with it off, except a probe after ``engine_probe_every`` of them (then after
+    twice as many each time, see `engine.speculator`), which drafts once.
     """
 
     default: str = "off"
@@ -290,6 +291,8 @@ class SpecTotals:
     no_guess: int = 0  # decode steps at which the proposer had nothing to propose (prompt lookup found no match)
     declined: int = 0  # decode steps at which it had a guess but drafting was predicted not to pay
     skipped: int = 0  # requests started with speculation off because it did not pay engine-wide
+    next_probe: int = 0  # the skipped count at which the next such request probes instead (0: engine_probe_every)
+    probe_gap: int = 0  # skipped requests between probes (0: none yet)
     positions: Acceptance = field(default_factory=lambda: Acceptance(64, cap=math.inf))  # every verify, kept
 
     @property

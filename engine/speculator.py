@@ -9,7 +9,8 @@ drafts a heuristic length; then every step takes the length with the best expect
 plain / verify / drafting costs and the proposer's acceptance per draft position — per n-gram match length
 for prompt lookup, which looks up every step (it costs ~0.02 ms) and drafts only where that pays; a model
 drafter whose best length is 0 pauses the sequence (for longer each time) and probes again after it. New
-requests start plain while a proposer pays nowhere, except one in ``engine_probe_every``.
+requests start plain while a proposer pays nowhere, except a probe after ``engine_probe_every`` of them, then
+after twice as many each time its probe finds it still does not pay (up to ``PROBE_GAP_MAX`` times as many).
 
 Imports torch, engine.speculative, engine.spec_control, engine.runner (the drafters' backends) and the plain
 sequence and scheduler types; nothing web/db.
@@ -30,6 +31,7 @@ from engine.sequence import Sequence
 from engine.spec_control import Acceptance, SpecConfig, SpecCosts, SpecState, SpecTotals, best_draft
 from engine.speculative import DraftRequest, ModelDrafter, NgramIndex, verify
 
+PROBE_GAP_MAX = 8  # requests between probes of a proposer that pays nowhere: at most this many engine_probe_every
 LOOKUP_TIMED_EVERY = 8  # prompt lookup's cost (for reports) is recorded at one step in this many
 CATCH_UP = 2  # a model drafter this many tokens behind is keeping up (the bonus token, the last draft)
 Suppressed = Callable[[Sequence, int], tuple[int, ...]]  # ids the offset-th next token of a sequence may not be
@@ -53,16 +55,22 @@ class Speculator:
     # -- per request --------------------------------------------------------------------------------
     def new_state(self, proposer: str) -> SpecState:
         """A new request's state: plain for the whole request while ``proposer`` pays nowhere on this engine
-        (one request in ``engine_probe_every`` still probes)."""
+        (a request now and then still probes: see the module docstring)."""
         cfg = self.config
         state = SpecState(proposer, cfg.initial_draft)
         totals = self.totals.setdefault(proposer, SpecTotals())
         if totals.verifies >= cfg.engine_probe_verifies and not self._pays(proposer):
             totals.skipped += 1
-            if totals.skipped % cfg.engine_probe_every:
+            if totals.skipped < (totals.next_probe or cfg.engine_probe_every):
                 state.paused_until = self._max_model_len
-            else:
-                state.probing = True  # drafts once, whatever the estimate says: fresh evidence
+            else:  # drafts once, whatever the estimate says: fresh evidence; the next probe twice as far off
+                state.probing = True
+                totals.probe_gap = min(2 * totals.probe_gap, PROBE_GAP_MAX * cfg.engine_probe_every) \
+                    if totals.probe_gap else cfg.engine_probe_every
+                totals.next_probe = totals.skipped + totals.probe_gap
+        elif totals.probe_gap:  # it pays again: back to probing every engine_probe_every once it stops paying
+            totals.probe_gap = 0
+            totals.next_probe = totals.skipped + cfg.engine_probe_every
         return state
 
     def _pays(self, proposer: str) -> bool:

@@ -332,6 +332,10 @@ def test_new_requests_start_plain_while_a_proposer_does_not_pay_engine_wide(fami
     states = [engine._seqs[i].spec for i in ids]
     assert [st.active(0) for st in states].count(True) == 2 and states[7].active(0) and states[15].active(0)
     assert states[7].probing and not states[6].probing  # one in eight drafts once, whatever the estimate says
+    ids = [engine.add_request(PROMPTS[0], GREEDY, speculative="draft") for _ in range(32)]
+    probes = [n for n, i in enumerate(ids) if engine._seqs[i].spec.active(0)]
+    # each probe that finds it still not paying puts the next twice as far off: after 8, 16, then 32 skipped
+    assert probes == [15] and spec.totals["draft"].next_probe == 64
     spec.costs = _measured(1.0, {1: 1.3, 4: 1.8}, draft_token=0.1)  # a cheap draft, mostly accepted: it pays
     for _ in range(40):
         acceptance.record(4, 4)
