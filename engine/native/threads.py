@@ -5,9 +5,11 @@ barrier waits for the slowest thread: where another process holds one of the cor
 loses it for scheduler time slices and the whole step waits. Measured here (the demo model, bf16, two
 threads, a busy loop on the other core): ~980 tok/s on the team against ~1,840 on one thread, while on an idle
 machine the team is ~1.45x faster than one thread. The kernels' results do not depend on the thread count, so
-the choice is free to follow the measurements: each (batch size, thread count) keeps a moving average of the
-step's time on one thread and on the team, the faster one runs, and the other is timed again once every
-``probe_every`` steps, so a change of load is noticed within a few probes.
+the choice is free to follow the measurements: each (batch size, thread count) keeps the median of the step's
+last few times on one thread and on the team (a median: one step the scheduler delayed by a time slice, ten
+times the usual, would hold a moving average up for many steps, and with it the wrong choice), the faster one
+runs, and the other is timed again once every ``probe_every`` steps, so a change of load is noticed within a
+few probes.
 
 Pure Python; imports nothing outside the standard library.
 """
@@ -18,9 +20,9 @@ from __future__ import annotations
 class ThreadChoice:
     """Times steps on one thread and on ``threads`` (see the module docstring) and picks the faster."""
 
-    def __init__(self, probe_every: int = 64, weight: float = 0.25, first: int = 4) -> None:
+    def __init__(self, probe_every: int = 64, window: int = 5, first: int = 4) -> None:
         self.probe_every = probe_every
-        self.weight = weight  # of a new measurement in the moving averages
+        self.window = window  # the latest step times kept per arm (their median is its time)
         self.first = first  # steps timed on each before choosing: the two alternate until then
         self._arms: dict[tuple[int, int], _Arms] = {}  # by (batch, threads)
         self._steps = 0
@@ -46,10 +48,12 @@ class ThreadChoice:
         if arms is None:
             return
         arm = 1 if used > 1 else 0
-        n = arms.count[arm]
-        arms.count[arm] = n + 1
-        # the first few: their mean; then a moving average
-        arms.seconds[arm] += (seconds - arms.seconds[arm]) * max(self.weight, 1.0 / (n + 1))
+        arms.count[arm] += 1
+        recent = arms.recent[arm]
+        recent.append(seconds)
+        if len(recent) > self.window:
+            del recent[0]
+        arms.seconds[arm] = sorted(recent)[len(recent) // 2]
 
     def faster(self, batch: int, threads: int) -> int | None:
         """The thread count chosen so far for ``batch`` sequences (None: not measured yet)."""
@@ -60,8 +64,9 @@ class ThreadChoice:
 
 
 class _Arms:
-    __slots__ = ("count", "seconds")
+    __slots__ = ("count", "recent", "seconds")
 
     def __init__(self) -> None:
         self.count = [0, 0]  # steps timed on one thread, on the team
-        self.seconds = [0.0, 0.0]  # their average step time
+        self.recent: tuple[list[float], list[float]] = ([], [])  # their latest step times
+        self.seconds = [0.0, 0.0]  # the median of those

@@ -36,6 +36,14 @@ def test_a_team_turning_slow_is_left_within_a_few_probes_and_taken_back() -> Non
     assert choice.faster(1, 2) == 2
 
 
+def test_one_delayed_step_does_not_flip_the_choice() -> None:
+    choice = ThreadChoice(probe_every=8, first=2)
+    _run(choice, 20, {1: 3e-4, 2: 2e-4})
+    choice.record(1, 2, 2, 5e-3)  # the scheduler took the team's core for a time slice, once
+    used = _run(choice, 15, {1: 3e-4, 2: 2e-4})
+    assert choice.faster(1, 2) == 2 and used.count(1) <= 2  # the probes only
+
+
 def test_one_available_thread_is_one() -> None:
     choice = ThreadChoice()
     assert {choice.pick(b, 1) for b in (1, 4)} == {1}
