@@ -5,8 +5,10 @@ each proposer (prompt lookup, the draft model, MoE self-speculation) against pla
 taking turns (`best_interleaved`). Per proposer it prints the acceptance, the measured costs (plain step,
 verify step by draft length, drafting) and the *bound*: the speed those costs and the acceptance per draft
 position imply at the best fixed draft length, drafting wherever the proposer has a guess (prompt lookup
-has none where the last token never occurred before). The engine chooses per step, so it may beat the bound;
-a bound below 1 means speculating cannot pay here and the best the engine can do is decode plainly.
+has none where the last token never occurred before; its bound is replayed on the answers themselves, see
+`lookup_bound`). The engine chooses per step, so it may beat the bound; a bound below 1 means speculating
+cannot pay here and the best the engine can do is decode plainly. Prompt lookup's target is read off its
+ceiling (below), which no choice of draft lengths can beat.
 
 Per workload it also says how much the answers actually reuse: the share of the answers' 4-grams found in
 their prompt, and the share of answer positions where prompt lookup's next-token guess is right; and prompt
@@ -19,7 +21,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 
@@ -61,15 +63,23 @@ class SpecRow:
     catch_up_ms: float  # a model drafter's run over one request's prompt
     bound: float
     bound_k: int
+    ceiling: float = math.nan  # prompt lookup's: its speed had it known which guesses hold (`lookup_ceiling`)
+
+    @property
+    def reachable(self) -> float:
+        """The most this proposer could reach here by the measured costs: prompt lookup's ceiling (an upper
+        bound: the engine chooses per step, so it may beat the fixed-length ``bound``, never the ceiling), else
+        the bound; at least plain speed (the engine may always decode plainly)."""
+        basis = self.ceiling if self.ceiling == self.ceiling else self.bound
+        return max(basis, 1.0) if basis == basis else 1.0
 
     @property
     def target(self) -> float:
-        """1.5x on copy-heavy where the bound allows it, else 85% of the bound (at least plain speed: the engine
-        may always decode plainly); 0.95x on free generation."""
+        """1.5x on copy-heavy where the costs allow it, else 85% of what they allow (`reachable`); 0.95x on free
+        generation."""
         if self.workload != "copy-heavy":
             return 0.95
-        reachable = max(self.bound, 1.0) if self.bound == self.bound else 1.0
-        return 1.5 if reachable >= 1.5 else 0.85 * reachable
+        return 1.5 if self.reachable >= 1.5 else 0.85 * self.reachable
 
 
 def spec_workloads(engine: LLMEngine) -> dict[str, list[list[int]]]:
@@ -112,9 +122,11 @@ def speed_bound(costs: SpecCosts, totals: SpecTotals, proposer: str, plain: floa
     would reach with these costs and the acceptance per draft position measured in the run, at the best ``k``,
     and that ``k``: a guessed step yields ``1 + sum_j P(first j accepted)`` tokens for a verify of ``k`` plus
     proposing, an unguessed one 1 token for a plain step plus the (failed) lookup; a model drafter also runs
-    each request's ``prompt`` tokens once (its catch-up), over a request of ``tokens`` decode steps."""
+    each request's ``prompt`` tokens once (its catch-up), over a request of ``tokens`` decode steps. The plain
+    step is the proposer's own runs' (the same statistic, measured alongside its verify steps), else ``plain``."""
     if costs.plain is None:
         costs.record_plain(plain)
+    plain = costs.plain or plain
     g = totals.guess_share
     call = costs.draft_call.get(proposer, 0.0)
     once = prompt * costs.catch_up_token.get(proposer, 0.0)
@@ -132,15 +144,52 @@ def speed_bound(costs: SpecCosts, totals: SpecTotals, proposer: str, plain: floa
     return best, best_k
 
 
+def lookup_bound(prompts: list[list[int]], answers: list[list[int]], costs: SpecCosts, plain: float, k_max: int,
+                 ngram_max: int, other: float = 0.0) -> tuple[float, int]:
+    """Prompt lookup's bound at a fixed draft length, replayed on the answers themselves: the speed (a multiple
+    of plain decoding's) of drafting ``k`` guessed tokens wherever it has a guess (fewer where the guess or the
+    answer is shorter) and decoding plainly elsewhere, with the costs `lookup_ceiling` uses, at the best ``k``,
+    and that ``k``. Replaying rather than applying the run's acceptance per draft position to every guess: the
+    engine drafts where its guesses hold best, so those figures overstate the guesses it declines."""
+    table = costs.verify_costs(k_max)
+    if table is None:
+        return math.nan, 0
+    plain = table[0] or plain
+    call = costs.draft_call.get("prompt_lookup", 0.0)
+    best, best_k = math.nan, 0
+    plain_spent = sum((len(a) - 1) * plain for a in answers)
+    for k in range(1, k_max + 1):
+        spent = 0.0
+        for prompt, answer in zip(prompts, answers, strict=True):
+            t = 1
+            while t < len(answer):
+                guess = prompt_lookup([*prompt, *answer[:t]], min(k, len(answer) - t - 1), ngram_max)
+                if not guess:
+                    spent += plain + call
+                    t += 1
+                    continue
+                held = 0
+                while held < len(guess) and guess[held] == answer[t + held]:
+                    held += 1
+                spent += table[len(guess)] + call
+                t += held + 1
+        speed = (other + plain_spent) / (other + spent)
+        if not speed <= best:
+            best, best_k = speed, k
+    return best, best_k
+
+
 def lookup_ceiling(prompts: list[list[int]], answers: list[list[int]], costs: SpecCosts, plain: float, k_max: int,
                    ngram_max: int, other: float = 0.0) -> float:
     """Prompt lookup's ceiling: the speed (a multiple of plain decoding's) if it knew which of its guesses will
     hold — at every answer position it drafts exactly the guessed tokens that the target accepts (nothing where
-    the first is wrong) — with the verify costs measured for it and its lookup cost on every step; ``other``:
-    seconds both pay besides the decode steps (the prefills)."""
+    the first is wrong) — with the plain and verify steps measured in its runs (``plain`` where they had no
+    plain step) and its lookup cost on every step; ``other``: seconds both pay besides the decode steps (the
+    prefills)."""
     table = costs.verify_costs(k_max)
     if table is None:
         return math.nan
+    plain = table[0] or plain
     call = costs.draft_call.get("prompt_lookup", 0.0)
     spent = plain_spent = 0.0
     for prompt, answer in zip(prompts, answers, strict=True):
@@ -204,12 +253,16 @@ def run_speculative_bench(demo_dir: Path, draft_dir: Path | None, log: Log, *, d
                                 totals.tokens_per_verify, totals.guess_share, 1e3 * plain, 1e3 * c.mean("verify"),
                                 mean_k, 1e3 * draft, 1e3 * prompt * c.catch_up_token.get(m, 0.0), bound, bound_k))
         curve = costs["prompt_lookup"]
-        log(f"(f) {workload}: plain decoding {speed['off']:.1f} tok/s (decode step {1e3 * plain:.2f} ms); verify step "
-            "by draft length (prompt lookup's runs, ms): " + ", ".join(
-                f"{k}: {1e3 * curve.verify[k].value:.2f}" for k in sorted(curve.verify) if curve.verify[k].count >= 3))
         prefills = len(prompts) * decode_tokens / speed["off"] - len(prompts) * (decode_tokens - 1) * plain
         ceiling = lookup_ceiling(prompts, answers, curve, plain, spec.config.max_draft, spec.config.ngram_max,
                                  max(prefills, 0.0))
+        bound, bound_k = lookup_bound(prompts, answers, curve, plain, spec.config.max_draft, spec.config.ngram_max,
+                                      max(prefills, 0.0))
+        rows = [replace(r, ceiling=ceiling, bound=bound, bound_k=bound_k)
+                if r.workload == workload and r.mode == "prompt_lookup" else r for r in rows]
+        log(f"(f) {workload}: plain decoding {speed['off']:.1f} tok/s (decode step {1e3 * plain:.2f} ms); verify step "
+            "by draft length (prompt lookup's runs, ms): " + ", ".join(
+                f"{k}: {1e3 * curve.verify[k].value:.2f}" for k in sorted(curve.verify) if curve.verify[k].count >= 3))
         log(f"(f) {workload}: prompt lookup's ceiling, had it known in advance which of its guesses hold, "
             f"{ceiling:.2f}x; it reached {rows[-len(modes) + 1].ratio / ceiling:.0%} of that")
         for row in rows[-len(modes) + 1:]:
@@ -219,12 +272,14 @@ def run_speculative_bench(demo_dir: Path, draft_dir: Path | None, log: Log, *, d
 
 def _log_row(row: SpecRow, log: Log) -> None:
     reached = row.ratio / max(row.bound, 1.0) if row.bound == row.bound else math.nan
+    ceiling = (f"; its ceiling {row.ceiling:.2f}x, reached {row.ratio / row.reachable:.0%} of max(ceiling, 1)"
+               if row.ceiling == row.ceiling else "")
     log(f"(f) {row.workload}, {row.mode}: {row.tokens_per_s:.1f} tok/s -> ratio {row.ratio:.2f}x vs plain "
         f"(target >= {row.target:.2f}x: {_verdict(row.ratio, row.target)}); a guess at {row.guess_share:.0%} of its "
         f"steps, acceptance {row.acceptance:.0%}, {row.tokens_per_verify:.2f} tokens/verify; step {row.step_ms:.2f} ms, "
         f"verify {row.verify_ms:.2f} ms at {row.verify_k:.1f} drafts, {_drafting(row)} -> bound "
         f"{row.bound:.2f}x (drafting {row.bound_k} wherever it has a guess), reached {reached:.0%} of "
-        f"max(bound, 1)")
+        f"max(bound, 1){ceiling}")
 
 
 def _drafting(row: SpecRow) -> str:

@@ -264,9 +264,12 @@ class LLMEngine:
             for i, t, lp in zip(plain, tokens, logprobs, strict=True):
                 emitted[i] = ([t], [lp])
         accepted: dict[Sequence, int] = {}
+        argmax = self.runner.last_argmax
         for i, s in enumerate(sampling):
             if s.num_spec:
-                emitted[i] = self.speculator.verify(s, logits[rows[i]:rows[i] + 1 + s.num_spec], self._suppressed)
+                end = rows[i] + 1 + s.num_spec
+                emitted[i] = self.speculator.verify(s, logits[rows[i]:end], self._suppressed,
+                                                    None if argmax is None else argmax[rows[i]:end])
                 accepted[s.seq] = len(emitted[i][0]) - 1
         self.scheduler.advance(out, accepted)
         self.speculator.record(out.scheduled, accepted, time.perf_counter() - start - drafting)

@@ -29,6 +29,7 @@ from engine.attention import AttentionContext
 from engine.scheduler import ScheduledSequence
 
 KVCache = tuple[torch.Tensor, torch.Tensor]
+DECODE_ROWS_MAX = 16  # at most this many tokens of one sequence run as decode rows (see `Span`)
 
 
 class DecodeBackend(Protocol):
@@ -173,10 +174,32 @@ class ModelRunner:
             fast = self.backend.decode([q.token_ids[s.start] for q, s in zip(seqs, scheduled, strict=True)],
                                        [s.start for s in scheduled], [q.block_table for q in seqs],
                                        [q.experts_per_token for q in seqs], self.kv_caches, self.block_size)
-            if fast is not None:
-                logits, self.last_argmax = fast
-                return logits
+        elif all(s.samples and s.num_new_tokens - s.num_spec == 1 and s.num_spec <= DECODE_ROWS_MAX
+                 for s in scheduled):
+            fast = self._decode_with_drafts(scheduled)
+        else:
+            fast = None
+        if fast is not None:
+            logits, self.last_argmax = fast
+            return logits
         return self._execute_spans(scheduled)
+
+    def _decode_with_drafts(self, scheduled: Seq[ScheduledSequence]) -> tuple[torch.Tensor, list[int]] | None:
+        """A step of decodes some of which verify drafts, by the backend's decode fast path: each draft token is
+        one more decode row of its sequence (see `Span`'s ``as_decode_rows``), so a verify of ``k`` drafts costs a
+        decode step of ``k + 1`` rows rather than a general forward. None where the backend has no fast path."""
+        tokens: list[int] = []
+        positions: list[int] = []
+        tables: list[list[int]] = []
+        experts: list[int | None] = []
+        for s in scheduled:
+            q = s.seq
+            tokens.append(q.token_ids[s.start])
+            tokens.extend(q.spec_token_ids[:s.num_spec])
+            positions.extend(range(s.start, s.start + 1 + s.num_spec))
+            tables.extend([q.block_table] * (1 + s.num_spec))
+            experts.extend([q.experts_per_token] * (1 + s.num_spec))
+        return self.backend.decode(tokens, positions, tables, experts, self.kv_caches, self.block_size)
 
     @torch.inference_mode()
     def _execute_spans(self, scheduled: Seq[ScheduledSequence]) -> torch.Tensor:

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from itertools import pairwise
 
 PROPOSERS = ("prompt_lookup", "draft", "self")
+SETTLED = 3  # samples of a draft length before its median shapes the verify-cost curve
 MODES = ("off", "auto", *PROPOSERS)
 
 
@@ -41,7 +42,8 @@ class SpecConfig:
     ``engine_probe_every`` of those steps, to keep its estimate honest). A model drafter that does not pay pauses
     the sequence: for ``cooldown_tokens`` tokens (doubling each time, then a probe) while the proposer has fewer
     than ``engine_probe_verifies`` verify steps, to the end of the request after that. Once it has them and pays
-    nowhere, new requests start with it off, except one in ``engine_probe_every``, which drafts once.
+    nowhere, new requests start with it off, except a probe after ``engine_probe_every`` of them (then after
+    twice as many each time, see `engine.speculator`), which drafts once.
     """
 
     default: str = "off"
@@ -110,6 +112,7 @@ class SpecCosts:
     _plain_at: int = 0  # _samples at the latest plain sample
     _table: list[float] | None = None  # verify_costs' table, built at _table_at samples
     _table_at: int = 0
+    table_version: int = 0  # verify_costs' rebuilds so far (a cached choice built on the table is stale after one)
 
     @property
     def plain(self) -> float | None:
@@ -138,13 +141,16 @@ class SpecCosts:
             self.verify[k] = _Recent()
             self._table = None
         self.verify[k].add(seconds)
+        if self.verify[k].count == SETTLED:
+            self._table = None
         self._samples += 1
         self._sum("verify", seconds)
         self._sum(f"verify:{k}", seconds)
 
     def record_draft(self, proposer: str, seconds: float, tokens: float) -> None:
         """One proposal of ``tokens`` draft tokens (per sequence) that took ``seconds``."""
-        self._sum(f"draft:{proposer}", seconds)
+        key = f"draft:{proposer}"
+        self._sum(key, seconds)
         recent = self._drafts.setdefault(proposer, _Recent())
         if proposer == "prompt_lookup":
             recent.add(seconds)
@@ -168,13 +174,17 @@ class SpecCosts:
     def verify_costs(self, k_max: int) -> list[float] | None:
         """Verify steps of 0..k_max drafts (0: the plain step): the measured points, never falling as ``k``
         grows, interpolated between them and extended past the longest measured draft at its last slope; None
-        until a plain and a verify step are measured. Rebuilt after every 8 new samples, or when a draft length
-        is first measured."""
+        until a plain and a verify step are measured. Lengths with fewer than ``SETTLED`` samples are left out
+        while any length has that many (a single step the machine delayed would otherwise bend the curve).
+        Rebuilt after every 8 new samples, or when a draft length is first measured or settles
+        (``table_version`` counts the rebuilds)."""
         if self.plain is None or not self.verify:
             return None
         if self._table is None or len(self._table) <= k_max or self._samples - self._table_at >= 8:
             points = [(0, self.plain)]
-            for n in sorted(self.verify):
+            lengths = sorted(self.verify)
+            settled = [n for n in lengths if self.verify[n].count >= SETTLED]
+            for n in settled or lengths:  # a length tried once or twice is one noisy sample: read off the others
                 points.append((n, max(self.verify[n].value, points[-1][1])))
             top = max(k_max, 2 * points[-1][0])
             table = []
@@ -185,6 +195,7 @@ class SpecCosts:
                     (k0, c0), (k1, c1) = next(it)
                 table.append(c0 + (c1 - c0) * (k - k0) / (k1 - k0))
             self._table, self._table_at = table, self._samples
+            self.table_version += 1
         return self._table[:k_max + 1]
 
     def verify_cost(self, k: int) -> float | None:
@@ -210,8 +221,12 @@ class Acceptance:
         self.hits = [0.0] * (max_draft + 1)
         self.tries = [0.0] * (max_draft + 1)
         self.cap = cap
+        self.version = 0  # records so far (a cached choice built on these counts is stale after one)
+        # best_draft's answers: (costs id, proposer, k_max) -> (the costs, what they were built on, the answer)
+        self.cached: dict[tuple[int, str, int], tuple[SpecCosts, tuple[int, int, float], tuple[int, float]]] = {}
 
     def record(self, drafted: int, accepted: int) -> None:
+        self.version += 1
         for j in range(1, min(accepted + (accepted < drafted), drafted) + 1):
             if j >= len(self.tries):
                 break
@@ -241,11 +256,16 @@ class Acceptance:
 def best_draft(costs: SpecCosts, proposer: str, acceptance: Acceptance, k_max: int) -> tuple[int, float] | None:
     """The draft length (0..k_max) with the largest expected net gain in plain steps — expected tokens out of
     the verify (``1 + sum_j P(first j accepted)``) minus its cost over a plain step's — and that gain (0 for
-    decoding plainly); None while the costs are unmeasured."""
+    decoding plainly); None while the costs are unmeasured. The answer is kept until the acceptance, the cost
+    table or the drafting cost change (asked every step, it mostly does not)."""
     table = costs.verify_costs(k_max)
     if table is None or table[0] <= 0:
         return None
     plain, per_token = table[0], costs.draft_token.get(proposer, 0.0)
+    key, state = (id(costs), proposer, k_max), (acceptance.version, costs.table_version, per_token)
+    cached = acceptance.cached.get(key)
+    if cached is not None and cached[0] is costs and cached[1] == state:
+        return cached[2]
     best, best_gain = 0, 0.0
     tokens = 1.0
     for k, alive in enumerate(acceptance.survival(k_max), start=1):
@@ -253,6 +273,9 @@ def best_draft(costs: SpecCosts, proposer: str, acceptance: Acceptance, k_max: i
         gain = tokens - (table[k] + k * per_token) / plain
         if gain > best_gain:
             best, best_gain = k, gain
+    if len(acceptance.cached) > 64:
+        acceptance.cached.clear()
+    acceptance.cached[key] = (costs, state, (best, best_gain))
     return best, best_gain
 
 
@@ -268,6 +291,8 @@ class SpecTotals:
     no_guess: int = 0  # decode steps at which the proposer had nothing to propose (prompt lookup found no match)
     declined: int = 0  # decode steps at which it had a guess but drafting was predicted not to pay
     skipped: int = 0  # requests started with speculation off because it did not pay engine-wide
+    next_probe: int = 0  # the skipped count at which the next such request probes instead (0: engine_probe_every)
+    probe_gap: int = 0  # skipped requests between probes (0: none yet)
     positions: Acceptance = field(default_factory=lambda: Acceptance(64, cap=math.inf))  # every verify, kept
 
     @property

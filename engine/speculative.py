@@ -31,11 +31,9 @@ from dataclasses import dataclass, field
 import torch
 
 from engine.blocks import BlockAllocator
-from engine.runner import DecodeBackend, KVCache, Span, run_spans
+from engine.runner import DECODE_ROWS_MAX, DecodeBackend, KVCache, Span, run_spans
 from engine.sampling import filter_top_k_top_p
 from engine.sampling_params import SamplingParams
-
-DECODE_ROWS_MAX = 16  # a drafter's catch-up of at most this many tokens runs as decode rows (see `Span`)
 
 
 # -- verification ---------------------------------------------------------------------------------
@@ -135,9 +133,11 @@ class NgramIndex:
 
     def lookup(self, tokens: list[int], k: int) -> tuple[list[int], int]:
         end = len(tokens) - 1  # candidates end strictly before the last token
+        latest, top = self._latest, self.ngram_max
         for p in range(self._indexed, end):
-            for n in range(1, min(self.ngram_max, p + 1) + 1):
-                self._latest[n][tuple(tokens[p - n + 1:p + 1])] = p
+            gram = tuple(tokens[max(p - top + 1, 0):p + 1])  # the longest n-gram ending at p; the others its tails
+            for n in range(1, len(gram) + 1):
+                latest[n][gram[-n:]] = p
         self._indexed = max(self._indexed, end)
         if k < 1:
             return [], 0
@@ -229,11 +229,11 @@ class ModelDrafter:
         probs: dict[int, list[torch.Tensor]] = {i: [] for i in live}
         step = 0
         while spans:
-            logits = run_spans(self.backend, self.kv_caches, self.block_size, spans)
+            logits, argmax = self._run(spans)
             for row, i in enumerate(live):
                 r = requests[i]
                 if r.params.greedy:
-                    tok = int(logits[row].argmax())
+                    tok = int(logits[row].argmax()) if argmax is None else argmax[row]
                 else:
                     q = target_probs(logits[row:row + 1], r.params)[0]
                     tok = int(torch.multinomial(q, 1, generator=r.generator).item())
@@ -248,3 +248,28 @@ class ModelDrafter:
             self._seqs[r.request_id].history = [*r.tokens, *d[:-1]]
             out[i] = (d, torch.stack(probs[i]) if probs[i] else None)
         return out
+
+    def _run(self, spans: Seq[Span]) -> tuple[torch.Tensor, list[int] | None]:
+        """The logits of each span's last token, and their argmax where the backend's decode fast path ran the
+        step (every span a few tokens run as decode rows, or one token): it costs a fraction of a general
+        forward."""
+        if all(len(sp.tokens) == 1 or sp.as_decode_rows for sp in spans):
+            tokens: list[int] = []
+            positions: list[int] = []
+            tables: list[list[int]] = []
+            experts: list[int | None] = []
+            last: list[int] = []
+            for sp in spans:
+                n = len(sp.tokens)
+                tokens.extend(sp.tokens)
+                positions.extend(range(sp.start, sp.start + n))
+                tables.extend([sp.block_table] * n)
+                experts.extend([sp.experts] * n)
+                last.append(len(tokens) - 1)
+            fast = self.backend.decode(tokens, positions, tables, experts, self.kv_caches, self.block_size)
+            if fast is not None:
+                logits, argmax = fast
+                if len(last) == len(tokens):
+                    return logits, list(argmax)
+                return logits[last], [argmax[j] for j in last]
+        return run_spans(self.backend, self.kv_caches, self.block_size, spans), None

@@ -9,7 +9,8 @@ drafts a heuristic length; then every step takes the length with the best expect
 plain / verify / drafting costs and the proposer's acceptance per draft position — per n-gram match length
 for prompt lookup, which looks up every step (it costs ~0.02 ms) and drafts only where that pays; a model
 drafter whose best length is 0 pauses the sequence (for longer each time) and probes again after it. New
-requests start plain while a proposer pays nowhere, except one in ``engine_probe_every``.
+requests start plain while a proposer pays nowhere, except a probe after ``engine_probe_every`` of them, then
+after twice as many each time its probe finds it still does not pay (up to ``PROBE_GAP_MAX`` times as many).
 
 Imports torch, engine.speculative, engine.spec_control, engine.runner (the drafters' backends) and the plain
 sequence and scheduler types; nothing web/db.
@@ -30,6 +31,8 @@ from engine.sequence import Sequence
 from engine.spec_control import Acceptance, SpecConfig, SpecCosts, SpecState, SpecTotals, best_draft
 from engine.speculative import DraftRequest, ModelDrafter, NgramIndex, verify
 
+PROBE_GAP_MAX = 8  # requests between probes of a proposer that pays nowhere: at most this many engine_probe_every
+LOOKUP_TIMED_EVERY = 8  # prompt lookup's cost (for reports) is recorded at one step in this many
 CATCH_UP = 2  # a model drafter this many tokens behind is keeping up (the bonus token, the last draft)
 Suppressed = Callable[[Sequence, int], tuple[int, ...]]  # ids the offset-th next token of a sequence may not be
 
@@ -44,6 +47,7 @@ class Speculator:
         self.acceptance: dict[tuple[str, int], Acceptance] = {}
         self.drafters: dict[str, ModelDrafter] = {}
         self._lookups: dict[str, NgramIndex] = {}  # per prompt-lookup request
+        self._looked = 0  # steps at which prompt lookup proposed
         self._draft_model = draft_model
         self._kv_dtype = kv_dtype
         self._max_model_len = max_model_len
@@ -51,16 +55,22 @@ class Speculator:
     # -- per request --------------------------------------------------------------------------------
     def new_state(self, proposer: str) -> SpecState:
         """A new request's state: plain for the whole request while ``proposer`` pays nowhere on this engine
-        (one request in ``engine_probe_every`` still probes)."""
+        (a request now and then still probes: see the module docstring)."""
         cfg = self.config
         state = SpecState(proposer, cfg.initial_draft)
         totals = self.totals.setdefault(proposer, SpecTotals())
         if totals.verifies >= cfg.engine_probe_verifies and not self._pays(proposer):
             totals.skipped += 1
-            if totals.skipped % cfg.engine_probe_every:
+            if totals.skipped < (totals.next_probe or cfg.engine_probe_every):
                 state.paused_until = self._max_model_len
-            else:
-                state.probing = True  # drafts once, whatever the estimate says: fresh evidence
+            else:  # drafts once, whatever the estimate says: fresh evidence; the next probe twice as far off
+                state.probing = True
+                totals.probe_gap = min(2 * totals.probe_gap, PROBE_GAP_MAX * cfg.engine_probe_every) \
+                    if totals.probe_gap else cfg.engine_probe_every
+                totals.next_probe = totals.skipped + totals.probe_gap
+        elif totals.probe_gap:  # it pays again: back to probing every engine_probe_every once it stops paying
+            totals.probe_gap = 0
+            totals.next_probe = totals.skipped + cfg.engine_probe_every
         return state
 
     def _pays(self, proposer: str) -> bool:
@@ -147,7 +157,9 @@ class Speculator:
                     st.pause(seq.num_output_tokens, cfg)  # probes again after a while
         spent = time.perf_counter() - start
         if looked:
-            self.costs.record_draft("prompt_lookup", spent / looked, 0)
+            self._looked += 1
+            if self._looked % LOOKUP_TIMED_EVERY == 1:  # nothing chooses by it: a sample of the steps is enough
+                self.costs.record_draft("prompt_lookup", spent / looked, 0)
         for proposer, items in groups.items():
             begin = time.perf_counter()
             drafts = self.drafter(proposer).propose([
@@ -195,22 +207,29 @@ class Speculator:
         return best[0]
 
     # -- the step's results -------------------------------------------------------------------------
-    def verify(self, s: ScheduledSequence, logits: torch.Tensor, suppressed: Suppressed
-               ) -> tuple[list[int], list[TokenLogprob | None]]:
-        """Check ``s``'s draft against the target's ``1 + num_spec`` rows of logits (see `verify`)."""
+    def verify(self, s: ScheduledSequence, logits: torch.Tensor, suppressed: Suppressed,
+               argmax: list[int] | None = None) -> tuple[list[int], list[TokenLogprob | None]]:
+        """Check ``s``'s draft against the target's ``1 + num_spec`` rows of logits (see `verify`); ``argmax``:
+        each row's argmax where the step computed it (a greedy check then reads no logits)."""
         seq, p = s.seq, s.seq.params
         draft = seq.spec_token_ids[:s.num_spec]
-        logits = logits.float()
         masks = [suppressed(seq, j) for j in range(len(draft) + 1)]
-        if any(masks):
-            logits = logits.clone()
-            for j, ids in enumerate(masks):
-                if ids:
-                    logits[j, list(ids)] = float("-inf")
-        tokens = verify(logits, draft, p, seq.sampler_state, seq.spec_probs)
+        if p.greedy and argmax is not None and not any(masks):  # the step's argmax is the check: no logits read
+            n = 0
+            while n < len(draft) and draft[n] == argmax[n]:
+                n += 1
+            tokens = [*draft[:n], argmax[n]]
+        else:
+            logits = logits.float()
+            if any(masks):
+                logits = logits.clone()
+                for j, ids in enumerate(masks):
+                    if ids:
+                        logits[j, list(ids)] = float("-inf")
+            tokens = verify(logits, draft, p, seq.sampler_state, seq.spec_probs)
         lps: list[TokenLogprob | None] = [None] * len(tokens)
         if p.wants_logprobs:
-            lp = torch.log_softmax(logits[:len(tokens)], dim=-1)
+            lp = torch.log_softmax(logits[:len(tokens)].float(), dim=-1)
             for j, t in enumerate(tokens):
                 top: tuple[tuple[int, float], ...] = ()
                 if p.top_logprobs:

@@ -30,6 +30,32 @@ def test_verify_costs_interpolate_the_measured_lengths_and_never_fall() -> None:
     assert costs.verify_cost(3) == pytest.approx(1.5)
 
 
+def test_a_length_measured_once_or_twice_does_not_bend_a_settled_curve() -> None:
+    costs = _costs(1.0, {})
+    for _ in range(3):
+        costs.record_verify(1.5, 1)
+        costs.record_verify(2.5, 4)
+    costs.record_verify(9.0, 2)  # one step the machine delayed, at a length tried once
+    assert costs.verify_costs(4) == pytest.approx([1.0, 1.5, 1.833, 2.167, 2.5], abs=1e-3)
+    for _ in range(2):
+        costs.record_verify(1.6, 2)
+    assert (costs.verify_costs(4) or [])[2] == pytest.approx(1.6)  # three samples: its median counts
+
+
+def test_best_draft_answers_again_after_new_evidence_or_costs() -> None:
+    costs = _costs(1.0, {1: 1.1, 4: 1.4})
+    acc = Acceptance(8)
+    for _ in range(20):
+        acc.record(4, 0)
+    assert best_draft(costs, "prompt_lookup", acc, 8) == (0, 0.0)
+    assert best_draft(costs, "prompt_lookup", acc, 8) == (0, 0.0)  # the kept answer
+    for _ in range(60):
+        acc.record(4, 4)
+    assert (best_draft(costs, "prompt_lookup", acc, 8) or (0, 0.0))[0] > 0
+    dear = _costs(1.0, {1: 3.0, 4: 9.0})  # another engine's costs, same acceptance
+    assert best_draft(dear, "prompt_lookup", acc, 8) == (0, 0.0)
+
+
 def test_costs_are_medians_a_delayed_step_hardly_moves() -> None:
     costs = _costs(1.0, {})
     for seconds in (1.0, 1.1, 40.0, 0.9, 1.0):  # one step the machine delayed

@@ -332,6 +332,10 @@ def test_new_requests_start_plain_while_a_proposer_does_not_pay_engine_wide(fami
     states = [engine._seqs[i].spec for i in ids]
     assert [st.active(0) for st in states].count(True) == 2 and states[7].active(0) and states[15].active(0)
     assert states[7].probing and not states[6].probing  # one in eight drafts once, whatever the estimate says
+    ids = [engine.add_request(PROMPTS[0], GREEDY, speculative="draft") for _ in range(32)]
+    probes = [n for n, i in enumerate(ids) if engine._seqs[i].spec.active(0)]
+    # each probe that finds it still not paying puts the next twice as far off: after 8, 16, then 32 skipped
+    assert probes == [15] and spec.totals["draft"].next_probe == 64
     spec.costs = _measured(1.0, {1: 1.3, 4: 1.8}, draft_token=0.1)  # a cheap draft, mostly accepted: it pays
     for _ in range(40):
         acceptance.record(4, 4)
@@ -380,3 +384,56 @@ def test_a_model_drafter_starts_only_where_its_catch_up_pays_back(family_models:
     assert engine._seqs[short].spec_token_ids == [] and not engine._seqs[short].spec.active(2)
     assert len(engine._seqs[long].spec_token_ids) == 2
     assert spec.drafters["draft"].lag(long, engine._seqs[long].token_ids) == 1  # it caught up
+
+
+def test_verify_and_drafting_steps_take_the_decode_fast_path(family_models: Any) -> None:
+    """On the native backend a verify step (the last token and its drafts as decode rows of one sequence) and
+    a drafter's steps run through the one-call decode step: `forward` runs only the prefills, and the greedy
+    check reads the step's argmax."""
+    model, config = family_models["mixtral"]
+    engine = _engine(model, config, draft_model=model, speculative=SpecConfig(probe_verifies=10_000))
+    if engine.runner.backend.name != "native":
+        pytest.skip("the native kernels are not built here")
+    plain = _run(_engine(model, config), None)
+    for mode in ("prompt_lookup", "self", "draft"):
+        decode_rows: list[bool] = []  # per forward: whether it ran one-token rows (what the fast path covers)
+        backends = {id(b): b for b in [engine.runner.backend, engine.speculator.drafter(mode).backend]}
+        for backend in backends.values():
+            real = backend.forward
+
+            def counting(input_ids: torch.Tensor, positions: torch.Tensor, ctx: Any, *args: Any, _real: Any = real,
+                         _seen: list[bool] = decode_rows, **kw: Any) -> torch.Tensor:
+                _seen.append(not ctx.is_prefill)
+                return _real(input_ids, positions, ctx, *args, **kw)
+
+            backend.forward = counting  # type: ignore[method-assign]
+        assert _run(engine, mode) == plain
+        assert engine.speculator.totals[mode].drafted > 0
+        for backend in backends.values():
+            del backend.forward
+        assert decode_rows and not any(decode_rows), mode  # prefills only
+
+
+def _logprobs(engine: LLMEngine, params: SamplingParams, mode: str | None) -> list[list[Any]]:
+    ids = [engine.add_request(p, params, speculative=mode) for p in PROMPTS]
+    got: dict[str, list[Any]] = {i: [] for i in ids}
+    while engine.has_unfinished_requests():
+        for o in engine.step():
+            got[o.request_id].extend(o.new_logprobs)
+    return [got[i] for i in ids]
+
+
+def test_greedy_logprobs_under_speculation_equal_plain_decoding(family_models: Any) -> None:
+    """The greedy check reads the step's argmax, yet asked-for logprobs still come from the verify rows' logits."""
+    model, config = family_models["mixtral"]
+    params = SamplingParams(temperature=0, max_tokens=16, logprobs=True, top_logprobs=2)
+    plain = _logprobs(_engine(model, config), params, None)
+    spec = _engine(model, config, speculative=SpecConfig(probe_verifies=10_000))
+    got = _logprobs(spec, params, "prompt_lookup")
+    assert spec.speculator.totals["prompt_lookup"].accepted > 0
+    for a, b in zip(plain, got, strict=True):
+        assert len(a) == len(b) == 16
+        for x, y in zip(a, b, strict=True):
+            assert x.token_id == y.token_id
+            assert x.logprob == pytest.approx(y.logprob, abs=1e-4)
+            assert [t for t, _ in x.top] == [t for t, _ in y.top]

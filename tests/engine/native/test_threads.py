@@ -22,7 +22,8 @@ def test_the_first_steps_alternate_then_the_faster_runs_with_probes() -> None:
     used = _run(choice, 36, {1: 3e-4, 2: 2e-4})
     assert used[:4] == [2, 1, 2, 1]
     assert choice.faster(1, 2) == 2
-    assert used[4:].count(1) == len([s for s in range(5, 37) if s % 8 == 0])  # only the probes
+    # only the probes: after 8 steps, then twice as far off each time one thread is still the slower
+    assert [i for i, n in enumerate(used) if n == 1 and i >= 4] == [12, 28]
     assert choice.faster(3, 2) is None  # each batch size is measured on its own
 
 
@@ -34,6 +35,23 @@ def test_a_team_turning_slow_is_left_within_a_few_probes_and_taken_back() -> Non
     assert choice.faster(1, 2) == 1 and used[-8:].count(2) <= 2
     _run(choice, 60, {1: 3e-4, 2: 2e-4})
     assert choice.faster(1, 2) == 2
+
+
+def test_one_delayed_step_does_not_flip_the_choice() -> None:
+    choice = ThreadChoice(probe_every=8, first=2)
+    _run(choice, 20, {1: 3e-4, 2: 2e-4})
+    choice.record(1, 2, 2, 5e-3)  # the scheduler took the team's core for a time slice, once
+    used = _run(choice, 15, {1: 3e-4, 2: 2e-4})
+    assert choice.faster(1, 2) == 2 and used.count(1) <= 2  # the probes only
+
+
+def test_a_far_slower_arm_is_not_explored_further_and_new_batch_sizes_start_from_a_neighbour() -> None:
+    choice = ThreadChoice(probe_every=8, first=4)
+    used = _run(choice, 10, {1: 3e-4, 2: 9e-2}, batch=2)  # a team waiting out time slices: 300x slower
+    assert used.count(2) == 1 and choice.faster(2, 2) == 1
+    used = _run(choice, 7, {1: 4e-4, 2: 1e-1}, batch=3)  # decided from batch 2's times at once
+    assert used.count(2) == 0 and choice.faster(3, 2) == 1
+    assert choice.faster(1, 2) is None  # batch 1 (a team of one where the work is small) is its own
 
 
 def test_one_available_thread_is_one() -> None:
