@@ -139,8 +139,12 @@ class BatchRunner:
         except Exception as err:  # the database may be briefly away: log, wait, try again
             log.error("batch runner: %s", describe(err))
         if not claimed:
+            # asyncio.timeout, not wait_for: on Python 3.11 a wait_for whose inner wait finishes as the task
+            # is cancelled returns the result and drops the cancel (`stop` then waited on a loop that went
+            # on ticking, for ever: seen under load when a finished line set the wake just as stop came)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), self.poll_interval_s)
+                async with asyncio.timeout(self.poll_interval_s):
+                    await self._wake.wait()
             self._wake.clear()
 
     def _forget(self, task: asyncio.Task[None]) -> None:

@@ -95,3 +95,35 @@ async def test_the_heartbeat_extends_the_leases_of_the_lines_in_flight() -> None
     await asyncio.wait_for(runner.run_until_settled(), 10)
     assert sorted(work.finished) == ["a", "b"] and runner.lines_run == 2
     assert work.beats and all(beat == ["a"] for beat in work.beats)  # b was done before the first beat
+
+
+class _IdleWork(_Work):
+    """Nothing to claim: the runner waits for its wake between polls."""
+
+    def __init__(self) -> None:
+        super().__init__([])
+        self.polled = asyncio.Event()
+
+    async def claim(self, limit: int, batch_id: str | None = None, line_range: Any = None) -> list[Any]:
+        return []
+
+    async def sweep(self) -> list[str]:
+        self.polled.set()
+        return []
+
+
+async def test_stop_ends_when_the_wake_comes_with_the_cancel() -> None:
+    """A line that finishes sets the runner's wake; a stop in the same loop iteration must still end the
+    loop. (With ``asyncio.wait_for`` around the wake, Python 3.11 returned the wait's result and dropped
+    the cancel: the loop ticked on and ``stop`` never returned — a CI hang.)"""
+    work = _IdleWork()
+    runner = BatchRunner(work, concurrency=2, poll_interval_s=30.0)  # type: ignore[arg-type]
+    runner.start()
+    await asyncio.wait_for(work.polled.wait(), 5)
+    await asyncio.sleep(0.01)  # the loop is now waiting for its wake (up to the 30 s poll)
+    runner.wake()  # the wait's own future completes first...
+    assert runner._task is not None
+    runner._task.cancel()  # ...and the cancel comes before the loop runs again
+    done, _ = await asyncio.wait({runner._task}, timeout=5)
+    assert runner._task in done and runner._task.cancelled(), "the runner swallowed its cancel and ran on"
+    await runner.stop()
