@@ -11,7 +11,8 @@ batch per sample interval. Every ``--sample-s`` seconds a line: the server's RSS
 (from /proc), the p99 of a /healthz round trip sampled every 100 ms (a proxy for event-loop lag:
 /healthz answers on the loop without I/O), the ledger's rows waiting for the database
 (/readyz ``ledger_state.pending_db``), and the requests done / failed. At the end, after the
-batches finish and the ledger drains: ledger rows vs upstream calls the mock counted, the budget's
+batches finish and the ledger drains: ledger rows matched to the calls the mock received by id (each call
+carries its row id as `X-Client-Request-Id`), the budget's
 spent vs the ledger's sum, and RSS / fd growth after warm-up (the first 20% of the run): RSS and
 open fds are also read every second, and growth is the median of the last quarter of those
 readings against the median of the first quarter after warm-up — a trend, not two points, since
@@ -44,6 +45,7 @@ import orjson
 import yaml
 
 from gateway.bench.proc_growth import Reading, growth, proc_stats
+from gateway.providers.base import CALL_ID_HEADER
 
 ADMIN_KEY = "soak-admin-key"
 MSGS = [{"role": "user", "content": "Say hello"}]
@@ -85,8 +87,9 @@ class CountingUpstream:
     def __init__(self, latency_s: float) -> None:
         self.latency_s = latency_s
         self.calls = 0
+        self.ids: dict[str | None, int] = {}  # X-Client-Request-Id (the call's ledger row id) -> times seen
         self.stopped = 0  # streams the gateway closed before their last line (e.g. its client cut them)
-        self._lock = threading.Lock()
+        self.lock = threading.Lock()
         self.port = 0
         self._ready = threading.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -102,9 +105,11 @@ class CountingUpstream:
         from aiohttp import web
 
         async def chat(request: web.Request) -> web.StreamResponse:
-            body = await request.json()
-            with self._lock:
+            with self.lock:  # counted as it arrives, before its body is read (the gateway may cut it)
                 self.calls += 1
+                call_id = request.headers.get(CALL_ID_HEADER)
+                self.ids[call_id] = self.ids.get(call_id, 0) + 1
+            body = await request.json()
             n = min(int(body.get("max_tokens") or WORDS), WORDS)
             usage = {"prompt_tokens": 10, "completion_tokens": n, "total_tokens": 10 + n}
             await asyncio.sleep(self.latency_s)
@@ -127,7 +132,7 @@ class CountingUpstream:
                     await resp.write(b"data: " + orjson.dumps(last) + b"\n\n")
                 await resp.write(b"data: [DONE]\n\n")
             except ConnectionResetError:  # the gateway stopped the call (its client cut the stream): expected
-                with self._lock:
+                with self.lock:
                     self.stopped += 1
             return resp
 
@@ -184,7 +189,8 @@ def _tenant(config: Path) -> tuple[str, str]:
     return tenant_id, raw
 
 
-def _ledger(config: Path) -> tuple[int, Decimal]:
+def _ledger(config: Path) -> list[tuple[str, str, Decimal]]:
+    """Every ledger row's (id, status, cost)."""
     import sqlalchemy as sa
 
     from gateway.db.models import LedgerEntryRow
@@ -193,10 +199,48 @@ def _ledger(config: Path) -> tuple[int, Decimal]:
 
     engine = make_engine(database_url(load_settings(config)))
     with engine.connect() as conn:
-        n, total = conn.execute(sa.select(sa.func.count(), sa.func.coalesce(sa.func.sum(LedgerEntryRow.cost_usd), 0))
-                                .select_from(LedgerEntryRow)).one()
+        rows = conn.execute(sa.select(LedgerEntryRow.id, LedgerEntryRow.status, LedgerEntryRow.cost_usd)).all()
     engine.dispose()
-    return int(n), Decimal(total)
+    return [(str(i), str(status), Decimal(cost)) for i, status, cost in rows]
+
+
+@dataclass(frozen=True)
+class Invariant:
+    """Ledger rows matched to the upstream's calls by id (each call carries its row's id as
+    ``X-Client-Request-Id``)."""
+
+    calls: int  # calls the upstream received
+    rows: int
+    lost: int  # calls with no row
+    repeated: int  # ids the upstream received more than once
+    unsent: dict[str, tuple[int, Decimal]]  # rows whose call the upstream never received: status -> (n, cost)
+    total: Decimal  # the ledger's sum
+
+    @property
+    def ok(self) -> bool:
+        """Every call the upstream received has its one row. A row with no call is a request cut
+        (client gone, or a kill -9 for ``interrupted``) after its intent was journaled and before the
+        upstream took it: the gateway cannot tell that from a call the upstream had started, so it
+        bills it as one (a stream cut before its first chunk: its prompt) — printed, not an error."""
+        return self.lost == 0 and self.repeated == 0
+    def line(self) -> str:
+        unsent = ", ".join(f"{n} {status} (${cost})" for status, (n, cost) in sorted(self.unsent.items())) or "none"
+        return (f"upstream calls {self.calls}, ledger rows {self.rows}: {self.calls - self.lost} calls matched to "
+                f"their row by id, {self.lost} without a row, {self.repeated} ids seen twice; rows for requests cut "
+                f"before the upstream took them (billed as if it had): {unsent}")
+
+
+def invariant(ids: dict[str | None, int], rows: list[tuple[str, str, Decimal]]) -> Invariant:
+    row_ids = {i for i, _, _ in rows}
+    unsent: dict[str, tuple[int, Decimal]] = {}
+    for i, status, cost in rows:
+        if i not in ids:
+            n, c = unsent.get(status, (0, Decimal(0)))
+            unsent[status] = (n + 1, c + cost)
+    calls = sum(ids.values())
+    lost = sum(n for i, n in ids.items() if i is None or i not in row_ids)
+    return Invariant(calls, len(rows), lost, sum(1 for n in ids.values() if n > 1), unsent,
+                     sum((c for _, _, c in rows), Decimal(0)))
 
 
 def _p99(values: list[float]) -> float:
@@ -378,10 +422,11 @@ def run_soak(args: SoakArgs) -> str:
                        f"soak at {args.load:.0%} = {rate:.1f} req/s (55% JSON, 25% streams, 10% cut streams, "
                        "10% pipeline, a 5-line batch per sample)")
             samples, readings, counts = asyncio.run(_soak(base, key, pid, rate, args, out))
-            rows = total = None
             for _ in range(300):  # the ledger drains (60 s at most)
-                rows, total = _ledger(config)
-                if rows >= upstream.calls:
+                with upstream.lock:
+                    ids = dict(upstream.ids)
+                check = invariant(ids, _ledger(config))
+                if check.lost == 0:
                     break
                 time.sleep(0.2)
             status = httpx.get(f"{base}/admin/budgets/tenants/{tenant_id}",
@@ -389,7 +434,7 @@ def run_soak(args: SoakArgs) -> str:
         spent = Decimal(str(status["spent_usd"]))
         rss, fds = growth(readings, "rss_kib", args.minutes), growth(readings, "fds", args.minutes)
         lag = [s.healthz_p99_ms for s in samples if s.healthz_p99_ms == s.healthz_p99_ms]
-        ok = rows == upstream.calls and spent == total
+        ok = check.ok and spent == check.total
         out += [f"  requests: {counts.done} done, {counts.failed} failed, {counts.cut} cut by the client, "
                 f"{len(counts.batches)} batches; {upstream.stopped} upstream streams closed by the gateway before the mock wrote their last line",
                 f"  after warm-up ({fds.readings} readings, one a second; growth = median of the last quarter vs "
@@ -399,8 +444,8 @@ def run_soak(args: SoakArgs) -> str:
                 f"    fd growth {fds.trend:+.1f}% (first vs last reading {fds.endpoints:+.1f}%; range "
                 f"{fds.low}-{fds.high})",
                 f"  healthz p99 median over samples {statistics.median(lag) if lag else float('nan'):.1f} ms",
-                f"  invariant: ledger rows {rows} vs upstream calls {upstream.calls}; budget spent ${spent} vs "
-                f"ledger sum ${total} -> {'OK' if ok else 'BROKEN'}"]
+                f"  invariant: {check.line()}; budget spent ${spent} vs ledger sum ${check.total} -> "
+                f"{'OK' if ok else 'BROKEN'}"]
     return "\n".join(out)
 
 

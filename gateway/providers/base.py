@@ -63,6 +63,9 @@ class Usage:
                      self.reasoning_tokens + other.reasoning_tokens)
 
 
+CALL_ID_HEADER = "X-Client-Request-Id"  # OpenAI's name for a caller's own request id: the ledger row's id
+
+
 @dataclass(frozen=True)
 class CallOptions:
     """Per-call knobs the gateway sets: engine experts, timeouts; for the local engine the speculative
@@ -74,6 +77,16 @@ class CallOptions:
     speculative: str | None = None
     cache_salt: str | None = None
     trace_headers: tuple[tuple[str, str], ...] = ()  # W3C trace context for the upstream (gateway.telemetry.tracing)
+    call_id: str | None = None  # the call's ledger row id, sent upstream as ``X-Client-Request-Id``
+
+    def with_call_id(self, call_id: str | None) -> CallOptions:
+        """A copy with ``call_id`` set (every journaled upstream attempt), copied as
+        ``with_trace_headers`` copies."""
+        if call_id is None:
+            return self
+        new = object.__new__(CallOptions)
+        new.__dict__.update(self.__dict__, call_id=call_id)
+        return new
 
     def with_trace_headers(self, headers: tuple[tuple[str, str], ...]) -> CallOptions:
         """A copy with ``trace_headers`` set (every upstream attempt with tracing on): the instance's

@@ -12,7 +12,7 @@ from collections.abc import AsyncGenerator
 from typing import Any
 
 from gateway.errors import GatewayError, InvalidRequest, UpstreamError, UpstreamTimeout
-from gateway.providers.base import CallOptions
+from gateway.providers.base import CALL_ID_HEADER, CallOptions
 from gateway.providers.payload import EXTENSION_PARAMS, SPECS
 from gateway.settings import ModelSettings
 
@@ -68,6 +68,11 @@ def litellm_kwargs(model: ModelSettings, body: dict[str, Any], options: CallOpti
     key = model.api_key()
     if key:
         kwargs["api_key"] = key
+    headers = dict(options.trace_headers)  # as the lean client sends them: trace context, the call's id
+    if options.call_id is not None:
+        headers[CALL_ID_HEADER] = options.call_id
+    if headers:
+        kwargs["extra_headers"] = headers
     return kwargs
 
 

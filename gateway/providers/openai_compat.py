@@ -24,7 +24,7 @@ import aiohttp
 import orjson
 
 from gateway.errors import GatewayError, InvalidRequest, UpstreamError, UpstreamTimeout
-from gateway.providers.base import HANGUP_CLOSERS, CallOptions
+from gateway.providers.base import CALL_ID_HEADER, HANGUP_CLOSERS, CallOptions
 from gateway.providers.payload import EXTENSION_PARAMS, SPECS
 from gateway.settings import ModelSettings
 
@@ -42,6 +42,8 @@ def default_session_factory() -> aiohttp.ClientSession:
 def _headers(model: ModelSettings, options: CallOptions) -> dict[str, str]:
     headers = {"Content-Type": "application/json", "Accept": "application/json"}
     headers.update(options.trace_headers)  # traceparent (tracing on): the upstream continues the trace
+    if options.call_id is not None:  # the ledger row's id: provider logs and the ledger reconcile by it
+        headers[CALL_ID_HEADER] = options.call_id
     key = model.api_key()
     if key:
         headers["Authorization"] = f"Bearer {key}"

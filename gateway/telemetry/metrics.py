@@ -149,12 +149,25 @@ def _observe(key: tuple[Any, ...], value: float) -> None:
     totals[-1] += value
 
 
+def _items(cells: dict[Any, tuple[list[float], list[float]]]) -> list[tuple[Any, tuple[list[float], list[float]]]]:
+    """``list(cells.items())`` while the owning thread may add keys. That list is not one step:
+    each item is a new tuple, whose allocation can start a garbage collection, whose finalizers
+    run Python code, where the owner can take the GIL and add a key; the list then raises
+    ``RuntimeError: dictionary changed size during iteration`` (seen in CI). Try again: the owner
+    only adds, and adds rarely (a new label set)."""
+    while True:
+        try:
+            return list(cells.items())
+        except RuntimeError:
+            continue
+
+
 def fold() -> None:
     """Add what every thread's cells gained since the last fold to prometheus_client's values
     (a histogram's: its buckets and its sum, as its ``observe`` adds them)."""
     with _fold_lock:
         for cells in _all_cells:
-            for key, (totals, folded) in list(cells.items()):  # list(): one step, however the owner adds
+            for key, (totals, folded) in _items(cells):
                 child = _child(*key)  # the labelled child, cached by the same key
                 if len(totals) == 1:
                     now = totals[0]

@@ -33,6 +33,7 @@ from typing import Any
 
 import orjson
 from aiohttp import web
+from multidict import CIMultiDict
 
 
 @dataclass(frozen=True)
@@ -55,7 +56,7 @@ class Behaviour:
 @dataclass
 class Recorded:
     path: str
-    headers: dict[str, str]
+    headers: CIMultiDict[str]  # case-insensitive, as HTTP's are (httpx sends names lower-cased)
     body: dict[str, Any]
 
 
@@ -134,7 +135,7 @@ class ScriptedUpstream:
     # ---------------------------------------------------------------- handler
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         body = orjson.loads(await request.read())
-        self.requests.append(Recorded(request.path, dict(request.headers), body))
+        self.requests.append(Recorded(request.path, CIMultiDict(request.headers), body))
         self._notify()
         b = self._next()
         if b.hold_until_requests is not None:

@@ -9,6 +9,7 @@ from typing import Any
 import orjson
 import pytest
 
+from gateway.providers.base import CALL_ID_HEADER
 from gateway.providers.metering import count_prompt_tokens, count_text_tokens
 from tests.gateway.gateway_harness import gateway
 from tests.gateway.scripted_upstream import UPSTREAM_KEY, Behaviour, ScriptedUpstream
@@ -122,6 +123,9 @@ async def test_fallback_rows_one_per_upstream_call(tmp_path: Path, upstream: Scr
         rows = gw.ledger_rows()
         assert sorted((x.model, x.status) for x in rows) == [("up-a", "error")] * 3 + [("up-b", "ok")]
         assert sum(x.completion_tokens for x in rows) == 8
+        # Each call carries its own row's id upstream (provider logs and the ledger reconcile by it).
+        sent = [req.headers.get(CALL_ID_HEADER) for req in upstream.requests]
+        assert sorted(sent) == sorted(x.id for x in rows) and len(set(sent)) == 4  # type: ignore[type-var]
 
 
 async def test_upstream_failure_is_502_and_recorded(tmp_path: Path, upstream: ScriptedUpstream) -> None:

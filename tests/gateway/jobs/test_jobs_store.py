@@ -259,14 +259,15 @@ def test_start_up_finalizes_a_batch_whose_lines_all_settled(tmp_path: Path) -> N
     from gateway.jobs.backends import finalize_settled
 
     engine, sf = _db(tmp_path)
+    now = store.utc_now()  # finalize_settled reads the clock: a fixed date would expire the open batch
     with sf() as s, s.begin():
-        batch_id = store.create_batch(s, "t", "k", "file-x", "/v1/chat/completions", "24h", None, _specs(2), T0).id
-        open_id = store.create_batch(s, "t", "k", "file-y", "/v1/chat/completions", "24h", None, _specs(1), T0).id
+        batch_id = store.create_batch(s, "t", "k", "file-x", "/v1/chat/completions", "24h", None, _specs(2), now).id
+        open_id = store.create_batch(s, "t", "k", "file-y", "/v1/chat/completions", "24h", None, _specs(1), now).id
     with sf() as s:
-        claims = store.claim_lines(s, now=T0, lease_s=30, limit=2, batch_id=batch_id)
+        claims = store.claim_lines(s, now=now, lease_s=30, limit=2, batch_id=batch_id)
     with sf() as s, s.begin():  # its worker died after the last line, before finalizing
         for c in claims:
-            store.finish_line(s, c, store.LineOutcome(200, {}), None, T0)
+            store.finish_line(s, c, store.LineOutcome(200, {}), None, now)
     assert finalize_settled(sf) == [batch_id]
     with sf() as s:
         assert store.get_batch(s, "t", batch_id).status == "completed"

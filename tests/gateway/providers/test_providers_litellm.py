@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from gateway.errors import InvalidRequest, UpstreamError
-from gateway.providers.base import Usage
+from gateway.providers.base import CALL_ID_HEADER, CallOptions, Usage
 from gateway.providers.litellm_provider import LiteLLMProvider
 from gateway.providers.registry import ProviderRegistry
 from gateway.providers.router import Attempt, call_models
@@ -23,6 +23,7 @@ from tests.gateway.scripted_upstream import (
 pytestmark = pytest.mark.slow  # importing litellm alone takes ~4 s
 
 MSGS = [{"role": "user", "content": "hello"}]
+TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 
 
 def _model(up: ScriptedUpstream) -> ModelSettings:
@@ -39,7 +40,12 @@ async def test_complete_and_stream(upstream: ScriptedUpstream) -> None:
     assert got.body["model"] == "upstream-ll" and got.body["seed"] == 1
     assert got.headers["Authorization"] == f"Bearer {UPSTREAM_KEY}"
 
-    chunks = [c async for c in provider.stream(model, {"messages": MSGS, "max_tokens": 4})]
+    assert "X-Client-Request-Id" not in got.headers and "traceparent" not in got.headers  # none given
+
+    options = CallOptions(trace_headers=(("traceparent", TRACEPARENT),)).with_call_id("call-1")
+    chunks = [c async for c in provider.stream(model, {"messages": MSGS, "max_tokens": 4}, options)]
+    assert upstream.requests[-1].headers[CALL_ID_HEADER] == "call-1"  # as the lean client sends them
+    assert upstream.requests[-1].headers["traceparent"] == TRACEPARENT
     text = "".join((c["choices"][0].get("delta") or {}).get("content") or "" for c in chunks if c.get("choices"))
     assert text == "w0 w1 w2 w3"
     assert upstream.requests[-1].body["stream_options"] == {"include_usage": True}
