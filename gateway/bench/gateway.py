@@ -247,16 +247,36 @@ def _median_phase(phases: list[Phase]) -> Phase:
                  sum(p.errors for p in phases), sum(p.requests for p in phases), med([p.cpu_us for p in phases]))
 
 
+@dataclass(frozen=True)
+class Served:
+    """A `tiergate serve` started for a bench: its chat URL, its tenant's key, its pid, its config."""
+
+    url: str
+    key: str
+    pid: int
+    config: Path
+
+
+def serve_tiergate(stack: ExitStack, home: Path, upstream: str, core: int | None, env: dict[str, str], log: Path,
+                   **config: Any) -> Served:
+    """`tiergate serve` (pinned to ``core``) over a new database and journal in ``home``, with a
+    tenant and key, ready when this returns; stopped when ``stack`` closes. ``config``: what
+    ``_tiergate_config`` takes (``durability``, ``observability``)."""
+    path = _tiergate_config(home, upstream, **config)
+    key, port = _tiergate_key(path), _free_port()
+    cmd = [*_pin(core), sys.executable, "-c", "from gateway.cli import main; main()",
+           "serve", "--config", str(path), "--port", str(port)]
+    pid = stack.enter_context(_process(cmd, f"http://127.0.0.1:{port}/readyz", log, env))
+    return Served(f"http://127.0.0.1:{port}/v1/chat/completions", key, pid, path)
+
+
 def _tiergate_target(stack: ExitStack, work: Path, name: str, upstream: str, durability: str, args: BenchArgs,
                      env: dict[str, str], observability: dict[str, Any] | None = None) -> tuple[Target, Path]:
     home = work / name
     home.mkdir()
-    config = _tiergate_config(home, upstream, durability=durability, observability=observability)
-    key, port = _tiergate_key(config), _free_port()
-    cmd = [*_pin(args.server_core), sys.executable, "-c", "from gateway.cli import main; main()",
-           "serve", "--config", str(config), "--port", str(port)]
-    pid = stack.enter_context(_process(cmd, f"http://127.0.0.1:{port}/readyz", work / f"{name}.log", env))
-    return Target(name, f"http://127.0.0.1:{port}/v1/chat/completions", REQUEST, key, pid), config
+    s = serve_tiergate(stack, home, upstream, args.server_core, env, work / f"{name}.log", durability=durability,
+                       observability=observability)
+    return Target(name, s.url, REQUEST, s.key, s.pid), s.config
 
 
 def run_gateway_bench(args: BenchArgs) -> str:

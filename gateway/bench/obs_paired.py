@@ -50,8 +50,7 @@ from gateway.bench.gateway import (
     _free_port,
     _pin,
     _process,
-    _tiergate_config,
-    _tiergate_key,
+    serve_tiergate,
 )
 
 BASE = "no-metrics"
@@ -156,12 +155,8 @@ def _start(stack: ExitStack, work: Path, name: str, upstream: str, sink: str, ar
     """A fresh ``tiergate serve`` for variant ``name`` over its own new database and journal."""
     home = Path(tempfile.mkdtemp(prefix=name.replace("@", "-").replace("+", "-") + "-", dir=work))
     observability = orjson.loads(orjson.dumps(VARIANTS[name]).replace(b"{sink}", sink.encode()))
-    config = _tiergate_config(home, upstream, observability=observability)
-    key, port = _tiergate_key(config), _free_port()
-    cmd = [*_pin(args.server_core), sys.executable, "-c", "from gateway.cli import main; main()",
-           "serve", "--config", str(config), "--port", str(port)]
-    pid = stack.enter_context(_process(cmd, f"http://127.0.0.1:{port}/readyz", home / "server.log", env))
-    return Server(name, f"http://127.0.0.1:{port}/v1/chat/completions", key, pid)
+    s = serve_tiergate(stack, home, upstream, args.server_core, env, home / "server.log", observability=observability)
+    return Server(name, s.url, s.key, s.pid)
 
 
 def run(args: PairedArgs) -> list[str]:

@@ -10,8 +10,9 @@ from decimal import Decimal
 
 import pytest
 
+from gateway.bench.ledger_match import match_rows
 from gateway.bench.proc_growth import Reading, growth
-from gateway.bench.soak import SoakArgs, invariant, run_soak
+from gateway.bench.soak import SoakArgs, run_soak
 
 
 def _readings(values: list[int]) -> list[Reading]:
@@ -41,22 +42,22 @@ def test_growth_uses_only_readings_after_warm_up() -> None:
 def test_invariant_matches_rows_to_calls_by_id() -> None:
     rows = [("a", "ok", Decimal("0.1")), ("b", "ok", Decimal("0.2")), ("c", "cancelled", Decimal("0.01")),
             ("d", "interrupted", Decimal("0.3"))]
-    check = invariant({"a": 1, "b": 1}, rows)  # c and d never reached the upstream
+    check = match_rows({"a": 1, "b": 1}, rows)  # c and d never reached the upstream
     assert check.ok and (check.calls, check.rows, check.lost, check.repeated) == (2, 4, 0, 0)
     assert check.unsent == {"cancelled": (1, Decimal("0.01")), "interrupted": (1, Decimal("0.3"))}
     assert check.total == Decimal("0.61")
     assert "1 cancelled ($0.01), 1 interrupted ($0.3)" in check.line()
     # A call with no row, a call without an id, an id the upstream got twice: broken.
-    assert invariant({"a": 1, "b": 1, "e": 1}, rows).lost == 1
-    assert not invariant({"a": 1, None: 1}, rows).ok
-    twice = invariant({"a": 2, "b": 1}, rows)
+    assert match_rows({"a": 1, "b": 1, "e": 1}, rows).lost == 1
+    assert not match_rows({"a": 1, None: 1}, rows).ok
+    twice = match_rows({"a": 2, "b": 1}, rows)
     assert twice.repeated == 1 and not twice.ok
 
 
 @pytest.mark.integration
 @pytest.mark.process
 @pytest.mark.slow
-def test_bench_soak_smoke_keeps_the_invariant() -> None:
+def test_bench_soak_smoke_keeps_the_match_rows() -> None:
     report = run_soak(SoakArgs(minutes=0.25, sample_s=5.0, load=0.3))
     assert "-> OK" in report, report
     m = re.search(r"upstream calls (\d+), ledger rows \d+: (\d+) calls matched to their row by id, 0 without a row, "
