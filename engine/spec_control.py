@@ -99,10 +99,13 @@ class SpecCosts:
     ``plain``: a decode step without drafts. ``verify[k]``: a step verifying ``k`` drafts. ``draft_token``: a
     model drafter's proposing per draft token while it keeps up with the sequence; ``catch_up_token``: per token
     it had to run first (the prompt, or what was decoded while it paused); ``draft_call``: prompt lookup's per
-    proposal (it does not grow with the draft). ``sums`` keeps totals for reports (`mean`)."""
+    proposal (it does not grow with the draft). Until a model drafter's drafting is measured alone, a
+    proposal that also caught up sets ``draft_token_bound``: its whole time per draft token, an upper bound that
+    stands in for ``draft_token`` (``draft_token_cost``), so drafting that was never measured is never free. ``sums`` keeps totals for reports (`mean`)."""
 
     verify: dict[int, _Recent] = field(default_factory=dict)
     draft_token: dict[str, float] = field(default_factory=dict)
+    draft_token_bound: dict[str, float] = field(default_factory=dict)
     catch_up_token: dict[str, float] = field(default_factory=dict)
     draft_call: dict[str, float] = field(default_factory=dict)
     sums: dict[str, list[float]] = field(default_factory=dict)  # key -> [count, total seconds]
@@ -159,6 +162,18 @@ class SpecCosts:
             recent.add(seconds / tokens)
             self.draft_token[proposer] = recent.value
 
+    def record_draft_bound(self, proposer: str, seconds: float, tokens: float) -> None:
+        """A proposal of ``tokens`` draft tokens that first caught up, ``seconds`` in all: drafting cost at most
+        that per token (kept the lowest seen; ``draft_token``, once measured, takes precedence)."""
+        if tokens > 0:
+            bound = seconds / tokens
+            self.draft_token_bound[proposer] = min(bound, self.draft_token_bound.get(proposer, bound))
+
+    def draft_token_cost(self, proposer: str) -> float:
+        """A model drafter's cost per draft token: measured, else its upper bound, else 0 (nothing proposed yet)."""
+        measured = self.draft_token.get(proposer)
+        return measured if measured is not None else self.draft_token_bound.get(proposer, 0.0)
+
     def record_catch_up(self, proposer: str, seconds: float, tokens: int) -> None:
         """A model drafter ran ``tokens`` of a sequence before drafting, in ``seconds`` beyond its drafting."""
         self._sum(f"catch-up:{proposer}", seconds)
@@ -209,7 +224,7 @@ class SpecCosts:
         verify = self.verify_cost(k)
         if verify is None:
             return None
-        return verify + k * self.draft_token.get(proposer, 0.0)
+        return verify + k * self.draft_token_cost(proposer)
 
 
 class Acceptance:
@@ -261,7 +276,7 @@ def best_draft(costs: SpecCosts, proposer: str, acceptance: Acceptance, k_max: i
     table = costs.verify_costs(k_max)
     if table is None or table[0] <= 0:
         return None
-    plain, per_token = table[0], costs.draft_token.get(proposer, 0.0)
+    plain, per_token = table[0], costs.draft_token_cost(proposer)
     key, state = (id(costs), proposer, k_max), (acceptance.version, costs.table_version, per_token)
     cached = acceptance.cached.get(key)
     if cached is not None and cached[0] is costs and cached[1] == state:

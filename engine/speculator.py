@@ -175,6 +175,8 @@ class Speculator:
                 self.costs.record_draft(proposer, seconds / len(items), drafted / len(items))
             elif per_token is not None:  # what the drafting would have cost: the rest is the catch-up
                 self.costs.record_catch_up(proposer, max(seconds - drafted * per_token, 0.0), behind)
+            else:  # drafting not yet measured alone: the whole call per draft token bounds it (never free)
+                self.costs.record_draft_bound(proposer, seconds / len(items), drafted / len(items))
         return spent
 
     def _recoups(self, proposer: str, k: int, lag: int, left: int) -> bool:

@@ -123,6 +123,25 @@ def test_best_draft_weighs_expected_tokens_against_the_cost_curve() -> None:
     assert k > 4
 
 
+def test_drafting_never_measured_alone_is_bounded_not_free() -> None:
+    """A model drafter whose proposals all caught up first (the prompt, a pause) has no measured cost per draft
+    token; read as 0 it looked free, and a drafter at a plain step's cost kept drafting at half speed. The
+    whole call per draft token bounds it until drafting is measured alone."""
+    sure = Acceptance(16)
+    for _ in range(50):
+        sure.record(4, 3)  # three of four hold
+    costs = _costs(1.0, {1: 1.6, 4: 2.5})
+    assert costs.draft_token_cost("self") == 0.0
+    assert (best_draft(costs, "self", sure, 4) or (0, 0.0))[0] > 0  # nothing known of drafting: it drafts
+    costs.record_draft_bound("self", 40.0, 4)  # 4 drafts after a 30-token catch-up: at most 10 a token
+    costs.record_draft_bound("self", 90.0, 4)  # a longer catch-up: a looser bound, not kept
+    assert costs.draft_token_cost("self") == 10.0 and "self" not in costs.draft_token
+    assert best_draft(costs, "self", sure, 4) == (0, 0.0)  # bounded: not worth it
+    costs.record_draft("self", 0.4, 4)  # then measured alone: 0.1 a token, which the bound no longer hides
+    assert costs.draft_token_cost("self") == pytest.approx(0.1)
+    assert (best_draft(costs, "self", sure, 4) or (0, 0.0))[0] > 0
+
+
 def test_heuristic_length_grows_after_full_accepts_and_pauses_double() -> None:
     cfg = SpecConfig(initial_draft=4, max_draft=8, cooldown_tokens=10)
     st = SpecState("draft", cfg.initial_draft)

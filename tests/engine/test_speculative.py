@@ -386,6 +386,26 @@ def test_a_model_drafter_starts_only_where_its_catch_up_pays_back(family_models:
     assert spec.drafters["draft"].lag(long, engine._seqs[long].token_ids) == 1  # it caught up
 
 
+def test_a_drafter_that_caught_up_records_a_bound_on_its_drafting_cost(family_models: Any) -> None:
+    """A sequence's first proposal runs the drafter over the prompt before drafting: that call bounds the
+    drafting's cost per token (it cannot be read as free); the next proposal, keeping up, measures it."""
+    model, config = family_models["mixtral"]
+    engine = _engine(model, config, draft_model=model, max_num_batched_tokens=64)
+    spec = engine.speculator
+    spec.costs = _measured(1.0, {1: 1.2, 2: 1.3, 4: 1.5})  # no drafting measured yet
+    rid = engine.add_request(PROMPTS[1], SamplingParams(temperature=0, max_tokens=300), speculative="draft")
+    engine.step()  # prefill
+    spec.propose(engine.scheduler.running)  # behind by the prompt: caught up, then drafted
+    drafted = len(engine._seqs[rid].spec_token_ids)
+    assert drafted > 0 and "draft" not in spec.costs.draft_token
+    bound = spec.costs.draft_token_bound["draft"]
+    assert bound > 0 and spec.costs.draft_token_cost("draft") == bound
+    engine.step()  # verify
+    spec.propose(engine.scheduler.running)  # keeping up now: drafting measured alone
+    assert engine._seqs[rid].spec_token_ids  # still learning: it drafts at its heuristic length
+    assert 0 < spec.costs.draft_token_cost("draft") == spec.costs.draft_token["draft"] < bound
+
+
 def test_verify_and_drafting_steps_take_the_decode_fast_path(family_models: Any) -> None:
     """On the native backend a verify step (the last token and its drafts as decode rows of one sequence) and
     a drafter's steps run through the one-call decode step: `forward` runs only the prefills, and the greedy
