@@ -176,8 +176,8 @@ def test_bf16_moe_equals_the_fp32_kernel_on_bf16_exact_weights() -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("march", ["x86-64-v3", "x86-64"])
 def test_the_portable_build_without_avx512_computes_the_same(tmp_path: Path, march: str) -> None:
-    """The kernels' non-AVX-512 code paths (what a machine without AVX-512 compiles: AVX2 without VNNI for the
-    quantized products on x86-64-v3, plain C loops on x86-64), checked against torch in a fresh process."""
+    """The kernels' non-AVX-512 code paths (what a machine without AVX-512 compiles: the AVX2 + FMA panel and
+    quantized kernels on x86-64-v3, plain C loops on x86-64), checked against torch in a fresh process."""
     import platform
     import subprocess
     import sys
@@ -190,17 +190,20 @@ def test_the_portable_build_without_avx512_computes_the_same(tmp_path: Path, mar
         "assert ops.available(), ops.reason()\n"
         "assert ops._lib.tg_has_avx512() == 0\n"
         "g = torch.Generator().manual_seed(0)\n"
-        "x, w, b = torch.randn(5, 70, generator=g), torch.randn(130, 70, generator=g), torch.randn(130, generator=g)\n"
-        "for bf16 in (False, True):\n"
-        "    ref = F.linear(x, w.bfloat16().float() if bf16 else w, b)\n"
-        "    torch.testing.assert_close(ops.linear(x, ops.pack(w, bf16=bf16), b), ref, rtol=1e-5, atol=1e-4)\n"
+        "w, b = torch.randn(130, 70, generator=g), torch.randn(130, generator=g)\n"
+        "for m in (1, 2, 5, 7):  # one token (a whole panel row), and tiles of three over panel halves\n"
+        "    x = torch.randn(m, 70, generator=g)\n"
+        "    for bf16 in (False, True):\n"
+        "        ref = F.linear(x, w.bfloat16().float() if bf16 else w, b)\n"
+        "        torch.testing.assert_close(ops.linear(x, ops.pack(w, bf16=bf16), b), ref, rtol=1e-5, atol=1e-4)\n"
         "from engine import quant\n"
-        "xq = torch.randn(5, 96, generator=g)\n"
-        "for fmt in ('q8_0', 'q4_0'):\n"
-        "    blocks = quant.quantize(torch.randn(70, 96, generator=g), fmt)\n"
-        "    ref = quant.reference_linear(xq, blocks, fmt, b[:70])\n"
-        "    got = ops.linear(xq, ops.pack_blocks(blocks, fmt), b[:70])\n"
-        "    torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-4)\n"
+        "for m in (1, 5):\n"
+        "    xq = torch.randn(m, 96, generator=g)\n"
+        "    for fmt in ('q8_0', 'q4_0'):\n"
+        "        blocks = quant.quantize(torch.randn(70, 96, generator=g), fmt)\n"
+        "        ref = quant.reference_linear(xq, blocks, fmt, b[:70])\n"
+        "        got = ops.linear(xq, ops.pack_blocks(blocks, fmt), b[:70])\n"
+        "        torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-4)\n"
         "h = torch.randn(3, 70, generator=g)\n"
         "torch.testing.assert_close(ops.add_rmsnorm(h.clone(), None, torch.ones(70), 1e-6),\n"
         "                           F.rms_norm(h, (70,), torch.ones(70), 1e-6), rtol=1e-5, atol=1e-6)\n"
