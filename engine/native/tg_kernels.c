@@ -433,6 +433,28 @@ static void quantize_row_q8(const float *x, int64_t K, float *xd, int8_t *xq) {
         _mm_storeu_si128((__m128i *)(xq + b * QK + 16),
                          _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(v1, idv))));
     }
+#elif TG_AVX2
+    /* the same steps 8 lanes at a time (vmaxps and vcvtps2dq as above); the int32 -> int8 packs work within
+     * 128-bit lanes, and one permutation puts the 32 bytes back in element order (as llama.cpp's AVX2 code) */
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    for (int64_t b = 0; b < K / QK; b++) {
+        __m256 v[4], mx = _mm256_setzero_ps();
+        for (int i = 0; i < 4; i++) {
+            v[i] = _mm256_loadu_ps(x + b * QK + 8 * i);
+            mx = _mm256_max_ps(_mm256_andnot_ps(sign, v[i]), mx);
+        }
+        __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        m4 = _mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 1));
+        const float amax = _mm_cvtss_f32(m4), d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+        xd[b] = d;
+        const __m256 idv = _mm256_set1_ps(id);
+        __m256i q[4];
+        for (int i = 0; i < 4; i++) q[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], idv));
+        const __m256i bytes = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
+        _mm256_storeu_si256((__m256i *)(xq + b * QK), _mm256_permutevar8x32_epi32(bytes, order));
+    }
 #else
     for (int64_t b = 0; b < K / QK; b++) {
         const float *v = x + b * QK;
@@ -939,6 +961,27 @@ static inline __m512 exp16(__m512 x) {
 }
 #endif
 
+#if TG_AVX2
+/* exp(x) on 8 lanes for softmax arguments (x <= 0): exp16's reduction and polynomial, times 2^n built in the
+ * exponent bits; x is clamped at -87 so 2^n stays normal (exp(-87) ~ 1.6e-38: nothing beside the maximum's 1). */
+static inline __m256 exp8(__m256 x) {
+    x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+#endif
+
 /* s[0:n] = exp(s[0:n] - mx); returns their sum (in a fixed order for a given n). */
 static float exp_shifted(float *s, int64_t n, float mx) {
 #if TG_AVX512
@@ -952,7 +995,20 @@ static float exp_shifted(float *s, int64_t n, float mx) {
     return _mm512_reduce_add_ps(acc);
 #else
     float sum = 0.0f;
-    for (int64_t t = 0; t < n; t++) {
+    int64_t t = 0;
+#if TG_AVX2
+    const __m256 m = _mm256_set1_ps(mx);
+    __m256 acc = _mm256_setzero_ps();
+    for (; t + 8 <= n; t += 8) {
+        const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(s + t), m));
+        _mm256_storeu_ps(s + t, e);
+        acc = _mm256_add_ps(acc, e);
+    }
+    float lanes[8];
+    _mm256_storeu_ps(lanes, acc);
+    for (int j = 0; j < 8; j++) sum += lanes[j];
+#endif
+    for (; t < n; t++) {
         s[t] = expf(s[t] - mx);
         sum += s[t];
     }
@@ -977,6 +1033,20 @@ static inline void weighted_rows(float *o, const float *w, const float *v, int64
         }
         return;
     }
+#elif TG_AVX2
+    if (D % 8 == 0) {
+        for (int64_t c = 0; c < D; c += 8) {
+            __m256 a0 = _mm256_loadu_ps(o + c), a1 = _mm256_setzero_ps();
+            int64_t t = 0;
+            for (; t + 1 < n; t += 2) {
+                a0 = _mm256_fmadd_ps(_mm256_set1_ps(w[t]), _mm256_loadu_ps(v + t * stride + c), a0);
+                a1 = _mm256_fmadd_ps(_mm256_set1_ps(w[t + 1]), _mm256_loadu_ps(v + (t + 1) * stride + c), a1);
+            }
+            if (t < n) a0 = _mm256_fmadd_ps(_mm256_set1_ps(w[t]), _mm256_loadu_ps(v + t * stride + c), a0);
+            _mm256_storeu_ps(o + c, _mm256_add_ps(a0, a1));
+        }
+        return;
+    }
 #endif
     for (int64_t t = 0; t < n; t++) {
         const float *vv = v + t * stride;
@@ -993,6 +1063,14 @@ static inline float dot_row(const float *q, const float *k, int64_t D) {
         __m512 acc = _mm512_mul_ps(_mm512_loadu_ps(q), _mm512_loadu_ps(k));
         for (int64_t d = 16; d < D; d += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(q + d), _mm512_loadu_ps(k + d), acc);
         return _mm512_reduce_add_ps(acc);
+    }
+#elif TG_AVX2
+    if (D % 8 == 0) {
+        __m256 acc = _mm256_mul_ps(_mm256_loadu_ps(q), _mm256_loadu_ps(k));
+        for (int64_t d = 8; d < D; d += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), _mm256_loadu_ps(k + d), acc);
+        const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+        const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+        return _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)));
     }
 #endif
     float dot = 0.0f;
