@@ -9,8 +9,11 @@ model it was built from:
 - a decode-only step whose every layer `tg_decode_layers` covers (`engine.native.layers`) is one C call;
 - any other step runs layer by layer: residual adds fused into the following RMSNorm (vLLM style),
   packed products, the fused MoE kernel, and for decode steps RoPE + cache write and paged attention in
-  C (attention with q/k norms or clipping does its head maths in torch first); prefill attention is the
-  torch paged attention.
+  C (attention with q/k norms or clipping does its head maths in torch first); prefill and mixed steps run
+  their attention on the same paged decode kernel, each new token a one-query sequence over the keys up to
+  its position (`PagedPlan.per_token`): torch's CPU attention took the math path (a full score matrix, a
+  masked softmax), ~half of a 256-token prefill of the demo model. An int8 KV cache keeps torch's paged
+  attention.
 
 Inference only: it builds no autograd graph (the runner calls it under `torch.inference_mode`). The runner
 picks it (`engine.runner`); nothing else imports this package.
@@ -145,6 +148,11 @@ class NativeLayer:
             if native_decode:
                 write_kv(k_cache, v_cache, k, v, ctx.slot_mapping)
                 o = ops.paged_decode(q, k_cache, v_cache, ctx.block_tables, ctx.context_lens, attn.scale,
+                                     attn.window)
+            elif one_call.cache_ok(k_cache, v_cache):  # a prefill or mixed step: each new token a decode query
+                write_kv(k_cache, v_cache, k, v, ctx.slot_mapping)
+                rows, lens = plan.per_token()
+                o = ops.paged_decode(q, k_cache, v_cache, ctx.block_tables.index_select(0, rows), lens, attn.scale,
                                      attn.window)
             else:
                 o = paged_attention(q, k, v, k_cache, v_cache, plan, attn.scale, attn.window)

@@ -160,3 +160,37 @@ def test_batched_no_cache_path_equals_per_sequence_and_is_differentiable(qwen3: 
     grads = [p.grad for p in qwen3.parameters()]
     qwen3.zero_grad(set_to_none=True)
     assert all(g is not None for g in grads)  # every parameter (router, experts, q/k norms) gets a gradient
+
+
+@pytest.mark.parametrize(("family", "overrides", "block_size"),
+                         [("qwen3_moe", {}, 3), ("qwen3_moe", {}, 16), ("mixtral", {"sliding_window": 5}, 4)],
+                         ids=["qwen3-block3", "qwen3-block16", "mixtral-window5"])
+def test_native_prefill_and_mixed_steps_equal_recomputation(family: str, overrides: dict[str, object],
+                                                            block_size: int, tmp_path: Path) -> None:
+    """The native backend runs a prefill or mixed step's attention on its paged decode kernel, one query per new
+    token (`PagedPlan.per_token`): fresh prefills, a chunk over a cached prefix, decodes beside a prefill, a
+    sliding window — each step's logits equal the model recomputed on the whole history."""
+    from engine.native import backend as native
+    from engine.native import ops
+
+    if not ops.available():
+        pytest.skip(f"native kernels not built: {ops.reason()}")
+    build_hf_model(family, seed=13, **overrides).save_pretrained(tmp_path)
+    model = load_model(tmp_path)[0]
+    fast = native.prepare(model)
+    vocab = model.config.vocab_size
+    gen = torch.Generator().manual_seed(5)
+    seqs = PagedSequences(num_blocks=64, block_size=block_size, seed=block_size)
+    kv = model.allocate_kv_cache(64, block_size)
+    history: dict[int, list[int]] = {}
+    with torch.inference_mode():
+        for step in SCHEDULE:
+            new = {s: torch.randint(0, vocab, (n,), generator=gen).tolist() for s, n in step.items()}
+            ctx, positions = seqs.step(step)
+            logits = fast.forward(torch.tensor([t for s in step for t in new[s]]), positions, ctx, kv)
+            start = 0
+            for s, n in step.items():
+                history.setdefault(s, []).extend(new[s])
+                full = torch.tensor(history[s])
+                _close(logits[start:start + n], model(full, torch.arange(len(full)))[-n:])
+                start += n
