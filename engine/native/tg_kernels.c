@@ -1099,7 +1099,9 @@ int tg_paged_decode(const float *q, const float *k_cache, const float *v_cache, 
         } else {
             /* Each (sequence, KV head) pair: the scores of its `group` query heads over the keys, walked block by
              * block (each K/V row read once for all of them), softmax, then the weighted V rows. */
-#pragma omp for schedule(static)
+            /* pairs dealt out one at a time in turn: a prefill run here (one query per new token, engine.native
+             * .backend) has contexts growing 1, 2, ... n, which contiguous shares would leave to the last thread */
+#pragma omp for schedule(static, 1)
             for (int64_t p = 0; p < pairs; p++) {
                 int64_t b = p / Hkv, h = p % Hkv;
                 int64_t L = context_lens[b];
