@@ -222,29 +222,30 @@ static inline int off8_bf16(int s) { return 32 * (s >> 2) + 8 * ((s >> 1) & 1) +
                                                             const T *p, int64_t K, const float *bias, float *y, \
                                                             int64_t ldy, int valid, const char *pf_end) {       \
         float out[MR][PANEL];                                                                                   \
-        if (mt == 1) {                                                                                          \
+        const int whole = mt == 1 ? 0 : mt - (mt % 3 == 1 ? 1 : 0); /* tokens the halves take; one left over    \
+                                                                       (mt = 1, 4) gets the whole-row loop */   \
+        for (int m0 = 0; m0 < whole; m0 += 3) {                                                                 \
+            const int left = whole - m0;                                                                        \
+            for (int h = 0; h < 2; h++) {                                                                       \
+                const int pf = m0 == 0 && h == 0;                                                               \
+                if (left >= 3) NAME##_half(x + m0 * ldx, ldx, 3, h, p, K, out + m0, pf, pf_end);                \
+                else NAME##_half(x + m0 * ldx, ldx, 2, h, p, K, out + m0, pf, pf_end);                          \
+            }                                                                                                   \
+        }                                                                                                       \
+        if (whole < mt) {                                                                                       \
             __m256 acc[8];                                                                                      \
             const T *q = p;                                                                                     \
+            const float *xr = x + whole * ldx;                                                                  \
             for (int v = 0; v < 8; v++) acc[v] = _mm256_setzero_ps();                                           \
             for (int64_t k = 0; k < K; k++) {                                                                   \
                 if (TG_PF && (const char *)q + TG_PF < pf_end)                                                  \
                     for (int64_t i = 0; i < (int64_t)sizeof(T) * PANEL; i += 64)                                \
                         _mm_prefetch((const char *)q + TG_PF + i, _MM_HINT_T0);                                 \
-                const __m256 xb = _mm256_set1_ps(x[k]);                                                         \
+                const __m256 xb = _mm256_set1_ps(xr[k]);                                                        \
                 for (int v = 0; v < 8; v++) acc[v] = _mm256_fmadd_ps(LOAD8(q, v), xb, acc[v]);                  \
                 q += PANEL;                                                                                     \
             }                                                                                                   \
-            for (int v = 0; v < 8; v++) _mm256_storeu_ps(out[0] + OFF8(v), acc[v]);                             \
-        } else {                                                                                                \
-            for (int m0 = 0; m0 < mt; m0 += 3) {                                                                \
-                const int left = mt - m0;                                                                       \
-                for (int h = 0; h < 2; h++) {                                                                   \
-                    const int pf = m0 == 0 && h == 0;                                                           \
-                    if (left >= 3) NAME##_half(x + m0 * ldx, ldx, 3, h, p, K, out + m0, pf, pf_end);            \
-                    else if (left == 2) NAME##_half(x + m0 * ldx, ldx, 2, h, p, K, out + m0, pf, pf_end);       \
-                    else NAME##_half(x + m0 * ldx, ldx, 1, h, p, K, out + m0, pf, pf_end);                      \
-                }                                                                                               \
-            }                                                                                                   \
+            for (int v = 0; v < 8; v++) _mm256_storeu_ps(out[whole] + OFF8(v), acc[v]);                         \
         }                                                                                                       \
         for (int m = 0; m < mt; m++)                                                                            \
             for (int j = 0; j < valid; j++) y[m * ldy + j] = out[m][j] + (bias ? bias[j] : 0.0f);               \
