@@ -126,7 +126,7 @@ def speed_bound(costs: SpecCosts, totals: SpecTotals, proposer: str, plain: floa
     step is the proposer's own runs' (the same statistic, measured alongside its verify steps), else ``plain``."""
     if costs.plain is None:
         costs.record_plain(plain)
-    plain = costs.plain or plain
+    plain = costs.plain_step() or plain
     g = totals.guess_share
     call = costs.draft_call.get(proposer, 0.0)
     once = prompt * costs.catch_up_token.get(proposer, 0.0)

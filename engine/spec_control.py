@@ -132,9 +132,10 @@ class SpecCosts:
         return total / n if n else math.nan
 
     def record_plain(self, seconds: float) -> None:
-        if not self._plain.count:
-            self._table = None
+        before = self.plain
         self._plain.add(seconds)
+        if self.plain != before:  # the curve starts at it: rebuilt on its next read
+            self._table = None
         self._samples += 1
         self._plain_at = self._samples
         self._sum("plain", seconds)
@@ -183,8 +184,22 @@ class SpecCosts:
 
     def needs_plain(self, every: int = 64) -> bool:
         """Whether the next step should be plain to keep the plain step's cost current (every choice is
-        against it): fewer than 3 plain samples, or ``every`` samples since the last."""
-        return self._plain.count < 3 or self._samples - self._plain_at >= every
+        against it): fewer than 3 plain samples, ``every`` samples since the last, or sooner (every 4) while a
+        settled verify step is measured cheaper than the plain one, which cannot be: a verify does a plain
+        step's work and more, so the plain estimate is stale (samples taken while the machine or the first use
+        of a drafter delayed the step)."""
+        since = self._samples - self._plain_at
+        return self._plain.count < 3 or since >= every or (since >= 4 and self._plain_too_high())
+
+    def plain_step(self) -> float | None:
+        """The plain step's cost as choices read it: the cost curve's start (never above a settled verify),
+        else the plain estimate alone."""
+        table = self.verify_costs(1)
+        return table[0] if table else self.plain
+
+    def _plain_too_high(self) -> bool:
+        plain = self.plain
+        return plain is not None and any(r.count >= SETTLED and r.value < plain for r in self.verify.values())
 
     def verify_costs(self, k_max: int) -> list[float] | None:
         """Verify steps of 0..k_max drafts (0: the plain step): the measured points, never falling as ``k``
@@ -196,9 +211,11 @@ class SpecCosts:
         if self.plain is None or not self.verify:
             return None
         if self._table is None or len(self._table) <= k_max or self._samples - self._table_at >= 8:
-            points = [(0, self.plain)]
             lengths = sorted(self.verify)
             settled = [n for n in lengths if self.verify[n].count >= SETTLED]
+            # the plain step costs at most a settled verify (see needs_plain): a higher estimate would lift the
+            # whole curve to it and make drafting look free (self-speculation drafted ~7 tokens at 0.39x)
+            points = [(0, min([self.plain] + [self.verify[n].value for n in settled]))]
             for n in settled or lengths:  # a length tried once or twice is one noisy sample: read off the others
                 points.append((n, max(self.verify[n].value, points[-1][1])))
             top = max(k_max, 2 * points[-1][0])

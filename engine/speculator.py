@@ -185,7 +185,7 @@ class Speculator:
         unmeasured)."""
         best = best_draft(self.costs, proposer, self._acceptance(proposer, 0), k)
         per_token = self.costs.catch_up_token.get(proposer)
-        plain = self.costs.plain
+        plain = self.costs.plain_step()
         if best is None or per_token is None or plain is None:
             return True
         tokens = 1 + sum(self._acceptance(proposer, 0).survival(best[0]))

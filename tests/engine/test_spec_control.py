@@ -81,6 +81,34 @@ def test_a_plain_step_is_due_until_three_are_measured_then_every_64_samples() ->
     assert costs.needs_plain()
 
 
+def test_a_plain_estimate_above_a_settled_verify_is_capped_and_measured_again() -> None:
+    """Plain steps measured while something delayed them (the first use of a drafter, another job) left the
+    plain estimate ~3x too high; plain steps were then taken once per 64, and the curve, never below the plain
+    step, was flat from 0 to 4 drafts: drafting looked free and self-speculation ran at 0.39x. A verify does a
+    plain step's work and more, so the plain step is read as at most the cheapest settled verify, and plain
+    steps are taken every 4 until the estimate agrees."""
+    costs = SpecCosts()
+    for _ in range(3):
+        costs.record_plain(3.0)  # delayed: the true plain step costs 1.0
+    for _ in range(3):
+        for k, seconds in ((1, 1.3), (4, 2.5), (7, 4.0)):
+            costs.record_verify(seconds, k)
+    costs.record_draft("self", 1.8, 3)  # 0.6 a draft token
+    table = costs.verify_costs(7) or []
+    assert table[0] == pytest.approx(1.3) and costs.plain_step() == pytest.approx(1.3)
+    acc = Acceptance(8)
+    for n in range(60):
+        acc.record(7, n % 4)  # 0, 1, 2 or 3 of 7 hold
+    k, _ = best_draft(costs, "self", acc, 7) or (0, 0.0)
+    assert k <= 1  # with the base at 3.0 the flat curve made 3 drafts look worth it
+    assert costs.needs_plain()  # 9 samples since the last plain one, and a verify below it
+    for _ in range(4):
+        costs.record_plain(1.0)
+    assert costs.plain == pytest.approx(1.0) and costs.plain_step() == pytest.approx(1.0)
+    costs.record_verify(1.3, 1)
+    assert not costs.needs_plain()  # consistent again: back to one plain step in 64
+
+
 def test_acceptance_per_position_and_the_chance_a_draft_prefix_survives() -> None:
     acc = Acceptance(8)
     assert acc.survival(2) == pytest.approx([0.5, 0.25])  # no evidence: even odds per position
