@@ -486,14 +486,16 @@ static void block_offsets(const int8_t *xq, int64_t M, int64_t K, int fmt, int32
         }
 }
 
-#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
-#define TG_VNNI 1
+/* Four activation bytes as one int32 (broadcast to every row by the vector kernels below). */
 static inline int32_t load_i32(const int8_t *p) {
     int32_t v;
     memcpy(&v, p, sizeof v);
     return v;
 }
 
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+#define TG_VNNI 1
+typedef __m512 qtile_out[MQ]; /* per token, 16 lanes: the group's 16 rows */
 /* One group's 16 rows by mt (<= MQ) tokens: out[m] (16 lanes, one per row). */
 static inline __attribute__((always_inline)) void qgroup_tile(const uint8_t *w, int fmt, int64_t nb, const float *xd,
                                                               const int8_t *xq, const int32_t *xs, int64_t K,
@@ -533,12 +535,7 @@ static inline __attribute__((always_inline)) void qgroup_tile(const uint8_t *w, 
 }
 #elif TG_AVX2
 #define TG_Q_AVX2 1
-static inline int32_t load_i32(const int8_t *p) {
-    int32_t v;
-    memcpy(&v, p, sizeof v);
-    return v;
-}
-
+typedef __m256 qtile_out[MQ][2]; /* per token, two 8-lane halves: rows 0-7 and 8-15 */
 /* One group's 16 rows by mt (<= MQ) tokens with AVX2 (no VNNI): each 32-byte half of a 64-byte vector holds
  * the same four elements of 8 rows, so out[m][h] has rows 8h..8h+7. vpmaddubsw multiplies unsigned by signed
  * bytes and adds pairs into saturating int16: Q4_0's unsigned nibbles (<= 15) times int8 activations stay far
@@ -656,26 +653,21 @@ static int qgemm_panels(const float *xd, const int8_t *xq, int64_t M, int64_t K,
                 const uint8_t *w = W + g * group_bytes;
                 const int64_t n = g * QG;
                 const int valid = (int)(N - n < QG ? N - n : QG);
-#if defined(TG_VNNI)
-                __m512 out[MQ];
+#if defined(TG_VNNI) || defined(TG_Q_AVX2)
+                qtile_out out;
                 switch (mt) { /* constant tile heights keep the accumulators in registers */
                 case 1: qgroup_tile(w, fmt, nb, xdm, xqm, xsm, K, 1, out, pf_end); break;
                 case 2: qgroup_tile(w, fmt, nb, xdm, xqm, xsm, K, 2, out, pf_end); break;
                 case 3: qgroup_tile(w, fmt, nb, xdm, xqm, xsm, K, 3, out, pf_end); break;
                 default: qgroup_tile(w, fmt, nb, xdm, xqm, xsm, K, MQ, out, pf_end); break;
                 }
+#endif
+#if defined(TG_VNNI)
                 const __mmask16 mask = valid >= QG ? (__mmask16)0xFFFF : (__mmask16)((1u << valid) - 1u);
                 const __m512 bv = bias ? _mm512_maskz_loadu_ps(mask, bias + n) : _mm512_setzero_ps();
                 for (int m = 0; m < mt; m++)
                     _mm512_mask_storeu_ps(y + (m0 + m) * ldy + n, mask, _mm512_add_ps(out[m], bv));
 #elif defined(TG_Q_AVX2)
-                __m256 out[MQ][2];
-                switch (mt) { /* constant tile heights keep the accumulators in registers */
-                case 1: qgroup_tile(w, fmt, nb, xdm, xqm, xsm, K, 1, out, pf_end); break;
-                case 2: qgroup_tile(w, fmt, nb, xdm, xqm, xsm, K, 2, out, pf_end); break;
-                case 3: qgroup_tile(w, fmt, nb, xdm, xqm, xsm, K, 3, out, pf_end); break;
-                default: qgroup_tile(w, fmt, nb, xdm, xqm, xsm, K, MQ, out, pf_end); break;
-                }
                 for (int m = 0; m < mt; m++) {
                     float o[QG];
                     _mm256_storeu_ps(o, out[m][0]);
