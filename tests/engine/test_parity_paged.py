@@ -3,11 +3,13 @@ prefix, batched decode of different lengths, per-token expert counts, sliding wi
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import torch
 
+from engine.attention import AttentionContext
 from engine.model import CausalLM, load_model
 from tests.engine.hf_tiny import PagedSequences, build_hf_model
 
@@ -46,26 +48,36 @@ def _expert_count(position: int) -> int:
 @pytest.mark.parametrize("block_size", [3, 16])
 @pytest.mark.parametrize("per_token_k", [False, True])
 def test_mixed_batches_equal_recomputation(qwen3: CausalLM, block_size: int, per_token_k: bool) -> None:
-    vocab = qwen3.config.vocab_size
-    gen = torch.Generator().manual_seed(block_size)
-    seqs = PagedSequences(num_blocks=64, block_size=block_size, seed=block_size)
     kv = qwen3.allocate_kv_cache(64, block_size)
+
+    def step_logits(flat: torch.Tensor, positions: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
+        k = torch.tensor([_expert_count(int(p)) for p in positions]) if per_token_k else None
+        return qwen3(flat, positions, ctx, kv, experts_per_token=k)
+
+    def recomputed(full: torch.Tensor) -> torch.Tensor:
+        k_full = torch.tensor([_expert_count(p) for p in range(len(full))]) if per_token_k else None
+        return qwen3(full, torch.arange(len(full)), experts_per_token=k_full)
+
+    _replay_schedule(step_logits, recomputed, qwen3.config.vocab_size, block_size, seed=block_size)
+
+
+def _replay_schedule(step_logits: Callable[[torch.Tensor, torch.Tensor, AttentionContext], torch.Tensor],
+                     recomputed: Callable[[torch.Tensor], torch.Tensor], vocab: int, block_size: int,
+                     seed: int) -> None:
+    """Run SCHEDULE's steps (random tokens) through ``step_logits`` over a paged cache; each sequence's new
+    rows must equal ``recomputed`` on its whole history."""
+    gen = torch.Generator().manual_seed(seed)
+    seqs = PagedSequences(num_blocks=64, block_size=block_size, seed=block_size)
     history: dict[int, list[int]] = {}
     with torch.inference_mode():
         for step in SCHEDULE:
             new = {s: torch.randint(0, vocab, (n,), generator=gen).tolist() for s, n in step.items()}
             ctx, positions = seqs.step(step)
-            flat = torch.tensor([t for s in step for t in new[s]])
-            k = torch.tensor([_expert_count(int(p)) for p in positions]) if per_token_k else None
-            logits = qwen3(flat, positions, ctx, kv, experts_per_token=k)
+            logits = step_logits(torch.tensor([t for s in step for t in new[s]]), positions, ctx)
             start = 0
             for s, n in step.items():
                 history.setdefault(s, []).extend(new[s])
-                full = torch.tensor(history[s])
-                pos = torch.arange(len(full))
-                k_full = torch.tensor([_expert_count(p) for p in range(len(full))]) if per_token_k else None
-                expected = qwen3(full, pos, experts_per_token=k_full)[-n:]
-                _close(logits[start : start + n], expected)
+                _close(logits[start:start + n], recomputed(torch.tensor(history[s]))[-n:])
                 start += n
 
 
@@ -178,19 +190,6 @@ def test_native_prefill_and_mixed_steps_equal_recomputation(family: str, overrid
     build_hf_model(family, seed=13, **overrides).save_pretrained(tmp_path)
     model = load_model(tmp_path)[0]
     fast = native.prepare(model)
-    vocab = model.config.vocab_size
-    gen = torch.Generator().manual_seed(5)
-    seqs = PagedSequences(num_blocks=64, block_size=block_size, seed=block_size)
     kv = model.allocate_kv_cache(64, block_size)
-    history: dict[int, list[int]] = {}
-    with torch.inference_mode():
-        for step in SCHEDULE:
-            new = {s: torch.randint(0, vocab, (n,), generator=gen).tolist() for s, n in step.items()}
-            ctx, positions = seqs.step(step)
-            logits = fast.forward(torch.tensor([t for s in step for t in new[s]]), positions, ctx, kv)
-            start = 0
-            for s, n in step.items():
-                history.setdefault(s, []).extend(new[s])
-                full = torch.tensor(history[s])
-                _close(logits[start:start + n], model(full, torch.arange(len(full)))[-n:])
-                start += n
+    _replay_schedule(lambda flat, positions, ctx: fast.forward(flat, positions, ctx, kv),
+                     lambda full: model(full, torch.arange(len(full))), model.config.vocab_size, block_size, seed=5)
