@@ -50,16 +50,18 @@ class PagedPlan:
     _per_token: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def per_token(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """Every new token as a one-query sequence of its own: its sequence's row in ``ctx.block_tables`` and
-        the keys it sees (its position + 1), int64 [T] each; how a prefill runs on a decode attention kernel
-        (causal by construction; a sliding window applies per query as in decode)."""
+        """Every new token as a one-query sequence of its own: its sequence's block table (``ctx.block_tables``'
+        row, [T, width]) and the keys it sees (its position + 1, [T]), int64, built once per forward for every
+        layer; how a prefill runs on a decode attention kernel (causal by construction; a sliding window applies
+        per query as in decode)."""
         if self._per_token is None:
             rows: list[int] = []
             lens: list[int] = []
             for row, (n_new, n_ctx) in enumerate(zip(self.query_lens, self.context_lens, strict=True)):
                 rows += [row] * n_new
                 lens += range(n_ctx - n_new + 1, n_ctx + 1)
-            self._per_token = torch.tensor(rows, dtype=torch.int64), torch.tensor(lens, dtype=torch.int64)
+            self._per_token = (self.ctx.block_tables.index_select(0, torch.tensor(rows, dtype=torch.int64)),
+                               torch.tensor(lens, dtype=torch.int64))
         return self._per_token
 
     def decode_mask(self, window: int | None) -> torch.Tensor:

@@ -151,9 +151,8 @@ class NativeLayer:
                                      attn.window)
             elif one_call.cache_ok(k_cache, v_cache):  # a prefill or mixed step: each new token a decode query
                 write_kv(k_cache, v_cache, k, v, ctx.slot_mapping)
-                rows, lens = plan.per_token()
-                o = ops.paged_decode(q, k_cache, v_cache, ctx.block_tables.index_select(0, rows), lens, attn.scale,
-                                     attn.window)
+                tables, lens = plan.per_token()
+                o = ops.paged_decode(q, k_cache, v_cache, tables, lens, attn.scale, attn.window)
             else:
                 o = paged_attention(q, k, v, k_cache, v_cache, plan, attn.scale, attn.window)
         return self.o(o.reshape(x.shape[0], attn.n_q * attn.head_dim))
