@@ -192,23 +192,39 @@ static inline __attribute__((always_inline)) __m256 load8_bf16(const uint16_t *p
     return (s & 1) ? _mm256_castsi256_ps(_mm256_and_si256(both, _mm256_set1_epi32((int)0xFFFF0000u)))
                    : _mm256_castsi256_ps(_mm256_slli_epi32(both, 16));
 }
+/* The same without the mask register (the high halves shifted down and back up): the three-token half tile
+ * holds 12 accumulators, 3 broadcasts and a weight vector, all 16 registers; the mask made it spill an
+ * accumulator, whose store and reload then ran every iteration (~1.6x the FMA time). */
+static inline __attribute__((always_inline)) __m256 load8_bf16_nomask(const uint16_t *p, int s) {
+    const __m256i both = _mm256_loadu_si256((const __m256i *)(p + 16 * (s >> 1)));
+    return (s & 1) ? _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_srli_epi32(both, 16), 16))
+                   : _mm256_castsi256_ps(_mm256_slli_epi32(both, 16));
+}
+static inline __attribute__((always_inline)) __m256 load8_f32_nomask(const float *p, int s) { return load8_f32(p, s); }
 static inline int off8_bf16(int s) { return 32 * (s >> 2) + 8 * ((s >> 1) & 1) + 16 * (s & 1); }
-/* 16 ymm registers: one token takes the whole row (8 accumulators); more tokens go up to three at a time over
- * each 32-output half of the panel (12 accumulators), the half read once per three tokens. */
+/* 16 ymm registers: tokens go up to three at a time over each 32-output half of the panel (12 accumulators); a
+ * lone token left over (1 or 4 of a chunk) takes the whole row (8 accumulators). The panel is read in blocks of
+ * KB rows, each block once from L2 for a chunk of up to MC tokens and then from L1 by every pass over it (two
+ * halves per three tokens: before, each pass streamed the whole panel from L2, half of every row it touched
+ * unused). Between blocks the accumulators wait in `acc` (slot order); each output still sums its k in order,
+ * one FMA each, so every tile shape (and the one-token loop) gives the same bits. */
+#define KB 64
+#define MC 24
 #define DEFINE_TILE(NAME, T, LOAD8, OFF8)                                                                       \
     static inline __attribute__((always_inline)) void NAME##_half(const float *x, int64_t ldx, const int nt,    \
-                                                                   const int h, const T *p, int64_t K,          \
-                                                                   float out[MR][PANEL], int pf,                \
+                                                                   const int h, const T *p, int64_t kn,         \
+                                                                   float acc_buf[][PANEL], int first, int pf,   \
                                                                    const char *pf_end) {                        \
         __m256 acc[3][4];                                                                                       \
         for (int m = 0; m < 3; m++)                                                                             \
-            for (int v = 0; v < 4; v++) acc[m][v] = _mm256_setzero_ps();                                        \
-        for (int64_t k = 0; k < K; k++) {                                                                       \
+            for (int v = 0; v < 4; v++)                                                                         \
+                acc[m][v] = (m < nt && !first) ? _mm256_loadu_ps(acc_buf[m] + 8 * (4 * h + v)) : _mm256_setzero_ps(); \
+        for (int64_t k = 0; k < kn; k++) {                                                                      \
             if (TG_PF && pf && (const char *)p + TG_PF < pf_end)                                                \
                 for (int64_t i = 0; i < (int64_t)sizeof(T) * PANEL; i += 64)                                    \
                     _mm_prefetch((const char *)p + TG_PF + i, _MM_HINT_T0);                                     \
             for (int v = 0; v < 4; v++) {                                                                       \
-                const __m256 w = LOAD8(p, 4 * h + v);                                                           \
+                const __m256 w = LOAD8##_nomask(p, 4 * h + v);                                                           \
                 for (int m = 0; m < 3; m++)                                                                     \
                     if (m < nt) acc[m][v] = _mm256_fmadd_ps(w, _mm256_set1_ps(x[m * ldx + k]), acc[m][v]);      \
             }                                                                                                   \
@@ -216,39 +232,55 @@ static inline int off8_bf16(int s) { return 32 * (s >> 2) + 8 * ((s >> 1) & 1) +
         }                                                                                                       \
         for (int m = 0; m < 3; m++)                                                                             \
             if (m < nt)                                                                                         \
-                for (int v = 0; v < 4; v++) _mm256_storeu_ps(out[m] + OFF8(4 * h + v), acc[m][v]);              \
+                for (int v = 0; v < 4; v++) _mm256_storeu_ps(acc_buf[m] + 8 * (4 * h + v), acc[m][v]);         \
     }                                                                                                           \
-    static inline __attribute__((always_inline)) void NAME(const float *x, int64_t ldx, const int mt,          \
-                                                            const T *p, int64_t K, const float *bias, float *y, \
-                                                            int64_t ldy, int valid, const char *pf_end) {       \
-        float out[MR][PANEL];                                                                                   \
-        const int whole = mt == 1 ? 0 : mt - (mt % 3 == 1 ? 1 : 0); /* tokens the halves take; one left over    \
-                                                                       (mt = 1, 4) gets the whole-row loop */   \
-        for (int m0 = 0; m0 < whole; m0 += 3) {                                                                 \
-            const int left = whole - m0;                                                                        \
-            for (int h = 0; h < 2; h++) {                                                                       \
-                const int pf = m0 == 0 && h == 0;                                                               \
-                if (left >= 3) NAME##_half(x + m0 * ldx, ldx, 3, h, p, K, out + m0, pf, pf_end);                \
-                else NAME##_half(x + m0 * ldx, ldx, 2, h, p, K, out + m0, pf, pf_end);                          \
-            }                                                                                                   \
+    static inline __attribute__((always_inline)) void NAME##_row(const float *x, const T *p, int64_t kn,        \
+                                                                  float *acc_buf, int first, int pf,            \
+                                                                  const char *pf_end) {                         \
+        __m256 acc[8];                                                                                          \
+        for (int v = 0; v < 8; v++) acc[v] = first ? _mm256_setzero_ps() : _mm256_loadu_ps(acc_buf + 8 * v);   \
+        for (int64_t k = 0; k < kn; k++) {                                                                      \
+            if (TG_PF && pf && (const char *)p + TG_PF < pf_end)                                                \
+                for (int64_t i = 0; i < (int64_t)sizeof(T) * PANEL; i += 64)                                    \
+                    _mm_prefetch((const char *)p + TG_PF + i, _MM_HINT_T0);                                     \
+            const __m256 xb = _mm256_set1_ps(x[k]);                                                             \
+            for (int v = 0; v < 8; v++) acc[v] = _mm256_fmadd_ps(LOAD8(p, v), xb, acc[v]);                     \
+            p += PANEL;                                                                                         \
         }                                                                                                       \
-        if (whole < mt) {                                                                                       \
-            __m256 acc[8];                                                                                      \
-            const T *q = p;                                                                                     \
-            const float *xr = x + whole * ldx;                                                                  \
-            for (int v = 0; v < 8; v++) acc[v] = _mm256_setzero_ps();                                           \
-            for (int64_t k = 0; k < K; k++) {                                                                   \
-                if (TG_PF && (const char *)q + TG_PF < pf_end)                                                  \
-                    for (int64_t i = 0; i < (int64_t)sizeof(T) * PANEL; i += 64)                                \
-                        _mm_prefetch((const char *)q + TG_PF + i, _MM_HINT_T0);                                 \
-                const __m256 xb = _mm256_set1_ps(xr[k]);                                                        \
-                for (int v = 0; v < 8; v++) acc[v] = _mm256_fmadd_ps(LOAD8(q, v), xb, acc[v]);                  \
-                q += PANEL;                                                                                     \
+        for (int v = 0; v < 8; v++) _mm256_storeu_ps(acc_buf + 8 * v, acc[v]);                                 \
+    }                                                                                                           \
+    /* y[m, n0 + 0:valid] = x[m, :K] . panel (+ bias) for the M tokens, in chunks of MC */                     \
+    static void NAME(const float *x, int64_t ldx, int64_t M, const T *panel, int64_t K, const float *bias,     \
+                     float *y, int64_t ldy, int valid, const char *pf_end) {                                    \
+        float acc[MC][PANEL];                                                                                   \
+        for (int64_t m0 = 0; m0 < M; m0 += MC) {                                                                \
+            const int mc = (int)(M - m0 < MC ? M - m0 : MC);                                                    \
+            const int whole = mc == 1 ? 0 : mc - (mc % 3 == 1 ? 1 : 0); /* tokens the halves take */            \
+            const float *xm = x + m0 * ldx;                                                                     \
+            const int64_t kb = mc == 1 ? K : KB; /* one pass (one token) reads the panel once unblocked */      \
+            for (int64_t k0 = 0; k0 < K; k0 += kb) {                                                            \
+                const int64_t kn = K - k0 < kb ? K - k0 : kb;                                                   \
+                const int first = k0 == 0;                                                                      \
+                const T *pk = panel + k0 * PANEL;                                                               \
+                for (int g = 0; g < whole; g += 3) {                                                            \
+                    const float *xg = xm + g * ldx + k0;                                                        \
+                    if (whole - g >= 3) {                                                                       \
+                        NAME##_half(xg, ldx, 3, 0, pk, kn, acc + g, first, g == 0, pf_end);                     \
+                        NAME##_half(xg, ldx, 3, 1, pk, kn, acc + g, first, 0, pf_end);                          \
+                    } else {                                                                                    \
+                        NAME##_half(xg, ldx, 2, 0, pk, kn, acc + g, first, g == 0, pf_end);                     \
+                        NAME##_half(xg, ldx, 2, 1, pk, kn, acc + g, first, 0, pf_end);                          \
+                    }                                                                                           \
+                }                                                                                               \
+                if (whole < mc) NAME##_row(xm + whole * ldx + k0, pk, kn, acc[whole], first, whole == 0, pf_end); \
             }                                                                                                   \
-            for (int v = 0; v < 8; v++) _mm256_storeu_ps(out[whole] + OFF8(v), acc[v]);                         \
+            for (int m = 0; m < mc; m++)                                                                        \
+                for (int s = 0; s < 8; s++) {                                                                   \
+                    const int off = OFF8(s);                                                                    \
+                    for (int l = 0; l < 8 && off + l < valid; l++)                                              \
+                        y[(m0 + m) * ldy + off + l] = acc[m][8 * s + l] + (bias ? bias[off + l] : 0.0f);        \
+                }                                                                                               \
         }                                                                                                       \
-        for (int m = 0; m < mt; m++)                                                                            \
-            for (int j = 0; j < valid; j++) y[m * ldy + j] = out[m][j] + (bias ? bias[j] : 0.0f);               \
     }
 DEFINE_TILE(tile_f32, float, load8_f32, off8_f32)
 DEFINE_TILE(tile_bf16, uint16_t, load8_bf16, off8_bf16)
@@ -299,6 +331,10 @@ static void gemm_panels(const float *x, int64_t M, int64_t K, int64_t ldx, const
         int64_t n = p * PANEL;
         int valid = (int)(N - n < PANEL ? N - n : PANEL);
         const float *b = bias ? bias + n : NULL;
+#if TG_AVX2
+        if (fmt == TG_BF16) tile_bf16(x, ldx, M, (const uint16_t *)P + p * K * PANEL, K, b, y + n, ldy, valid, pf_end);
+        else tile_f32(x, ldx, M, (const float *)P + p * K * PANEL, K, b, y + n, ldy, valid, pf_end);
+#else
         for (int64_t m0 = 0; m0 < M; m0 += MR) {
             const float *xm = x + m0 * ldx;
             float *ym = y + m0 * ldy + n;
@@ -310,6 +346,7 @@ static void gemm_panels(const float *x, int64_t M, int64_t K, int64_t ldx, const
                 TILE_HEIGHTS(tile_f32, panel)
             }
         }
+#endif
     }
 }
 

@@ -159,6 +159,20 @@ def test_bf16_panels_equal_f_linear_on_the_rounded_weights(m: int, k: int, n: in
         torch.testing.assert_close(ops.linear(x, packed, bias), F.linear(x, rounded, bias), rtol=1e-5, atol=1e-4)
 
 
+@pytest.mark.parametrize("bf16", [False, True])
+def test_each_row_of_a_batch_is_the_row_computed_alone(bf16: bool, threads: int) -> None:
+    """Bit for bit: a speculative verify's rows, and continuous batching, must give what one sequence decoding
+    alone gets (greedy identity). Batches of every tile shape, chunks beyond one register tile, K across
+    several cache blocks and a partial panel."""
+    k, n = 200, 130
+    w, b = torch.randn(n, k, generator=_gen(7)), torch.randn(n, generator=_gen(8))
+    x = torch.randn(40, k, generator=_gen(9))
+    packed = ops.pack(w, bf16=bf16)
+    alone = torch.cat([ops.linear(x[i:i + 1], packed, b) for i in range(40)])
+    for m in (2, 3, 4, 5, 6, 7, 8, 16, 25, 40):
+        assert torch.equal(ops.linear(x[:m], packed, b), alone[:m]), m
+
+
 def test_bf16_moe_equals_the_fp32_kernel_on_bf16_exact_weights() -> None:
     e, h, i, tokens = 8, 64, 96, 5
     x = torch.randn(tokens, h, generator=_gen(1))
@@ -196,6 +210,12 @@ def test_the_portable_build_without_avx512_computes_the_same(tmp_path: Path, mar
         "    for bf16 in (False, True):\n"
         "        ref = F.linear(x, w.bfloat16().float() if bf16 else w, b)\n"
         "        torch.testing.assert_close(ops.linear(x, ops.pack(w, bf16=bf16), b), ref, rtol=1e-5, atol=1e-4)\n"
+        "x = torch.randn(30, 70, generator=g)  # every row of a batch as the row alone: same sums, same order\n"
+        "for bf16 in (False, True):\n"
+        "    p = ops.pack(w, bf16=bf16)\n"
+        "    alone = torch.cat([ops.linear(x[i:i + 1], p, b) for i in range(30)])\n"
+        "    for m in (2, 3, 4, 5, 7, 30):\n"
+        "        assert torch.equal(ops.linear(x[:m], p, b), alone[:m]), (bf16, m)\n"
         "from engine import quant\n"
         "for m in (1, 5):\n"
         "    xq = torch.randn(m, 96, generator=g)\n"
