@@ -192,9 +192,8 @@ static inline __attribute__((always_inline)) __m256 load8_bf16(const uint16_t *p
     return (s & 1) ? _mm256_castsi256_ps(_mm256_and_si256(both, _mm256_set1_epi32((int)0xFFFF0000u)))
                    : _mm256_castsi256_ps(_mm256_slli_epi32(both, 16));
 }
-/* The same without the mask register (the high halves shifted down and back up): the three-token half tile
- * holds 12 accumulators, 3 broadcasts and a weight vector, all 16 registers; the mask made it spill an
- * accumulator, whose store and reload then ran every iteration (~1.6x the FMA time). */
+/* The same without a mask register (the high halves shifted down and back up), for the tiles that use the
+ * other fifteen. */
 static inline __attribute__((always_inline)) __m256 load8_bf16_nomask(const uint16_t *p, int s) {
     const __m256i both = _mm256_loadu_si256((const __m256i *)(p + 16 * (s >> 1)));
     return (s & 1) ? _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_srli_epi32(both, 16), 16))
@@ -202,12 +201,14 @@ static inline __attribute__((always_inline)) __m256 load8_bf16_nomask(const uint
 }
 static inline __attribute__((always_inline)) __m256 load8_f32_nomask(const float *p, int s) { return load8_f32(p, s); }
 static inline int off8_bf16(int s) { return 32 * (s >> 2) + 8 * ((s >> 1) & 1) + 16 * (s & 1); }
-/* 16 ymm registers: tokens go up to three at a time over each 32-output half of the panel (12 accumulators); a
- * lone token left over (1 or 4 of a chunk) takes the whole row (8 accumulators). The panel is read in blocks of
- * KB rows, each block once from L2 for a chunk of up to MC tokens and then from L1 by every pass over it (two
- * halves per three tokens: before, each pass streamed the whole panel from L2, half of every row it touched
- * unused). Between blocks the accumulators wait in `acc` (slot order); each output still sums its k in order,
- * one FMA each, so every tile shape (and the one-token loop) gives the same bits. */
+/* 16 ymm registers. Three to six tokens go over each 16-output quarter of the panel (up to 12 accumulators, two
+ * weight vectors, one broadcast: per k two weight loads and six broadcasts feed twelve FMAs), two tokens over
+ * each 32-output half (8 accumulators), one token over the whole row (8). Three tokens over a half (12
+ * accumulators, three broadcasts, a weight vector) leave the compiler no register to spare: it spilled an
+ * accumulator, whose store and reload then ran every k (~1.6x the FMA time). The panel is read in blocks of KB
+ * rows, each block once from L2 for a chunk of up to MC tokens and then from L1 by every pass over it. Between
+ * blocks the accumulators wait in `acc` (slot order); each output still sums its k in order, one FMA each, so
+ * every tile shape (and the one-token loop) gives the same bits. */
 #define KB 64
 #define MC 24
 #define DEFINE_TILE(NAME, T, LOAD8, OFF8)                                                                       \
@@ -234,6 +235,31 @@ static inline int off8_bf16(int s) { return 32 * (s >> 2) + 8 * ((s >> 1) & 1) +
             if (m < nt)                                                                                         \
                 for (int v = 0; v < 4; v++) _mm256_storeu_ps(acc_buf[m] + 8 * (4 * h + v), acc[m][v]);         \
     }                                                                                                           \
+    static inline __attribute__((always_inline)) void NAME##_quarter(const float *x, int64_t ldx, const int nt, \
+                                                                      const int q, const T *p, int64_t kn,      \
+                                                                      float acc_buf[][PANEL], int first, int pf, \
+                                                                      const char *pf_end) {                     \
+        __m256 acc[6][2];                                                                                       \
+        for (int m = 0; m < 6; m++)                                                                             \
+            for (int v = 0; v < 2; v++)                                                                         \
+                acc[m][v] = (m < nt && !first) ? _mm256_loadu_ps(acc_buf[m] + 8 * (2 * q + v)) : _mm256_setzero_ps(); \
+        for (int64_t k = 0; k < kn; k++) {                                                                      \
+            if (TG_PF && pf && (const char *)p + TG_PF < pf_end)                                                \
+                for (int64_t i = 0; i < (int64_t)sizeof(T) * PANEL; i += 64)                                    \
+                    _mm_prefetch((const char *)p + TG_PF + i, _MM_HINT_T0);                                     \
+            const __m256 w0 = LOAD8##_nomask(p, 2 * q), w1 = LOAD8##_nomask(p, 2 * q + 1);                      \
+            for (int m = 0; m < 6; m++)                                                                         \
+                if (m < nt) {                                                                                   \
+                    const __m256 xb = _mm256_set1_ps(x[m * ldx + k]);                                           \
+                    acc[m][0] = _mm256_fmadd_ps(w0, xb, acc[m][0]);                                             \
+                    acc[m][1] = _mm256_fmadd_ps(w1, xb, acc[m][1]);                                             \
+                }                                                                                               \
+            p += PANEL;                                                                                         \
+        }                                                                                                       \
+        for (int m = 0; m < 6; m++)                                                                             \
+            if (m < nt)                                                                                         \
+                for (int v = 0; v < 2; v++) _mm256_storeu_ps(acc_buf[m] + 8 * (2 * q + v), acc[m][v]);         \
+    }                                                                                                           \
     static inline __attribute__((always_inline)) void NAME##_row(const float *x, const T *p, int64_t kn,        \
                                                                   float *acc_buf, int first, int pf,            \
                                                                   const char *pf_end) {                         \
@@ -255,24 +281,31 @@ static inline int off8_bf16(int s) { return 32 * (s >> 2) + 8 * ((s >> 1) & 1) +
         float acc[MC][PANEL];                                                                                   \
         for (int64_t m0 = 0; m0 < M; m0 += MC) {                                                                \
             const int mc = (int)(M - m0 < MC ? M - m0 : MC);                                                    \
-            const int whole = mc == 1 ? 0 : mc - (mc % 3 == 1 ? 1 : 0); /* tokens the halves take */            \
             const float *xm = x + m0 * ldx;                                                                     \
             const int64_t kb = mc == 1 ? K : KB; /* one pass (one token) reads the panel once unblocked */      \
             for (int64_t k0 = 0; k0 < K; k0 += kb) {                                                            \
                 const int64_t kn = K - k0 < kb ? K - k0 : kb;                                                   \
                 const int first = k0 == 0;                                                                      \
                 const T *pk = panel + k0 * PANEL;                                                               \
-                for (int g = 0; g < whole; g += 3) {                                                            \
+                int g = 0;                                                                                      \
+                for (; mc - g >= 3; g += mc - g >= 6 ? 6 : mc - g) { /* 3-6 tokens: four 16-output quarters */ \
                     const float *xg = xm + g * ldx + k0;                                                        \
-                    if (whole - g >= 3) {                                                                       \
-                        NAME##_half(xg, ldx, 3, 0, pk, kn, acc + g, first, g == 0, pf_end);                     \
-                        NAME##_half(xg, ldx, 3, 1, pk, kn, acc + g, first, 0, pf_end);                          \
-                    } else {                                                                                    \
-                        NAME##_half(xg, ldx, 2, 0, pk, kn, acc + g, first, g == 0, pf_end);                     \
-                        NAME##_half(xg, ldx, 2, 1, pk, kn, acc + g, first, 0, pf_end);                          \
+                    for (int q = 0; q < 4; q++) {                                                               \
+                        const int pf = g == 0 && q == 0;                                                        \
+                        switch (mc - g >= 6 ? 6 : mc - g) {                                                     \
+                        case 3: NAME##_quarter(xg, ldx, 3, q, pk, kn, acc + g, first, pf, pf_end); break;       \
+                        case 4: NAME##_quarter(xg, ldx, 4, q, pk, kn, acc + g, first, pf, pf_end); break;       \
+                        case 5: NAME##_quarter(xg, ldx, 5, q, pk, kn, acc + g, first, pf, pf_end); break;       \
+                        default: NAME##_quarter(xg, ldx, 6, q, pk, kn, acc + g, first, pf, pf_end); break;      \
+                        }                                                                                       \
                     }                                                                                           \
                 }                                                                                               \
-                if (whole < mc) NAME##_row(xm + whole * ldx + k0, pk, kn, acc[whole], first, whole == 0, pf_end); \
+                if (mc - g == 2) { /* two tokens: two 32-output halves */                                       \
+                    NAME##_half(xm + g * ldx + k0, ldx, 2, 0, pk, kn, acc + g, first, g == 0, pf_end);          \
+                    NAME##_half(xm + g * ldx + k0, ldx, 2, 1, pk, kn, acc + g, first, 0, pf_end);               \
+                } else if (mc - g == 1) { /* one token: the whole row */                                        \
+                    NAME##_row(xm + g * ldx + k0, pk, kn, acc[g], first, g == 0, pf_end);                       \
+                }                                                                                               \
             }                                                                                                   \
             for (int m = 0; m < mc; m++)                                                                        \
                 for (int s = 0; s < 8; s++) {                                                                   \
