@@ -1142,64 +1142,90 @@ static inline float dot_row(const float *q, const float *k, int64_t D) {
     return dot;
 }
 
+/* One (sequence b, KV head h) pair of a paged decode: the scores of its `group` query heads over the keys, walked
+ * block by block (each K/V row read once for all of them), softmax, then the weighted V rows. `scores` holds
+ * group * max_len floats. */
+static void paged_pair(const float *q, const float *k_cache, const float *v_cache, const int64_t *block_tables,
+                       int64_t width, const int64_t *context_lens, int64_t Hq, int64_t Hkv, int64_t D,
+                       int64_t block_size, float scale, int64_t window, float *out, int64_t max_len, float *scores,
+                       int64_t p) {
+    const int64_t group = Hq / Hkv, row = Hkv * D; /* floats between consecutive slots of one head */
+    int64_t b = p / Hkv, h = p % Hkv;
+    int64_t L = context_lens[b];
+    int64_t first = window > 0 && L > window ? L - window : 0, n = L - first;
+    const int64_t *table = block_tables + b * width;
+    const float *qh = q + (b * Hq + h * group) * D;
+    for (int64_t t = first; t < L;) {
+        int64_t off = t % block_size, len = block_size - off < L - t ? block_size - off : L - t;
+        const float *kv = k_cache + ((table[t / block_size] * block_size + off) * Hkv + h) * D;
+        for (int64_t i = 0; i < len; i++, kv += row)
+            for (int64_t g = 0; g < group; g++) scores[g * max_len + t - first + i] = dot_row(qh + g * D, kv, D) * scale;
+        t += len;
+    }
+    for (int64_t g = 0; g < group; g++) {
+        float *s = scores + g * max_len;
+        float mx = -FLT_MAX;
+        for (int64_t t = 0; t < n; t++) mx = s[t] > mx ? s[t] : mx;
+        float sum = exp_shifted(s, n, mx);
+        float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+        for (int64_t t = 0; t < n; t++) s[t] *= inv;
+        float *o = out + (b * Hq + h * group + g) * D;
+        for (int64_t d = 0; d < D; d++) o[d] = 0.0f;
+        for (int64_t t = first; t < L;) {
+            int64_t off = t % block_size, len = block_size - off < L - t ? block_size - off : L - t;
+            const float *vv = v_cache + ((table[t / block_size] * block_size + off) * Hkv + h) * D;
+            weighted_rows(o, s + t - first, vv, row, len, D);
+            t += len;
+        }
+    }
+}
+
+static int64_t max_context(const int64_t *context_lens, int64_t B) {
+    int64_t max_len = 0;
+    for (int64_t b = 0; b < B; b++) max_len = context_lens[b] > max_len ? context_lens[b] : max_len;
+    return max_len;
+}
+
 int tg_paged_decode(const float *q, const float *k_cache, const float *v_cache, const int64_t *block_tables,
                     int64_t width, const int64_t *context_lens, int64_t B, int64_t Hq, int64_t Hkv, int64_t D,
                     int64_t block_size, float scale, int64_t window, float *out, int nthreads) {
-    int64_t max_len = 0;
-    for (int64_t b = 0; b < B; b++) max_len = context_lens[b] > max_len ? context_lens[b] : max_len;
-    int64_t group = Hq / Hkv;
-    int64_t pairs = B * Hkv;
-    int nth = clamp_threads(nthreads, pairs * max_len * D * group * 2);
+    const int64_t max_len = max_context(context_lens, B), pairs = B * Hkv;
+    int nth = clamp_threads(nthreads, pairs * max_len * D * (Hq / Hkv) * 2);
     if (nth > pairs) nth = (int)pairs;
     int failed = 0;
-    const int64_t row = Hkv * D; /* floats between consecutive slots of one head */
 #pragma omp parallel num_threads(nth)
     {
-        float *scores = malloc(sizeof(float) * (max_len > 0 ? max_len : 1) * group);
+        float *scores = malloc(sizeof(float) * (max_len > 0 ? max_len : 1) * (Hq / Hkv));
         if (!scores) {
 #pragma omp atomic write
             failed = 1;
         } else {
-            /* Each (sequence, KV head) pair: the scores of its `group` query heads over the keys, walked block by
-             * block (each K/V row read once for all of them), softmax, then the weighted V rows. */
             /* pairs dealt out one at a time in turn: a prefill run here (one query per new token, engine.native
              * .backend) has contexts growing 1, 2, ... n, which contiguous shares would leave to the last thread */
 #pragma omp for schedule(static, 1)
-            for (int64_t p = 0; p < pairs; p++) {
-                int64_t b = p / Hkv, h = p % Hkv;
-                int64_t L = context_lens[b];
-                int64_t first = window > 0 && L > window ? L - window : 0, n = L - first;
-                const int64_t *table = block_tables + b * width;
-                const float *qh = q + (b * Hq + h * group) * D;
-                for (int64_t t = first; t < L;) {
-                    int64_t off = t % block_size, len = block_size - off < L - t ? block_size - off : L - t;
-                    const float *kv = k_cache + ((table[t / block_size] * block_size + off) * Hkv + h) * D;
-                    for (int64_t i = 0; i < len; i++, kv += row)
-                        for (int64_t g = 0; g < group; g++)
-                            scores[g * max_len + t - first + i] = dot_row(qh + g * D, kv, D) * scale;
-                    t += len;
-                }
-                for (int64_t g = 0; g < group; g++) {
-                    float *s = scores + g * max_len;
-                    float mx = -FLT_MAX;
-                    for (int64_t t = 0; t < n; t++) mx = s[t] > mx ? s[t] : mx;
-                    float sum = exp_shifted(s, n, mx);
-                    float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
-                    for (int64_t t = 0; t < n; t++) s[t] *= inv;
-                    float *o = out + (b * Hq + h * group + g) * D;
-                    for (int64_t d = 0; d < D; d++) o[d] = 0.0f;
-                    for (int64_t t = first; t < L;) {
-                        int64_t off = t % block_size, len = block_size - off < L - t ? block_size - off : L - t;
-                        const float *vv = v_cache + ((table[t / block_size] * block_size + off) * Hkv + h) * D;
-                        weighted_rows(o, s + t - first, vv, row, len, D);
-                        t += len;
-                    }
-                }
-            }
+            for (int64_t p = 0; p < pairs; p++)
+                paged_pair(q, k_cache, v_cache, block_tables, width, context_lens, Hq, Hkv, D, block_size, scale,
+                           window, out, max_len, scores, p);
         }
         free(scores);
     }
     return failed ? -1 : 0;
+}
+
+/* The same by thread `tid` of a team of `nth` already running (no region of its own): pairs tid, tid + nth, ... */
+static int paged_decode_share(const float *q, const float *k_cache, const float *v_cache, const int64_t *block_tables,
+                              int64_t width, const int64_t *context_lens, int64_t B, int64_t Hq, int64_t Hkv,
+                              int64_t D, int64_t block_size, float scale, int64_t window, float *out, int tid,
+                              int nth) {
+    const int64_t max_len = max_context(context_lens, B), pairs = B * Hkv;
+    if (tid >= pairs) return 0;
+    float *scores = malloc(sizeof(float) * (max_len > 0 ? max_len : 1) * (Hq / Hkv));
+    if (!scores) return -1;
+    for (int64_t p = tid; p < pairs; p += nth)
+        paged_pair(q, k_cache, v_cache, block_tables, width, context_lens, Hq, Hkv, D, block_size, scale, window, out,
+                   max_len, scores, p);
+    free(scores);
+    return 0;
 }
 
 /* ---------------------------------------------------------------------------------------------------

@@ -206,7 +206,16 @@ static void step_layer(step_args *a, int l, int tid, int nth, int kthreads, int6
         tg_rope_write_kv(a->wide + r0 * qkv_w, r1 - r0, L->n_q, L->n_kv, D, a->cos + r0 * D, a->sin + r0 * D,
                          a->q + r0 * q_w, L->k_cache, L->v_cache, a->slots + r0);
 #pragma omp barrier /* every row's K/V is in the cache before any row attends (rows may share a sequence) */
-    if (r1 > r0) {
+    if (nth > 1) { /* the team shares the (row, KV head) pairs in turn: a prefill's rows have contexts 1 .. n */
+        if (paged_decode_share(a->q, L->k_cache, L->v_cache, a->tables, a->width, a->lens, B, L->n_q, L->n_kv, D,
+                               a->block_size, L->scale, L->window, a->att, tid, nth))
+            step_failed(a);
+        if (quant) {
+#pragma omp barrier
+            if (r1 > r0)
+                tg_quantize_rows_q8(a->att + r0 * q_w, r1 - r0, q_w, q_w, a->xd + r0 * (q_w / QK), a->xq + r0 * q_w);
+        }
+    } else if (r1 > r0) {
         if (tg_paged_decode(a->q + r0 * q_w, L->k_cache, L->v_cache, a->tables + r0 * a->width, a->width,
                             a->lens + r0, r1 - r0, L->n_q, L->n_kv, D, a->block_size, L->scale, L->window,
                             a->att + r0 * q_w, kthreads))

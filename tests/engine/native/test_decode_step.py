@@ -188,3 +188,54 @@ def test_the_native_argmax_is_torchs(n: int) -> None:
     rows[6] = -0.0
     rows[6, -1] = 0.0
     assert ops.argmax_rows(rows) == rows.argmax(dim=-1).tolist()
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_prefill_and_mixed_steps_in_one_call_equal_the_per_op_path(kind: str, threads: int,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """A prefill (13 tokens: rows with contexts 1..13, a sliding window on one layer of the dense kind) and a mixed
+    step (a decode beside a 9-token prefill) run every layer in one native call, one row per new token; they
+    must give the per-op path's logits and cache (bit for bit where both run the same kernels), and on two
+    threads the team (forced here: the
+    thread choice would pick by time) shares the attention's (row, KV head) pairs in turn."""
+    from engine.native.threads import ThreadChoice
+
+    model, backend = _backend(kind)
+    monkeypatch.setattr(ThreadChoice, "pick", lambda self, batch, available: available)
+    gen = torch.Generator().manual_seed(2)
+    a, b = (torch.randint(0, model.config.vocab_size, (n,), generator=gen).tolist() for n in (13, 9))
+    tables = [[5, 17, 2, 9, 21], [11, 3, 14]]
+
+    def run(one_call: bool) -> tuple[torch.Tensor, torch.Tensor, list[Any]]:
+        caches = model.allocate_kv_cache(24, BLOCK)
+        calls = {"decode_layers": 0}
+        real = ops.decode_layers
+
+        def counting(*args: Any, **kw: Any) -> torch.Tensor:
+            calls["decode_layers"] += 1
+            return real(*args, **kw)
+
+        with monkeypatch.context() as m:
+            m.setattr(ops, "decode_layers", counting)
+            if not one_call:
+                m.setattr(backend, "_decode_layers", lambda caches: None)
+            with torch.inference_mode():
+                first = run_spans(backend, caches, BLOCK, [Span(a, 0, tables[0], None, 13)])
+                mixed = run_spans(backend, caches, BLOCK, [Span([int(first[-1].argmax())], 13, tables[0], None, 1),
+                                                           Span(b, 0, tables[1], None, 9)])
+        assert calls["decode_layers"] == (2 if one_call else 0)
+        return first, mixed, caches
+
+    first, mixed, caches = run(True)
+    first_ref, mixed_ref, caches_ref = run(False)
+    assert first.shape == (13, 300) and mixed.shape == (10, 300)
+    if "moe" in kind:  # the same kernels on both paths
+        assert torch.equal(first, first_ref) and torch.equal(mixed, mixed_ref)
+    else:  # the per-op dense MLP takes torch's SiLU, the one-call one its own (as a decode step always has)
+        torch.testing.assert_close(first, first_ref, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(mixed, mixed_ref, rtol=1e-5, atol=1e-5)
+    for layer, ((k, v), (k2, v2)) in enumerate(zip(caches, caches_ref, strict=True)):
+        if "moe" in kind or layer == 0:  # layer 0's K/V come before any MLP
+            assert torch.equal(k, k2) and torch.equal(v, v2)
+        else:
+            torch.testing.assert_close((k, v), (k2, v2), rtol=1e-5, atol=1e-5)
