@@ -6,7 +6,9 @@ model it was built from:
 
 - a plain decode step (`decode`: token ids, positions and block tables in, logits out) is one C call from the
   token ids on (`engine.native.step`) where every layer is on the one-call path and the LM head is packed;
-- a decode-only step whose every layer `tg_decode_layers` covers (`engine.native.layers`) is one C call;
+- any step whose every layer `tg_decode_layers` covers (`engine.native.layers`) is one C call: a decode step
+  one row per sequence, a prefill or mixed step one row per new token with its own context (its position + 1,
+  `PagedPlan.per_token`; every row's K/V is written before any row attends, so it is causal);
 - any other step runs layer by layer: residual adds fused into the following RMSNorm (vLLM style),
   packed products, the fused MoE kernel, and for decode steps RoPE + cache write and paged attention in
   C (attention with q/k norms or clipping does its head maths in torch first); prefill and mixed steps run

@@ -374,8 +374,9 @@ class DecodeLayers:
 def decode_layers(layers: DecodeLayers, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ctx_slots: torch.Tensor,
                   block_tables: torch.Tensor, context_lens: torch.Tensor, block_size: int, k_max: int,
                   per_token: torch.Tensor | None, final_norm: torch.Tensor, final_eps: float) -> torch.Tensor:
-    """Every layer of a decode step (one new token per sequence, h [B, H] updated in place as the
-    residual stream) and the final norm; returns the normed hidden states [B, H]."""
+    """Every layer of a step of one-token rows (a decode step, or a prefill's tokens each with its own block
+    table row and context length; h [B, H] updated in place as the residual stream) and the final norm; returns
+    the normed hidden states [B, H]."""
     assert _lib is not None
     b, hidden = h.shape
     cos, sin = cos.contiguous(), sin.contiguous()

@@ -1,7 +1,9 @@
 /* tiergate engine: a whole decode step in one native call (included at the end of tg_kernels.c, whose
  * kernels it runs).
  *
- *   tg_decode_layers   every layer of a decode step for B sequences with one new token each: RMSNorm (+ the
+ *   tg_decode_layers   every layer of a step of B rows, each one new token of a sequence (a decode step: one
+ *                      row per sequence; a prefill or verify: several rows sharing a sequence, each with its own
+ *                      context, all rows' K/V written before any row attends): RMSNorm (+ the
  *                      previous sub-block's residual), packed QKV, RoPE + cache write, paged attention,
  *                      packed o_proj, RMSNorm (+ residual), the MoE block or a dense SwiGLU MLP; then the
  *                      model's norm
