@@ -212,53 +212,34 @@ static inline int off8_bf16(int s) { return 32 * (s >> 2) + 8 * ((s >> 1) & 1) +
 #define KB 64
 #define MC 24
 #define DEFINE_TILE(NAME, T, LOAD8, OFF8)                                                                       \
-    static inline __attribute__((always_inline)) void NAME##_half(const float *x, int64_t ldx, const int nt,    \
-                                                                   const int h, const T *p, int64_t kn,         \
-                                                                   float acc_buf[][PANEL], int first, int pf,   \
-                                                                   const char *pf_end) {                        \
-        __m256 acc[3][4];                                                                                       \
-        for (int m = 0; m < 3; m++)                                                                             \
-            for (int v = 0; v < 4; v++)                                                                         \
-                acc[m][v] = (m < nt && !first) ? _mm256_loadu_ps(acc_buf[m] + 8 * (4 * h + v)) : _mm256_setzero_ps(); \
-        for (int64_t k = 0; k < kn; k++) {                                                                      \
-            if (TG_PF && pf && (const char *)p + TG_PF < pf_end)                                                \
-                for (int64_t i = 0; i < (int64_t)sizeof(T) * PANEL; i += 64)                                    \
-                    _mm_prefetch((const char *)p + TG_PF + i, _MM_HINT_T0);                                     \
-            for (int v = 0; v < 4; v++) {                                                                       \
-                const __m256 w = LOAD8##_nomask(p, 4 * h + v);                                                           \
-                for (int m = 0; m < 3; m++)                                                                     \
-                    if (m < nt) acc[m][v] = _mm256_fmadd_ps(w, _mm256_set1_ps(x[m * ldx + k]), acc[m][v]);      \
-            }                                                                                                   \
-            p += PANEL;                                                                                         \
-        }                                                                                                       \
-        for (int m = 0; m < 3; m++)                                                                             \
-            if (m < nt)                                                                                         \
-                for (int v = 0; v < 4; v++) _mm256_storeu_ps(acc_buf[m] + 8 * (4 * h + v), acc[m][v]);         \
-    }                                                                                                           \
-    static inline __attribute__((always_inline)) void NAME##_quarter(const float *x, int64_t ldx, const int nt, \
-                                                                      const int q, const T *p, int64_t kn,      \
-                                                                      float acc_buf[][PANEL], int first, int pf, \
-                                                                      const char *pf_end) {                     \
-        __m256 acc[6][2];                                                                                       \
+    /* nt (<= 6) tokens over nv (2 or 4) 8-output slots from slot s0: per k the nv weight vectors, then each    \
+       token's broadcast and its nv FMAs (nt * nv <= 12 accumulators) */                                        \
+    static inline __attribute__((always_inline)) void NAME##_span(const float *x, int64_t ldx, const int nt,    \
+                                                                   const int nv, const int s0, const T *p,      \
+                                                                   int64_t kn, float acc_buf[][PANEL],          \
+                                                                   int first, int pf, const char *pf_end) {     \
+        __m256 acc[6][4];                                                                                       \
         for (int m = 0; m < 6; m++)                                                                             \
-            for (int v = 0; v < 2; v++)                                                                         \
-                acc[m][v] = (m < nt && !first) ? _mm256_loadu_ps(acc_buf[m] + 8 * (2 * q + v)) : _mm256_setzero_ps(); \
+            for (int v = 0; v < 4; v++)                                                                         \
+                acc[m][v] = (m < nt && v < nv && !first) ? _mm256_loadu_ps(acc_buf[m] + 8 * (s0 + v))           \
+                                                         : _mm256_setzero_ps();                                 \
         for (int64_t k = 0; k < kn; k++) {                                                                      \
             if (TG_PF && pf && (const char *)p + TG_PF < pf_end)                                                \
                 for (int64_t i = 0; i < (int64_t)sizeof(T) * PANEL; i += 64)                                    \
                     _mm_prefetch((const char *)p + TG_PF + i, _MM_HINT_T0);                                     \
-            const __m256 w0 = LOAD8##_nomask(p, 2 * q), w1 = LOAD8##_nomask(p, 2 * q + 1);                      \
+            __m256 w[4];                                                                                        \
+            for (int v = 0; v < 4; v++) w[v] = v < nv ? LOAD8##_nomask(p, s0 + v) : _mm256_setzero_ps();       \
             for (int m = 0; m < 6; m++)                                                                         \
                 if (m < nt) {                                                                                   \
                     const __m256 xb = _mm256_set1_ps(x[m * ldx + k]);                                           \
-                    acc[m][0] = _mm256_fmadd_ps(w0, xb, acc[m][0]);                                             \
-                    acc[m][1] = _mm256_fmadd_ps(w1, xb, acc[m][1]);                                             \
+                    for (int v = 0; v < 4; v++)                                                                 \
+                        if (v < nv) acc[m][v] = _mm256_fmadd_ps(w[v], xb, acc[m][v]);                           \
                 }                                                                                               \
             p += PANEL;                                                                                         \
         }                                                                                                       \
         for (int m = 0; m < 6; m++)                                                                             \
             if (m < nt)                                                                                         \
-                for (int v = 0; v < 2; v++) _mm256_storeu_ps(acc_buf[m] + 8 * (2 * q + v), acc[m][v]);         \
+                for (int v = 0; v < nv; v++) _mm256_storeu_ps(acc_buf[m] + 8 * (s0 + v), acc[m][v]);           \
     }                                                                                                           \
     static inline __attribute__((always_inline)) void NAME##_row(const float *x, const T *p, int64_t kn,        \
                                                                   float *acc_buf, int first, int pf,            \
@@ -293,16 +274,16 @@ static inline int off8_bf16(int s) { return 32 * (s >> 2) + 8 * ((s >> 1) & 1) +
                     for (int q = 0; q < 4; q++) {                                                               \
                         const int pf = g == 0 && q == 0;                                                        \
                         switch (mc - g >= 6 ? 6 : mc - g) {                                                     \
-                        case 3: NAME##_quarter(xg, ldx, 3, q, pk, kn, acc + g, first, pf, pf_end); break;       \
-                        case 4: NAME##_quarter(xg, ldx, 4, q, pk, kn, acc + g, first, pf, pf_end); break;       \
-                        case 5: NAME##_quarter(xg, ldx, 5, q, pk, kn, acc + g, first, pf, pf_end); break;       \
-                        default: NAME##_quarter(xg, ldx, 6, q, pk, kn, acc + g, first, pf, pf_end); break;      \
+                        case 3: NAME##_span(xg, ldx, 3, 2, 2 * q, pk, kn, acc + g, first, pf, pf_end); break;       \
+                        case 4: NAME##_span(xg, ldx, 4, 2, 2 * q, pk, kn, acc + g, first, pf, pf_end); break;       \
+                        case 5: NAME##_span(xg, ldx, 5, 2, 2 * q, pk, kn, acc + g, first, pf, pf_end); break;       \
+                        default: NAME##_span(xg, ldx, 6, 2, 2 * q, pk, kn, acc + g, first, pf, pf_end); break;      \
                         }                                                                                       \
                     }                                                                                           \
                 }                                                                                               \
                 if (mc - g == 2) { /* two tokens: two 32-output halves */                                       \
-                    NAME##_half(xm + g * ldx + k0, ldx, 2, 0, pk, kn, acc + g, first, g == 0, pf_end);          \
-                    NAME##_half(xm + g * ldx + k0, ldx, 2, 1, pk, kn, acc + g, first, 0, pf_end);               \
+                    NAME##_span(xm + g * ldx + k0, ldx, 2, 4, 0, pk, kn, acc + g, first, g == 0, pf_end);           \
+                    NAME##_span(xm + g * ldx + k0, ldx, 2, 4, 4, pk, kn, acc + g, first, 0, pf_end);                \
                 } else if (mc - g == 1) { /* one token: the whole row */                                        \
                     NAME##_row(xm + g * ldx + k0, pk, kn, acc[g], first, g == 0, pf_end);                       \
                 }                                                                                               \
