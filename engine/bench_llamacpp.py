@@ -240,6 +240,11 @@ def _torch_threads(threads: int) -> Iterator[None]:
         torch.set_num_threads(before)
 
 
+# engine.native.threads.ThreadChoice's exploration: its first 4 steps on one thread and 4 on the team (a literal:
+# only the runner may import the native backend)
+WARM_PREFILLS = 8
+
+
 def _gguf_engine(gguf: Path, scheme: str, prefill_tokens: int, decode_tokens: int) -> LLMEngine:
     model, config = load_gguf_model(gguf)
     with _panels(scheme):
@@ -267,7 +272,11 @@ def compare_model(cpp: LlamaCpp, hf_dir: Path, label: str, vocab: int, log: Log,
         with _torch_threads(t):
             for engine in (e for _, e in ready.values()):  # warm-up at this thread count
                 engine_decode_tokens_per_s(engine, [short], 4)
-                engine_prefill_tokens_per_s(engine, long[: min(64, prefill_tokens)])
+                # the native backend times its first steps of each batch size on one thread and on the team, in
+                # turn, before it picks one (engine.native.threads): a timed prefill of the same length every round
+                # would otherwise run on one thread in about half of the first eight rounds
+                for _ in range(WARM_PREFILLS):
+                    engine_prefill_tokens_per_s(engine, long)
             for _ in range(rounds):
                 for scheme, (gguf, engine) in ready.items():
                     got = samples[scheme]

@@ -183,3 +183,17 @@ def test_side_by_side_on_a_real_build() -> None:
         assert row.decode is not None and row.prefill is not None and min(*row.decode, *row.prefill) > 0
     assert re.search(r"greedy text vs llama.cpp \(llama-simple, demo-moe f32 GGUF, 8 tokens, 3 chat prompts\): "
                      r"identical on \d/3", out), out
+
+
+def test_the_prefill_warm_up_covers_the_thread_choice_s_exploration() -> None:
+    """Part (e) times one prefill per round: its warm-up must outlast the native backend's first steps on each
+    arm (one thread, the team), or some timed rounds prefill on one thread while the backend explores."""
+    from engine import bench_llamacpp
+    from engine.native.threads import ThreadChoice
+
+    choice = ThreadChoice()
+    assert 2 * choice.first <= bench_llamacpp.WARM_PREFILLS
+    for _ in range(bench_llamacpp.WARM_PREFILLS):  # each warm-up prefill: a pick, then its time recorded
+        used = choice.pick(256, 2)
+        choice.record(256, 2, used, 0.010 if used == 2 else 0.015)
+    assert choice.pick(256, 2) == 2 and choice.faster(256, 2) == 2  # decided: the timed rounds run on the team
