@@ -199,7 +199,6 @@ static inline __attribute__((always_inline)) __m256 load8_bf16_nomask(const uint
     return (s & 1) ? _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_srli_epi32(both, 16), 16))
                    : _mm256_castsi256_ps(_mm256_slli_epi32(both, 16));
 }
-static inline __attribute__((always_inline)) __m256 load8_f32_nomask(const float *p, int s) { return load8_f32(p, s); }
 static inline int off8_bf16(int s) { return 32 * (s >> 2) + 8 * ((s >> 1) & 1) + 16 * (s & 1); }
 /* 16 ymm registers. Three to six tokens go over each 16-output quarter of the panel (up to 12 accumulators, two
  * weight vectors, one broadcast: per k two weight loads and six broadcasts feed twelve FMAs), two tokens over
@@ -211,7 +210,7 @@ static inline int off8_bf16(int s) { return 32 * (s >> 2) + 8 * ((s >> 1) & 1) +
  * every tile shape (and the one-token loop) gives the same bits. */
 #define KB 64
 #define MC 24
-#define DEFINE_TILE(NAME, T, LOAD8, OFF8)                                                                       \
+#define DEFINE_TILE(NAME, T, LOAD8, SPAN_LOAD8, OFF8) /* SPAN_LOAD8: a loader without a mask register */    \
     /* nt (<= 6) tokens over nv (2 or 4) 8-output slots from slot s0: per k the nv weight vectors, then each    \
        token's broadcast and its nv FMAs (nt * nv <= 12 accumulators) */                                        \
     static inline __attribute__((always_inline)) void NAME##_span(const float *x, int64_t ldx, const int nt,    \
@@ -228,7 +227,7 @@ static inline int off8_bf16(int s) { return 32 * (s >> 2) + 8 * ((s >> 1) & 1) +
                 for (int64_t i = 0; i < (int64_t)sizeof(T) * PANEL; i += 64)                                    \
                     _mm_prefetch((const char *)p + TG_PF + i, _MM_HINT_T0);                                     \
             __m256 w[4];                                                                                        \
-            for (int v = 0; v < 4; v++) w[v] = v < nv ? LOAD8##_nomask(p, s0 + v) : _mm256_setzero_ps();       \
+            for (int v = 0; v < 4; v++) w[v] = v < nv ? SPAN_LOAD8(p, s0 + v) : _mm256_setzero_ps();            \
             for (int m = 0; m < 6; m++)                                                                         \
                 if (m < nt) {                                                                                   \
                     const __m256 xb = _mm256_set1_ps(x[m * ldx + k]);                                           \
@@ -296,8 +295,8 @@ static inline int off8_bf16(int s) { return 32 * (s >> 2) + 8 * ((s >> 1) & 1) +
                 }                                                                                               \
         }                                                                                                       \
     }
-DEFINE_TILE(tile_f32, float, load8_f32, off8_f32)
-DEFINE_TILE(tile_bf16, uint16_t, load8_bf16, off8_bf16)
+DEFINE_TILE(tile_f32, float, load8_f32, load8_f32, off8_f32)
+DEFINE_TILE(tile_bf16, uint16_t, load8_bf16, load8_bf16_nomask, off8_bf16)
 #else
 static inline float elem_f32(const float *p, int j) { return p[j]; }
 static inline float elem_bf16(const uint16_t *p, int j) { return from_bf16(p[bf16_slot(j)]); }
@@ -1167,33 +1166,9 @@ static int64_t max_context(const int64_t *context_lens, int64_t B) {
     return max_len;
 }
 
-int tg_paged_decode(const float *q, const float *k_cache, const float *v_cache, const int64_t *block_tables,
-                    int64_t width, const int64_t *context_lens, int64_t B, int64_t Hq, int64_t Hkv, int64_t D,
-                    int64_t block_size, float scale, int64_t window, float *out, int nthreads) {
-    const int64_t max_len = max_context(context_lens, B), pairs = B * Hkv;
-    int nth = clamp_threads(nthreads, pairs * max_len * D * (Hq / Hkv) * 2);
-    if (nth > pairs) nth = (int)pairs;
-    int failed = 0;
-#pragma omp parallel num_threads(nth)
-    {
-        float *scores = malloc(sizeof(float) * (max_len > 0 ? max_len : 1) * (Hq / Hkv));
-        if (!scores) {
-#pragma omp atomic write
-            failed = 1;
-        } else {
-            /* pairs dealt out one at a time in turn: a prefill run here (one query per new token, engine.native
-             * .backend) has contexts growing 1, 2, ... n, which contiguous shares would leave to the last thread */
-#pragma omp for schedule(static, 1)
-            for (int64_t p = 0; p < pairs; p++)
-                paged_pair(q, k_cache, v_cache, block_tables, width, context_lens, Hq, Hkv, D, block_size, scale,
-                           window, out, max_len, scores, p);
-        }
-        free(scores);
-    }
-    return failed ? -1 : 0;
-}
-
-/* The same by thread `tid` of a team of `nth` already running (no region of its own): pairs tid, tid + nth, ... */
+/* Pairs tid, tid + nth, ... of a paged decode, by thread `tid` of a team of `nth` (one already running, or
+ * tg_paged_decode's): dealt out one at a time in turn, since a prefill run here (one query per new token) has
+ * contexts growing 1, 2, ... n, which contiguous shares would leave to the last thread. 0 or -1 (memory). */
 static int paged_decode_share(const float *q, const float *k_cache, const float *v_cache, const int64_t *block_tables,
                               int64_t width, const int64_t *context_lens, int64_t B, int64_t Hq, int64_t Hkv,
                               int64_t D, int64_t block_size, float scale, int64_t window, float *out, int tid,
@@ -1207,6 +1182,22 @@ static int paged_decode_share(const float *q, const float *k_cache, const float 
                    max_len, scores, p);
     free(scores);
     return 0;
+}
+
+int tg_paged_decode(const float *q, const float *k_cache, const float *v_cache, const int64_t *block_tables,
+                    int64_t width, const int64_t *context_lens, int64_t B, int64_t Hq, int64_t Hkv, int64_t D,
+                    int64_t block_size, float scale, int64_t window, float *out, int nthreads) {
+    const int64_t pairs = B * Hkv;
+    int nth = clamp_threads(nthreads, pairs * max_context(context_lens, B) * D * (Hq / Hkv) * 2);
+    if (nth > pairs) nth = (int)pairs;
+    int failed = 0;
+#pragma omp parallel num_threads(nth)
+    if (paged_decode_share(q, k_cache, v_cache, block_tables, width, context_lens, B, Hq, Hkv, D, block_size, scale,
+                           window, out, THREAD_ID(), THREADS())) {
+#pragma omp atomic write
+        failed = 1;
+    }
+    return failed ? -1 : 0;
 }
 
 /* ---------------------------------------------------------------------------------------------------
