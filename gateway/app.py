@@ -30,7 +30,7 @@ from gateway.settings import Settings
 from gateway.telemetry import tracing
 from gateway.telemetry.logs import RequestLog
 from gateway.web.edge import EdgeMiddleware
-from gateway.web.observe import ObserveMiddleware
+from gateway.web.observe import Observer
 from gateway.web.request_body import FORM_OVERHEAD_BYTES, invalid_value
 
 
@@ -168,7 +168,7 @@ def create_app(settings: Settings, parts: RuntimeParts = RuntimeParts(), *, free
                 _freeze_startup_heap(stack)
             yield
 
-    # Traces (observability.tracing): this process's tracer for the server span (ObserveMiddleware:
+    # Traces (observability.tracing): this process's tracer for the server span (the edge's Observer:
     # it continues a client's traceparent) and the stage and upstream spans below it. FastAPI's own
     # telemetry stays off, whatever global provider the environment set up: one server span, not two.
     tracing_on = tracing.configure(settings.observability.tracing, tracer_provider) is not None
@@ -179,13 +179,14 @@ def create_app(settings: Settings, parts: RuntimeParts = RuntimeParts(), *, free
     app.add_exception_handler(GatewayError, _gateway_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)
-    # Any other exception: EdgeMiddleware answers 500 and logs its type and place, never its text.
-    app.add_middleware(EdgeMiddleware, max_body_bytes=max(settings.server.max_body_bytes,
-                                                          settings.jobs.max_file_bytes + FORM_OVERHEAD_BYTES))
     observe = settings.observability
     _routers(app)
-    if observe.metrics.enabled or observe.logs.request_lines or tracing_on:  # outside the edge: sees its 500s
-        app.add_middleware(ObserveMiddleware, paths=route_templates(app.router.routes),
-                           metrics_on=observe.metrics.enabled, tracing_on=tracing_on,
-                           request_log=RequestLog() if observe.logs.request_lines else None)
+    observer = None
+    if observe.metrics.enabled or observe.logs.request_lines or tracing_on:  # timed by the edge: its 500s too
+        observer = Observer(paths=route_templates(app.router.routes), metrics_on=observe.metrics.enabled,
+                            tracing_on=tracing_on, request_log=RequestLog() if observe.logs.request_lines else None)
+    # Any other exception: EdgeMiddleware answers 500 and logs its type and place, never its text.
+    app.add_middleware(EdgeMiddleware, max_body_bytes=max(settings.server.max_body_bytes,
+                                                          settings.jobs.max_file_bytes + FORM_OVERHEAD_BYTES),
+                       observer=observer)
     return app

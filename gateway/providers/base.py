@@ -87,6 +87,12 @@ class CallOptions:
         """A copy with ``trace_headers`` set (every upstream attempt with tracing on)."""
         return self._with(trace_headers=headers)
 
+    def with_call(self, call_id: str | None, headers: tuple[tuple[str, str], ...]) -> CallOptions:
+        """``with_call_id(call_id).with_trace_headers(headers)`` in one copy."""
+        if call_id is None:
+            return self._with(trace_headers=headers)
+        return self._with(call_id=call_id, trace_headers=headers)
+
     def _with(self, **changes: Any) -> CallOptions:
         """``replace(self, **changes)`` by copying the instance's dict, where ``dataclasses.replace``
         walks the fields in Python (~1 us, a quarter of an unsampled request's whole tracing cost)."""

@@ -150,7 +150,7 @@ async def call_models(registry: ProviderRegistry, models: Sequence[str], body: d
         for attempt in range(model.max_retries + 1):
             call_id = await _begin(journal, name, model, payload)  # raises: no call is made
             start = time.perf_counter()
-            report, call_options = tracing.attempt(name, model, options.with_call_id(call_id), on_attempt)
+            report, call_options = tracing.attempt(name, model, options, on_attempt, call_id)
             try:
                 response = await provider.complete(model, payload, call_options)
             except GatewayError as err:
@@ -249,7 +249,7 @@ async def stream_models(registry: ProviderRegistry, models: Sequence[str], body:
         for attempt in range(model.max_retries + 1):
             call_id = await _begin(journal, name, model, payload)  # raises: no call is made
             start = time.perf_counter()
-            report, call_options = tracing.attempt(name, model, options.with_call_id(call_id), on_attempt)
+            report, call_options = tracing.attempt(name, model, options, on_attempt, call_id)
             chunks = provider.stream(model, payload, call_options)
             meter = StreamMeter(model, payload.get("messages") or [])
             try:

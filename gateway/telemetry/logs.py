@@ -38,7 +38,7 @@ class JsonFormatter(logging.Formatter):
 
 
 class RequestLog:
-    """One line per finished request (called by gateway.web.observe.ObserveMiddleware)."""
+    """One line per finished request (called by gateway.web.observe.Observer)."""
 
     def __init__(self, logger: logging.Logger | None = None) -> None:
         self.logger = logger or logging.getLogger(REQUEST_LOGGER)

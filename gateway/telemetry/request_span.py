@@ -101,7 +101,7 @@ class ServerSpan:
         elif span is not None:
             self.recording = span.is_recording()
             self.sampled = bool(span.get_span_context().trace_flags.sampled)
-        else:
+        else:  # (server_span builds this case itself, without this call: see there)
             assert decision is not None and not decision.sampled
             self.recording = self.sampled = False
             self.upstream = (("traceparent", decision.traceparent),)
@@ -119,6 +119,21 @@ class ServerSpan:
 
 
 _request: ContextVar[ServerSpan | None] = ContextVar("tiergate_server_span", default=None)
+_new_span = object.__new__
+_NO_ATTRIBUTES: dict[str, Any] = {}  # an unsampled request's: never written (nothing is recorded)
+# opentelemetry.propagate's global propagator, read as get_global_textmap() returns it (a dict
+# lookup per request instead of a call); the function where that module does not keep it there.
+_propagate_globals = vars(propagate)
+
+
+def _context_getter() -> Any:
+    """``opentelemetry.context.get_current`` as one call of its context variable's ``get`` where
+    the runtime context is the SDK's default (contextvars), else the API function itself."""
+    var = getattr(getattr(otel_context, "_RUNTIME_CONTEXT", None), "_current_context", None)
+    return var.get if isinstance(var, ContextVar) else otel_context.get_current
+
+
+_current_context = _context_getter()
 
 
 def _header_fields(propagator: Any) -> frozenset[bytes]:
@@ -141,8 +156,8 @@ def server_span(scope: Any) -> ServerSpan | None:
     tracer = _state["tracer"]
     if tracer is None:
         return None
-    propagator = propagate.get_global_textmap()
-    fields = _header_fields(propagator)
+    propagator = _propagate_globals.get("_HTTP_TEXT_FORMAT") or propagate.get_global_textmap()
+    fields = _state["fields"] if propagator is _state["propagator"] else _header_fields(propagator)
     carrier: dict[str, str] | None = None
     for key, value in scope["headers"]:
         if key in fields:
@@ -151,11 +166,17 @@ def server_span(scope: Any) -> ServerSpan | None:
             carrier[key.decode("latin-1")] = value.decode("latin-1")
     plan, decision, own = _state["plan"], None, _state["own"]
     if (plan is not None and (carrier is not None or plan.bound is not None) and _state["w3c"]
-            and not otel_context.get_current()):  # no ambient span or baggage
-        own = own if own is not None and own.usable() else None
+            and not _current_context()):  # no ambient span or baggage
+        if own is not None and own.multi._span_processors is not own.processors and not own.usable():
+            own = None  # a processor added since that needs the SDK's spans
         decision = trace_sampling.decide(plan, carrier, own is not None)
         if decision is not None and not decision.sampled:  # no span, no context: a draw and a header
-            s = ServerSpan(None, None, scope, decision)
+            # ServerSpan._unsampled(scope, decision), inline: every request not sampled comes here
+            s = _new_span(ServerSpan)
+            s._span = s.token = s.own = s.headers = None
+            s.scope, s.decision, s.attributes, s.recording, s.sampled = scope, decision, _NO_ATTRIBUTES, False, False
+            s.upstream = (("traceparent",
+                           f"00-{decision.trace_id:032x}-{decision.span_id:016x}-{decision.flags:02x}"),)
             s.var_token = _request.set(s)
             return s
         if decision is not None and own is not None:  # sampled, recorded by tiergate: no SDK span, no context

@@ -136,7 +136,8 @@ def decide(p: Plan, carrier: dict[str, str] | None, own: bool = False) -> Decisi
             trace_id = random.getrandbits(128)
         if trace_id & TRACE_ID_LIMIT < p.bound:
             return Decision(trace_id, True, _span_id(), SAMPLED | RANDOM_TRACE_ID) if own else Decision(trace_id, True)
-        return Decision(trace_id, False, _span_id(), RANDOM_TRACE_ID)
+        span_id = random.getrandbits(64)  # _span_id() inline: every request not sampled comes here
+        return Decision(trace_id, False, span_id or _span_id(), RANDOM_TRACE_ID)
     header = carrier.get("traceparent")
     if header is None or len(carrier) != 1 or (m := _TRACEPARENT.fullmatch(header)) is None:
         return None

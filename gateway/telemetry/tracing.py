@@ -98,8 +98,16 @@ def _flush(attributes: dict[str, Any]) -> None:
 
 def annotate_request(decision: Any, messages: list[dict[str, Any]] | None = None) -> None:
     """The routing decision on the current request span (``decision``: a RouteDecision)."""
-    if _state["tracer"] is None or (attributes := _pending()) is None:
+    if _state["tracer"] is None:
         return
+    if (s := _request.get()) is not None:  # _pending() inline: every traced request comes here
+        if not s.recording:
+            return
+        attributes = s.attributes
+    elif (pending := _pending()) is None:
+        return
+    else:
+        attributes = pending
     attributes["gen_ai.operation.name"] = "chat"
     attributes["gen_ai.request.model"] = decision.requested_model
     attributes["tiergate.tier"] = attributes["tiergate.effort"] = decision.tier
@@ -114,8 +122,16 @@ def annotate_request(decision: Any, messages: list[dict[str, Any]] | None = None
 def annotate_outcome(record: Any) -> None:
     """A finished request's usage, cost and status on the current request span (``record``: a
     RequestRecord)."""
-    if _state["tracer"] is None or (attributes := _pending()) is None:
+    if _state["tracer"] is None:
         return
+    if (s := _request.get()) is not None:  # as in annotate_request
+        if not s.recording:
+            return
+        attributes = s.attributes
+    elif (pending := _pending()) is None:
+        return
+    else:
+        attributes = pending
     attributes["tiergate.request_id"] = attributes["gen_ai.response.id"] = record.id
     attributes["gen_ai.usage.input_tokens"] = record.prompt_tokens
     attributes["gen_ai.usage.output_tokens"] = record.completion_tokens
@@ -268,18 +284,20 @@ def _unsampled_headers() -> tuple[tuple[str, str], ...]:
     return headers
 
 
-def attempt(name: str, model: Any, options: Any, on_attempt: Callable[[Any], None]
+def attempt(name: str, model: Any, options: Any, on_attempt: Callable[[Any], None], call_id: str | None = None
             ) -> tuple[Callable[[Any], None], Any]:
-    """One upstream attempt about to be made: (its reporter, its options). With tracing on a
-    client span is started (a child of whatever is current: the request or a stage), its
-    context put in ``options.trace_headers`` for the provider to send upstream, and the
-    reporter ends it with the attempt's usage and status before passing the attempt on."""
+    """One upstream attempt about to be made (``call_id``: its ledger row's id, if journaled):
+    (its reporter, its options, with ``call_id`` set). With tracing on a client span is started
+    (a child of whatever is current: the request or a stage), its context put in
+    ``options.trace_headers`` for the provider to send upstream, and the reporter ends it with
+    the attempt's usage and status before passing the attempt on."""
     tracer = _state["tracer"]
     if tracer is None:
-        return on_attempt, options
+        return on_attempt, options.with_call_id(call_id)
     s = _request.get()
     if s is not None and s.upstream is not None:  # decided not sampled ahead of the SDK: headers written
-        return on_attempt, options.with_trace_headers(s.upstream)
+        return on_attempt, options.with_call(call_id, s.upstream)
+    options = options.with_call_id(call_id)
     if _sampled_out():  # no span; the upstream still continues the (unsampled) trace
         return on_attempt, options.with_trace_headers(_unsampled_headers())
     attributes = {"gen_ai.operation.name": "chat", "gen_ai.system": model.provider,
