@@ -237,3 +237,38 @@ def test_tallies_fold_into_what_direct_calls_record() -> None:
     got, want = samples(tallied), samples(direct)
     assert got.keys() == want.keys() and len(want) > 30
     assert all(got[k] == pytest.approx(want[k], rel=1e-12) for k in want), [k for k in want if got[k] != want[k]]
+
+
+def test_a_series_that_only_ever_got_zero_is_not_created() -> None:
+    """A ledger row with no completion tokens or no cost adds 0 to those series: the series
+    appears with the first amount that is not 0, as when the amount was only added when non-zero."""
+    from prometheus_client import CollectorRegistry, Counter
+
+    from gateway.telemetry import metrics
+
+    registry = CollectorRegistry()
+    c = Counter("t_zero", "z", ["k"], registry=registry)
+    metrics._add((c, "z"), 0.0)
+    metrics.fold()
+    assert registry.get_sample_value("t_zero_total", {"k": "z"}) is None
+    metrics._add((c, "z"), 2.0)
+    metrics.fold()
+    assert registry.get_sample_value("t_zero_total", {"k": "z"}) == 2.0
+
+
+async def test_an_unhandled_error_is_counted_as_the_edge_s_500(tmp_path: Path, upstream: ScriptedUpstream,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """The edge answers an exception no handler took with a 500; the request's metrics (timed by
+    the same layer) count that 500."""
+    monkeypatch.setenv("TIERGATE_ADMIN_KEY", ADMIN)
+    async with app_with(tmp_path, upstream) as gw:
+        async def boom() -> None:
+            raise RuntimeError("not for the client")
+
+        gw.app.add_api_route("/boom", boom)
+        before = await scrape(gw.client)
+        r = await gw.client.get("/boom")
+        assert r.status_code == 500 and "not for the client" not in r.text
+        after = await scrape(gw.client)
+    grown = delta(after, before, "tiergate_http_requests_total", status="500")
+    assert sum(grown.values()) == 1, grown
