@@ -132,6 +132,20 @@ void tg_pack_bf16(const float *W, int64_t N, int64_t K, int64_t ldw, uint16_t *P
 /* Software prefetch distance (bytes) for the weight streams: the hardware prefetchers stop at each 4 KiB
  * page, and a batch-1 product from DRAM ran at 8-13 GB/s on one core without it, 16-17 with it (this
  * machine; 0 turns it off). Each thread prefetches only within the weights it reads. */
+/* Into which cache the software prefetches above bring the weights. AVX-512 (Sapphire Rapids, this
+ * project's Xeon machines): to L2 (T1). One core's stream is bounded by how many misses it can have in
+ * flight, and a prefetch to L1 holds one of L1's few fill buffers until its line arrives, where one to L2
+ * does not: fp32 panels from DRAM on two cores, 4 / 16 tokens a product, 22.8 / 14.4 GB/s with T0 and
+ * 23.8 / 17.6 with T1; the bench MoE's 16-stream decode 422-425 -> 463-479 tok/s (`tiergate bench engine
+ * --only c`, two runs each, interleaved). Elsewhere L1 (T0): the AVX2 kernels' prefetch distance was tuned
+ * with it on AMD EPYC machines, and T1 was not measured there. */
+#ifndef TG_PF_HINT
+#if TG_AVX512
+#define TG_PF_HINT _MM_HINT_T1
+#else
+#define TG_PF_HINT _MM_HINT_T0
+#endif
+#endif
 #ifndef TG_PF
 #define TG_PF 8192
 #endif
@@ -162,7 +176,7 @@ static inline __attribute__((always_inline)) void load_row_bf16(const uint16_t *
             __m512 w[4];                                                                                        \
             if (TG_PF && (const char *)p + TG_PF < pf_end)                                                      \
                 for (int64_t i = 0; i < (int64_t)sizeof(T) * PANEL; i += 64)                                    \
-                    _mm_prefetch((const char *)p + TG_PF + i, _MM_HINT_T0);                                     \
+                    _mm_prefetch((const char *)p + TG_PF + i, TG_PF_HINT);                                     \
             LOAD_ROW(p, w);                                                                                     \
             for (int m = 0; m < MR; m++) {                                                                      \
                 if (m < mt) {                                                                                   \
@@ -225,7 +239,7 @@ static inline int off8_bf16(int s) { return 32 * (s >> 2) + 8 * ((s >> 1) & 1) +
         for (int64_t k = 0; k < kn; k++) {                                                                      \
             if (TG_PF && pf && (const char *)p + TG_PF < pf_end)                                                \
                 for (int64_t i = 0; i < (int64_t)sizeof(T) * PANEL; i += 64)                                    \
-                    _mm_prefetch((const char *)p + TG_PF + i, _MM_HINT_T0);                                     \
+                    _mm_prefetch((const char *)p + TG_PF + i, TG_PF_HINT);                                     \
             __m256 w[4];                                                                                        \
             for (int v = 0; v < 4; v++) w[v] = v < nv ? SPAN_LOAD8(p, s0 + v) : _mm256_setzero_ps();            \
             for (int m = 0; m < 6; m++)                                                                         \
@@ -248,7 +262,7 @@ static inline int off8_bf16(int s) { return 32 * (s >> 2) + 8 * ((s >> 1) & 1) +
         for (int64_t k = 0; k < kn; k++) {                                                                      \
             if (TG_PF && pf && (const char *)p + TG_PF < pf_end)                                                \
                 for (int64_t i = 0; i < (int64_t)sizeof(T) * PANEL; i += 64)                                    \
-                    _mm_prefetch((const char *)p + TG_PF + i, _MM_HINT_T0);                                     \
+                    _mm_prefetch((const char *)p + TG_PF + i, TG_PF_HINT);                                     \
             const __m256 xb = _mm256_set1_ps(x[k]);                                                             \
             for (int v = 0; v < 8; v++) acc[v] = _mm256_fmadd_ps(LOAD8(p, v), xb, acc[v]);                     \
             p += PANEL;                                                                                         \
@@ -556,7 +570,7 @@ static inline __attribute__((always_inline)) void qgroup_tile(const uint8_t *w, 
     const __m512i low = _mm512_set1_epi8(0x0F);
     for (int64_t b = 0; b < nb; b++, w += gbs) {
         if (TG_PF && (const char *)w + TG_PF < pf_end)
-            for (int64_t i = 0; i < gbs; i += 64) _mm_prefetch((const char *)w + TG_PF + i, _MM_HINT_T0);
+            for (int64_t i = 0; i < gbs; i += 64) _mm_prefetch((const char *)w + TG_PF + i, TG_PF_HINT);
         const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)w));
         __m512i v[8];
         if (fmt == TG_Q8_0) {
@@ -603,7 +617,7 @@ static inline __attribute__((always_inline)) void qgroup_tile(const uint8_t *w, 
     const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1), flip = _mm256_set1_epi8((char)0x80);
     for (int64_t b = 0; b < nb; b++, w += gbs) {
         if (TG_PF && (const char *)w + TG_PF < pf_end)
-            for (int64_t i = 0; i < gbs; i += 64) _mm_prefetch((const char *)w + TG_PF + i, _MM_HINT_T0);
+            for (int64_t i = 0; i < gbs; i += 64) _mm_prefetch((const char *)w + TG_PF + i, TG_PF_HINT);
         for (int h = 0; h < 2; h++) {
             const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(w + 16 * h)));
             const uint8_t *qs = w + 2 * QG + 32 * h;
