@@ -100,14 +100,9 @@ def annotate_request(decision: Any, messages: list[dict[str, Any]] | None = None
     """The routing decision on the current request span (``decision``: a RouteDecision)."""
     if _state["tracer"] is None:
         return
-    if (s := _request.get()) is not None:  # _pending() inline: every traced request comes here
-        if not s.recording:
-            return
-        attributes = s.attributes
-    elif (pending := _pending()) is None:
+    s = _request.get()  # _pending()'s first case inline: every traced request comes here
+    if (attributes := (s.attributes if s.recording else None) if s is not None else _pending()) is None:
         return
-    else:
-        attributes = pending
     attributes["gen_ai.operation.name"] = "chat"
     attributes["gen_ai.request.model"] = decision.requested_model
     attributes["tiergate.tier"] = attributes["tiergate.effort"] = decision.tier
@@ -124,14 +119,9 @@ def annotate_outcome(record: Any) -> None:
     RequestRecord)."""
     if _state["tracer"] is None:
         return
-    if (s := _request.get()) is not None:  # as in annotate_request
-        if not s.recording:
-            return
-        attributes = s.attributes
-    elif (pending := _pending()) is None:
+    s = _request.get()  # as in annotate_request
+    if (attributes := (s.attributes if s.recording else None) if s is not None else _pending()) is None:
         return
-    else:
-        attributes = pending
     attributes["tiergate.request_id"] = attributes["gen_ai.response.id"] = record.id
     attributes["gen_ai.usage.input_tokens"] = record.prompt_tokens
     attributes["gen_ai.usage.output_tokens"] = record.completion_tokens
