@@ -59,7 +59,7 @@ class EdgeMiddleware:
         observer, span, t0 = self.observer, None, 0.0
         if observer is not None:
             t0 = time.perf_counter()
-            span = tracing.server_span(scope) if observer.tracing_on else None  # Observer.start's work inline
+            span = tracing.server_span(scope) if observer.tracing_on else None
         unread = _has_body(scope)  # True until the body's last message has been received
         received = 0
         status = 0  # the response's, once started

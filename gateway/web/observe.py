@@ -7,9 +7,9 @@ the tier and routed model when a route made a routing decision (it leaves its ``
 ``scope["tiergate.request"]``). A request that ends without a response started is a 499 when
 the client left, else 500.
 
-Not an ASGI layer of its own: gateway.web.edge.EdgeMiddleware, the app's outermost layer, calls
-``start`` before the request and ``finish`` after it (its 500s included), from the one wrapper
-of ``send`` it has anyway. A layer of its own cost every request a coroutine frame that each
+Not an ASGI layer of its own: gateway.web.edge.EdgeMiddleware, the app's outermost layer, starts
+the server span (``tracing.server_span`` when ``tracing_on``) before the request and calls
+``finish`` after it (its 500s included), with the status its one wrapper of ``send`` saw. A layer of its own cost every request a coroutine frame that each
 resumption of the request passes through and a second ``send`` wrapper (an observed request's
 Python calls are what its observability costs: ``tiergate bench obs-paired``).
 
@@ -35,10 +35,6 @@ class Observer:
         self.metrics_on = metrics_on
         self.request_log = request_log  # gateway.telemetry.logs.RequestLog or None
         self.tracing_on = tracing_on
-
-    def start(self, scope: Any) -> tracing.ServerSpan | None:
-        """The request's server span, current from here on (None: tracing off)."""
-        return tracing.server_span(scope) if self.tracing_on else None
 
     def finish(self, scope: Any, span: tracing.ServerSpan | None, status: int, seconds: float,
                failed: BaseException | None) -> None:
