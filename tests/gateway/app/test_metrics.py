@@ -197,7 +197,7 @@ def test_tallies_fold_into_what_direct_calls_record() -> None:
     from prometheus_client import CollectorRegistry, Counter, Histogram
     from prometheus_client.exposition import generate_latest
 
-    from gateway.telemetry import metrics
+    from gateway.telemetry import metrics, tallies
 
     def family(registry: CollectorRegistry) -> tuple[Counter, Histogram]:
         return (Counter("t_c", "c", ["k"], registry=registry),
@@ -209,8 +209,8 @@ def test_tallies_fold_into_what_direct_calls_record() -> None:
 
     def record(k: str, vs: list[float]) -> None:
         for v in vs:
-            metrics._add((tc, k), v)
-            metrics._observe((th, k), v)
+            tallies._add((tc, k), v)
+            tallies._observe((th, k), v)
 
     def samples(registry: CollectorRegistry) -> dict[tuple[str, str], float]:
         return {(s.name, str(sorted(s.labels.items()))): s.value
@@ -227,13 +227,13 @@ def test_tallies_fold_into_what_direct_calls_record() -> None:
         for v in vs:
             dc.labels(k).inc(v)
             dh.labels(k).observe(v)
-    metrics.fold()
-    metrics.fold()  # nothing more
+    tallies.fold()
+    tallies.fold()  # nothing more
     record("a", [0.02, 0.02])
     dc.labels("a").inc(0.04)
     for v in (0.02, 0.02):
         dh.labels("a").observe(v)
-    metrics.fold()
+    tallies.fold()
     got, want = samples(tallied), samples(direct)
     assert got.keys() == want.keys() and len(want) > 30
     assert all(got[k] == pytest.approx(want[k], rel=1e-12) for k in want), [k for k in want if got[k] != want[k]]
@@ -244,15 +244,15 @@ def test_a_series_that_only_ever_got_zero_is_not_created() -> None:
     appears with the first amount that is not 0, as when the amount was only added when non-zero."""
     from prometheus_client import CollectorRegistry, Counter
 
-    from gateway.telemetry import metrics
+    from gateway.telemetry import tallies
 
     registry = CollectorRegistry()
     c = Counter("t_zero", "z", ["k"], registry=registry)
-    metrics._add((c, "z"), 0.0)
-    metrics.fold()
+    tallies._add((c, "z"), 0.0)
+    tallies.fold()
     assert registry.get_sample_value("t_zero_total", {"k": "z"}) is None
-    metrics._add((c, "z"), 2.0)
-    metrics.fold()
+    tallies._add((c, "z"), 2.0)
+    tallies.fold()
     assert registry.get_sample_value("t_zero_total", {"k": "z"}) == 2.0
 
 

@@ -14,7 +14,7 @@ import pytest
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.telemetry.metrics import FOLD_INTERVAL_S
+from gateway.telemetry.tallies import FOLD_INTERVAL_S
 from tests.gateway.edge.edge_support import ADMIN, Served, free_port, serve_subprocess
 from tests.gateway.scripted_upstream import UPSTREAM_KEY, UPSTREAM_KEY_ENV, Behaviour, ScriptedUpstream
 
@@ -53,7 +53,7 @@ def _per_worker(samples: Path) -> dict[str, float]:
 
 def _settled(samples: Path, sent: int) -> dict[str, float]:
     """The per-worker counts once they add up to ``sent``: each worker folds its samples into its
-    file every FOLD_INTERVAL_S (gateway.telemetry.metrics), so within about that time; waits 5x
+    file every FOLD_INTERVAL_S (gateway.telemetry.tallies), so within about that time; waits 5x
     that at most, then returns what is there."""
     deadline = time.monotonic() + 5 * FOLD_INTERVAL_S
     while True:

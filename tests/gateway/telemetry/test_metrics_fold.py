@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from gateway.telemetry.metrics import _items
+from gateway.telemetry.tallies import _items
 
 Cells = dict[Any, tuple[list[float], list[float]]]
 
