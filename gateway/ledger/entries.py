@@ -6,6 +6,9 @@ journals written before the upgrade) are converted exactly as that format's writ
 (``gateway.money.legacy_usd_to_nanos``). Ledger-entry lines also carry the float fields, never
 read back when the integers are present: a rollback to the older version, which reads only
 those, still replays the billing rows of a journal this version left behind.
+``to_json`` gives each record's journal fields with ``created_at`` as the datetime itself: the
+journal's encoder (orjson) writes it exactly as ``datetime.isoformat()`` does, in C (an
+``isoformat()`` call was ~2.5 us of the event loop's time per record).
 Imports only providers.base (Usage), gateway.money and gateway.ids.
 """
 
@@ -77,7 +80,7 @@ class LedgerEntry:
                 "completion_tokens": u.completion_tokens, "reasoning_tokens": u.reasoning_tokens,
                 "cost_nanos": self.cost_nanos, "baseline_cost_nanos": self.baseline_cost_nanos,
                 "cost_usd": usd_number(self.cost_nanos), "baseline_cost_usd": usd_number(self.baseline_cost_nanos),
-                "status": self.status, "created_at": self.created_at.isoformat()}
+                "status": self.status, "created_at": self.created_at}
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> LedgerEntry:
@@ -122,7 +125,7 @@ class RequestRecord:
                 "http_status": self.http_status, "error_code": self.error_code,
                 "latency_ms": self.latency_ms, "prompt_tokens": self.prompt_tokens,
                 "completion_tokens": self.completion_tokens, "cost_nanos": self.cost_nanos,
-                "baseline_cost_nanos": self.baseline_cost_nanos, "created_at": self.created_at.isoformat()}
+                "baseline_cost_nanos": self.baseline_cost_nanos, "created_at": self.created_at}
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> RequestRecord:
@@ -171,7 +174,7 @@ class CallIntent:
                 "estimate_baseline_nanos": self.estimate_baseline_nanos,
                 "reserved_cost_nanos": self.reserved_cost_nanos,
                 "reserved_baseline_nanos": self.reserved_baseline_nanos, "owner": self.owner,
-                "created_at": self.created_at.isoformat()}
+                "created_at": self.created_at}
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> CallIntent:

@@ -39,8 +39,11 @@ class SegmentTracker:
         self._maybe_delete(seg)
 
     def wrote(self, seg: int, records: int) -> None:
-        with self._lock:
-            self._segments.setdefault(seg, _Segment()).written += records
+        with self._lock:  # (per journal write, on the event loop: no _Segment built unless it is new)
+            state = self._segments.get(seg)
+            if state is None:
+                state = self._segments[seg] = _Segment()
+            state.written += records
 
     def sealed(self, seg: int) -> None:
         with self._lock:

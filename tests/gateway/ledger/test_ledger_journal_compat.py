@@ -102,3 +102,28 @@ def test_new_entry_lines_still_carry_what_the_older_version_reads() -> None:
         assert legacy_usd_to_nanos(d["cost_usd"]) == nanos and legacy_usd_to_nanos(d["baseline_cost_usd"]) == nanos + 7
         skewed = {**d, "cost_usd": 123.0}
         assert isinstance(decoded := decode_line(line(skewed)), LedgerEntry) and decoded.cost_nanos == nanos
+
+
+def test_created_at_is_written_as_isoformat_writes_it() -> None:
+    """Records hand ``created_at`` to the journal's encoder as the datetime itself; the line holds
+    exactly the text ``datetime.isoformat()`` gives (what every earlier version wrote and reads
+    back), with and without microseconds, in UTC, at another offset and without a zone (read back as
+    UTC)."""
+    from datetime import UTC, datetime, timedelta, timezone
+
+    from gateway.ledger.entries import CallIntent
+
+    moments = (datetime(2026, 3, 1, 12, 0, 0, tzinfo=UTC), datetime(2026, 3, 1, 12, 0, 0, 7, tzinfo=UTC),
+               datetime(2026, 12, 31, 23, 59, 59, 999_999, tzinfo=timezone(timedelta(hours=5, minutes=30))),
+               datetime(2026, 3, 1, 12, 0, 0, 120_000))
+    for at in moments:
+        records = (
+            LedgerEntry("e", "req", "t1", None, "direct", "low", "m", Usage(1, 1), 5, 7, created_at=at),
+            RequestRecord("req", "t1", None, "auto", "ok", created_at=at),
+            CallIntent("c", "req", "t1", None, "direct", "low", "m", 1, 2, 1, {"input": 0.5}, 1, 1, 2, 2,
+                       owner="o", created_at=at))
+        for rec in records:
+            written = encode_line(rec)
+            assert written == line({**rec.to_json(), "created_at": at.isoformat()})
+            decoded = decode_line(written.rstrip(b"\n"))
+            assert decoded is not None and decoded.created_at == (at if at.tzinfo else at.replace(tzinfo=UTC))
