@@ -270,7 +270,7 @@ async def serve_phase(app: Any, key: str, n: int, concurrency: int, pauses: Full
             if r.status_code != 200:
                 raise RuntimeError(f"bench request failed: {r.status_code} {r.text[:200]}")
 
-        for _ in range(20):  # warm-up
+        for _ in range(WARM_UP):
             await client.post("/v1/chat/completions", json=body, headers=headers)
         origin = time.perf_counter()
         offered: float | None = None
@@ -295,6 +295,7 @@ async def serve_phase(app: Any, key: str, n: int, concurrency: int, pauses: Full
 
 
 OPEN_LOOP_MAX_IN_FLIGHT = 1024
+WARM_UP = 20  # requests each phase sends before its timed part
 
 
 async def _open_loop(one: Any, n: int, rate: float, seed: int, origin: float) -> float:

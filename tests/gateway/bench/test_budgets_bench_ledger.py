@@ -69,6 +69,15 @@ def test_bench_ledger_pg_small(postgres_url: str) -> None:
         assert phases == [("1", "off"), ("1", "on"), ("2", "on"), ("2", "off")]  # ABBA, one line per phase
         assert re.search(r"loop thread waiting for a CPU, max share of a phase: ledger off \d+%, ledger on \d+%",
                          block)
+        assert re.search(r"loop thread CPU per request \(median of the phases\): ledger off \d+ us, on \d+ us; on/off "
+                         r"median of the rounds \d+\.\d+ \[\d+\.\d+\.\.\d+\.\d+\]", block)
+    # the ledger's calls timed in a phase of their own, at the first open-loop rate
+    m = re.search(r"\nwhere the ledger's loop-thread time goes: one more ledger-on phase \(20 requests, open loop at "
+                  rf"{rates[0]}/s\), not in the ratios above\n  the ledger's calls on the event loop .*: begin x1\.00 p50 "
+                  r"[\d.]+ us mean [\d.]+ us; record x1\.00 .*; record_request x1\.00 .*; wait_durable x1\.00 .*\n"
+                  r"  per request (\d+) us of the loop thread's (\d+) us", text)
+    assert m is not None, text
+    assert 0 < int(m.group(1)) < int(m.group(2))
     assert "3000 ledger rows seeded" in text and "spend summary (daily_spend" in text
     assert _bench_databases() == before  # the temp database was dropped
 
