@@ -163,6 +163,34 @@ class JournalWriter:
                 self._flush_loops.discard(loop)
                 self._work.notify()
 
+    def append_written(self, rec: Record) -> bool:
+        """``append(rec)`` and, on an event loop, the write ``wait("process")`` would then do, in
+        one step: ``rec`` and everything buffered written at once, no write scheduled on the loop
+        only to be cancelled (what a call's intent needs before the call). True: written (survives
+        a kill -9 of this process). False: only appended (no event loop here, or the journal thread
+        writes it: see ``_loop_may_write``) — then ``await wait("process")``. Raises
+        ``LedgerError`` if not running, or if this write failed (its records are kept and retried
+        as after any failed write; the waiters it covered are failed)."""
+        loop = asyncio._get_running_loop()
+        if loop is None or not self._write_lock.acquire(blocking=False):
+            self.append(rec)
+            return False
+        try:
+            journal = self._journal_()
+            with self._lock:
+                if not self._running:
+                    raise LedgerError("ledger is not running")
+                self._buffer.append(rec)
+                self._seq += 1
+                if not self._loop_may_write(journal):
+                    self._work.notify()
+                    return False
+                batch, upto = self._buffer, self._seq
+                self._buffer = []
+            return self._write_on_loop(journal, batch, upto, loop, raise_on_failure=True)
+        finally:
+            self._write_lock.release()
+
     @property
     def seq(self) -> int:
         """The sequence number of the last record appended."""
@@ -226,21 +254,35 @@ class JournalWriter:
             with self._lock:
                 if not self._buffer:
                     return
-                if (self._stopping or self._reseal or self.journal_failures or journal.current_seq is None
-                        or journal.should_rotate()):
+                if not self._loop_may_write(journal):
                     self._work.notify()
                     return
                 batch, upto = self._buffer, self._seq
                 self._buffer = []
-            data = encode_lines(batch)
-            try:
-                seg = journal.write_lines(data)
-            except OSError as exc:  # the thread seals this segment (a torn line may end it), then retries
-                self._write_failed(batch, upto, exc, reseal=True)
-                return
-            self._written(seg, batch, upto, data, loop)
+            self._write_on_loop(journal, batch, upto, loop, raise_on_failure=False)
         finally:
             self._write_lock.release()
+
+    def _loop_may_write(self, journal: Journal) -> bool:
+        """Whether the event loop may write the buffer now (the lock held): not while stopping, or
+        while a failed write or sync is being retried, or when a segment must be opened or rotated
+        (the journal thread's work)."""
+        return not (self._stopping or self._reseal or self.journal_failures or journal.current_seq is None
+                    or journal.should_rotate())
+
+    def _write_on_loop(self, journal: Journal, batch: list[Record], upto: int, loop: asyncio.AbstractEventLoop, *,
+                       raise_on_failure: bool) -> bool:
+        """The loop's write of ``batch`` (the write lock held); False (or ``LedgerError``) when it failed."""
+        data = encode_lines(batch)
+        try:
+            seg = journal.write_lines(data)
+        except OSError as exc:  # the thread seals this segment (a torn line may end it), then retries
+            self._write_failed(batch, upto, exc, reseal=True)
+            if raise_on_failure:
+                raise LedgerError(f"ledger journal write failed: {exc}") from exc
+            return False
+        self._written(seg, batch, upto, data, loop)
+        return True
 
     def _leave_to_journal_thread(self) -> None:
         with self._lock:

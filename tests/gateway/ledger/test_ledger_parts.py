@@ -220,6 +220,56 @@ async def test_writer_seals_on_stop_and_the_tracker_deletes_once_applied(tmp_pat
     assert deleted == [seg] and not journal.path_for(seg).exists()
 
 
+async def test_append_written_writes_on_the_loop_at_once_or_leaves_the_record_to_the_journal_thread(
+        tmp_path: Path) -> None:
+    """``append_written`` (a call's intent): on the loop the record and what the loop buffered
+    before it are written in the call itself, with no write scheduled; where the journal thread
+    must write (here: the first group opens the segment) it only appends, and ``wait`` covers
+    it; a failed write raises at once, keeps the records and is retried."""
+    writer, groups, journal, _ = _writer(tmp_path)
+    es = [entry(i) for i in range(5)]
+    real_write = journal.write_lines
+    fail = {"next": False}
+
+    def flaky(data: bytes) -> int:
+        if fail["next"]:
+            fail["next"] = False
+            raise OSError(28, "No space left on device")
+        return real_write(data)
+
+    journal.write_lines = flaky  # type: ignore[method-assign]
+    writer.start(journal, 0)
+    runs: list[int] = []
+    real = writer._flush_on_loop
+    writer._flush_on_loop = lambda loop: (runs.append(1), real(loop))[1]  # type: ignore[method-assign]
+    try:
+        assert writer.append_written(es[0]) is False  # no segment open yet: the journal thread's work
+        await asyncio.wait_for(writer.wait("process"), 5)
+        await asyncio.sleep(0.05)
+        writer.append(es[1])  # buffered on this loop, a write scheduled
+        assert writer.append_written(es[2]) is True  # both written now, in one group
+        assert writer.counts()[:2] == (0, 3) and groups.writers[-1] == threading.current_thread().name
+        assert [r.id for r in groups.groups[-1][1]] == [es[1].id, es[2].id]
+        assert writer.append_written(es[3]) is True and writer.counts()[:2] == (0, 4)
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+        assert runs == [1]  # only the write es[1] scheduled ran, and found nothing left
+        fail["next"] = True
+        with pytest.raises(LedgerError, match="No space left"):
+            writer.append_written(es[4])
+        assert writer.journal_failures == 1
+        for _ in range(200):  # kept in memory and retried by the journal thread
+            if writer.journal_failures == 0 and writer.counts()[1] == 5:
+                break
+            await asyncio.sleep(0.01)
+        assert writer.counts()[:2] == (0, 5) and groups.groups[-1][1] == [es[4]]
+        on_disk = [r.id for p in sorted((tmp_path / "j").glob("*.jsonl")) for r in read_segment(p).records]
+        assert on_disk == [e.id for e in es]
+    finally:
+        writer.request_stop()
+        assert writer.join(time.monotonic() + 5)
+
+
 async def test_writer_write_failure_fails_waiters_then_retries_into_a_fresh_segment(tmp_path: Path) -> None:
     writer, groups, journal, _ = _writer(tmp_path)
     real_write = journal.write_lines  # the writer's one write(2) per group
