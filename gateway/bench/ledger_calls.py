@@ -1,4 +1,5 @@
-"""What the ledger's calls cost the event loop, call by call (`tiergate bench ledger`).
+"""What the ledger costs the event loop (`tiergate bench ledger`): the loop thread's CPU per
+request with the ledger off and on (``loop_cpu_line``), and call by call (``timed_calls_phase``).
 
 ``TimedLedger`` wraps a ``Ledger`` and times, in the loop thread's CPU time, each call a request
 makes into it on the event loop (``begin`` for a call's intent, ``record``, ``record_request``,
@@ -12,11 +13,14 @@ Bench-only (gateway.bench).
 
 from __future__ import annotations
 
+import asyncio
 import statistics
 import time
 import types
 from collections.abc import Coroutine, Generator
 from typing import Any
+
+from gateway.bench.ledger_load import WARM_UP, FullCollections, Phase, serve_phase
 
 CALLS = ("begin", "record", "record_request", "wait_durable")
 
@@ -94,3 +98,36 @@ class TimedLedger:
         return [f"  the ledger's calls on the event loop (thread CPU up to each call's return or first suspension; "
                 f"the timer adds ~1 us a call): {calls}",
                 f"  per request {mine:.0f} us of the loop thread's {loop_us:.0f} us{share}"]
+
+
+def timed_calls_phase(app_with: Any, ledger: Any, raw: str, n: int, concurrency: int, rate: float | None) -> list[str]:
+    """One more ledger-on phase (at the first open-loop rate, else closed loop), not in any ratio:
+    each of the ledger's calls on the event loop timed (gateway.bench.ledger_calls)."""
+    timed = TimedLedger(ledger)
+    phase = asyncio.run(serve_phase(app_with(timed), raw, n, concurrency, FullCollections(), "timed", 0, rate=rate,
+                                    seed=0))
+    assert ledger.flush(120), "ledger did not drain"
+    shape = f"open loop at {rate:.0f}/s" if rate else "closed loop"
+    return [f"where the ledger's loop-thread time goes: one more ledger-on phase ({n} requests, {shape}), not in "
+            "the ratios above", *timed.lines(n + WARM_UP, phase.loop_sched[0] / n * 1e6)]
+
+
+def loop_cpu_line(phases: list[Phase]) -> str:
+    """The loop thread's CPU per request, ledger off vs on: the ledger's cost on the loop, which the
+    p99s show only through queueing (median of the phases, and of each round's on/off ratio)."""
+    def per_request_us(p: Phase) -> float:
+        return p.loop_sched[0] / max(len(p.spans), 1) * 1e6
+
+    def busy(p: Phase) -> float:  # the loop thread's share of the phase's time on a CPU
+        wall_s = max((e for _, e in p.spans), default=p.origin) - p.origin
+        return p.loop_sched[0] / wall_s if wall_s > 0 else 0.0
+
+    off = [per_request_us(p) for p in phases if p.kind == "off"]
+    on = [per_request_us(p) for p in phases if p.kind == "on"]
+    ratios = [b / a for a, b in zip(off, on, strict=True) if a > 0]
+    busy_off = statistics.median(busy(p) for p in phases if p.kind == "off")
+    busy_on = statistics.median(busy(p) for p in phases if p.kind == "on")
+    return (f"  loop thread CPU per request (median of the phases): ledger off {statistics.median(off):.0f} us, on "
+            f"{statistics.median(on):.0f} us; on/off median of the rounds {statistics.median(ratios):.3f} "
+            f"[{min(ratios):.3f}..{max(ratios):.3f}]; the loop thread on a CPU {busy_off:.0%} / {busy_on:.0%} of "
+            "the phase (off / on: near 100% a request's wait is the queue in front of it)")

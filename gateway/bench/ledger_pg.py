@@ -51,9 +51,8 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from gateway.bench.ledger_calls import TimedLedger
+from gateway.bench.ledger_calls import loop_cpu_line, timed_calls_phase
 from gateway.bench.ledger_load import (
-    WARM_UP,
     FullCollections,
     NullLedger,
     Phase,
@@ -176,7 +175,7 @@ def run_serving(url: str, workdir: Path, n: int, concurrency: int, upstream_ms: 
                                                 steps=PROBE_STEPS)
         opened = [(f, f * capacity, _rounds(app_with, ledger, sf, raw, n, rounds, concurrency, f * capacity))
                   for f in open_fractions if f > 0]
-        calls = _ledger_calls(app_with, ledger, raw, max(1, n // rounds), concurrency,
+        calls = timed_calls_phase(app_with, ledger, raw, max(1, n // rounds), concurrency,
                               next((f * capacity for f in open_fractions if f > 0), None))
     finally:  # the replica never outlives the bench, whatever happened
         stop.set()
@@ -191,18 +190,6 @@ def run_serving(url: str, workdir: Path, n: int, concurrency: int, upstream_ms: 
     return {"closed": closed, "open": opened, "capacity_rps": capacity, "closed_rps": closed_rps, "probes": probes,
             "calls": calls,
             "switch_interval_ms": max(p.switch_interval_s for p in closed["phases"]) * 1000}
-
-
-def _ledger_calls(app_with: Any, ledger: Any, raw: str, n: int, concurrency: int, rate: float | None) -> list[str]:
-    """One more ledger-on phase (at the first open-loop rate, else closed loop), not in any ratio:
-    each of the ledger's calls on the event loop timed (gateway.bench.ledger_calls)."""
-    timed = TimedLedger(ledger)
-    phase = asyncio.run(serve_phase(app_with(timed), raw, n, concurrency, FullCollections(), "timed", 0, rate=rate,
-                                    seed=0))
-    assert ledger.flush(120), "ledger did not drain"
-    shape = f"open loop at {rate:.0f}/s" if rate else "closed loop"
-    return [f"where the ledger's loop-thread time goes: one more ledger-on phase ({n} requests, {shape}), not in "
-            "the ratios above", *timed.lines(n + WARM_UP, phase.loop_sched[0] / n * 1e6)]
 
 
 def _committed(sf: Any) -> tuple[int, int]:
@@ -362,20 +349,6 @@ def busy_line(phases: list[Phase]) -> str:
             f"{worst['on']:.0%} ({verdict})")
 
 
-def _loop_cpu_line(phases: list[Phase]) -> str:
-    """The loop thread's CPU per request, ledger off vs on: the ledger's cost on the loop, which the
-    p99s show only through queueing (median of the phases, and of each round's on/off ratio)."""
-    def per_request_us(p: Phase) -> float:
-        return p.loop_sched[0] / max(len(p.spans), 1) * 1e6
-
-    off = [per_request_us(p) for p in phases if p.kind == "off"]
-    on = [per_request_us(p) for p in phases if p.kind == "on"]
-    ratios = [b / a for a, b in zip(off, on, strict=True) if a > 0]
-    return (f"  loop thread CPU per request (median of the phases): ledger off {statistics.median(off):.0f} us, on "
-            f"{statistics.median(on):.0f} us; on/off median of the rounds {statistics.median(ratios):.3f} "
-            f"[{min(ratios):.3f}..{max(ratios):.3f}]")
-
-
 def _pauses_text(pauses_ms: list[float]) -> str:
     return f"{len(pauses_ms)} (max {max(pauses_ms, default=0.0):.1f} ms)"
 
@@ -395,7 +368,7 @@ def _block(r: dict[str, Any], title: str, *, target: bool) -> list[str]:
         f"  p99 ratio on/off: {statistics.median(ratios):.3f} (median of the rounds; {verdict})",
         f"  p99 ratio on/off per round: {'  '.join(f'{x:.3f}' for x in ratios)}; all rounds pooled: "
         f"{r['on_p99_ms'] / r['base_p99_ms']:.3f}",
-        _loop_cpu_line(r["phases"]),
+        loop_cpu_line(r["phases"]),
         f"  full GC pauses while timed: ledger off {_pauses_text(r['off_gc_pauses_ms'])}, "
         f"ledger on {_pauses_text(r['on_gc_pauses_ms'])}",
         f"  all garbage collections while timed, ledger off: {r['gc']['off']}",

@@ -70,7 +70,8 @@ def test_bench_ledger_pg_small(postgres_url: str) -> None:
         assert re.search(r"loop thread waiting for a CPU, max share of a phase: ledger off \d+%, ledger on \d+%",
                          block)
         assert re.search(r"loop thread CPU per request \(median of the phases\): ledger off \d+ us, on \d+ us; on/off "
-                         r"median of the rounds \d+\.\d+ \[\d+\.\d+\.\.\d+\.\d+\]", block)
+                         r"median of the rounds \d+\.\d+ \[\d+\.\d+\.\.\d+\.\d+\]; the loop thread on a CPU \d+% / \d+% of the "
+                         r"phase", block)
     # the ledger's calls timed in a phase of their own, at the first open-loop rate
     m = re.search(r"\nwhere the ledger's loop-thread time goes: one more ledger-on phase \(20 requests, open loop at "
                   rf"{rates[0]}/s\), not in the ratios above\n  the ledger's calls on the event loop .*: begin x1\.00 p50 "
