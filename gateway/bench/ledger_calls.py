@@ -70,19 +70,18 @@ class TimedLedger:
     async def wait_durable(self, level: Any = "fsync") -> None:
         await self._timed("wait_durable", self._ledger.wait_durable(level))
 
-    def record(self, entry: Any) -> None:
+    def _timed_call(self, name: str, arg: Any) -> None:
         t0 = time.thread_time_ns()
         try:
-            self._ledger.record(entry)
+            getattr(self._ledger, name)(arg)
         finally:
-            self.ns["record"].append(time.thread_time_ns() - t0)
+            self.ns[name].append(time.thread_time_ns() - t0)
+
+    def record(self, entry: Any) -> None:
+        self._timed_call("record", entry)
 
     def record_request(self, rec: Any) -> None:
-        t0 = time.thread_time_ns()
-        try:
-            self._ledger.record_request(rec)
-        finally:
-            self.ns["record_request"].append(time.thread_time_ns() - t0)
+        self._timed_call("record_request", rec)
 
     def per_request_us(self, requests: int) -> float:
         """The timed calls' CPU per request (all calls over ``requests``), µs."""

@@ -146,10 +146,7 @@ class JournalWriter:
         """Buffer one record. Never blocks on I/O; raises LedgerError if not running."""
         loop = asyncio._get_running_loop()
         with self._lock:
-            if not self._running:
-                raise LedgerError("ledger is not running")
-            self._buffer.append(rec)
-            self._seq += 1
+            self._buffer_locked(rec)
             if loop is None:
                 self._work.notify()  # no event loop here to write it: the journal thread does
                 return
@@ -178,10 +175,7 @@ class JournalWriter:
         try:
             journal = self._journal_()
             with self._lock:
-                if not self._running:
-                    raise LedgerError("ledger is not running")
-                self._buffer.append(rec)
-                self._seq += 1
+                self._buffer_locked(rec)
                 if not self._loop_may_write(journal):
                     self._work.notify()
                     return False
@@ -190,6 +184,13 @@ class JournalWriter:
             return self._write_on_loop(journal, batch, upto, loop, raise_on_failure=True)
         finally:
             self._write_lock.release()
+
+    def _buffer_locked(self, rec: Record) -> None:
+        """Buffer ``rec`` (the lock held); raises LedgerError if not running."""
+        if not self._running:
+            raise LedgerError("ledger is not running")
+        self._buffer.append(rec)
+        self._seq += 1
 
     @property
     def seq(self) -> int:
