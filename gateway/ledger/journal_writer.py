@@ -38,8 +38,8 @@ swallowed: a failed write fails the waiters it covered (both levels) with ``Ledg
 keeps the records in memory and is retried with backoff by the journal thread (into a fresh
 segment); a failed fdatasync fails the ``fsync`` waiters it covered, is retried, and moves new
 groups to a fresh segment (a retried fdatasync on Linux can report success for pages whose
-earlier write-back failed). Imports ledger.entries, journal, segments and waiters only; no
-database.
+earlier write-back failed). The sync thread's loop is syncing.py's. Imports ledger.entries, journal,
+segments, syncing and waiters only; no database.
 """
 
 from __future__ import annotations
@@ -54,13 +54,10 @@ from typing import Literal
 from gateway.ledger.entries import Record
 from gateway.ledger.journal import Journal, encode_lines
 from gateway.ledger.segments import SegmentTracker
-from gateway.ledger.waiters import Waiter, resolve_waiter, take_waiters
+from gateway.ledger.syncing import SyncThread
+from gateway.ledger.waiters import LedgerError, Waiter, resolve_waiter, take_waiters
 
 log = logging.getLogger("tiergate.ledger")
-
-
-class LedgerError(RuntimeError):
-    """The ledger could not make a record durable, or is not running."""
 
 
 # (segment seq, the group's records, the sequence number of its last record, the group's
@@ -71,7 +68,7 @@ OnWritten = Callable[[int, list[Record], int, bytes], None]
 SYNC_INTERVAL_S = 0.01  # the least time between two fdatasyncs nobody waits for
 
 
-class JournalWriter:
+class JournalWriter(SyncThread):
     def __init__(self, segments: SegmentTracker, on_written: OnWritten, on_finished: Callable[[], None], *,
                  retry_max_s: float = 5.0, sync_interval_s: float = SYNC_INTERVAL_S) -> None:
         self._segments = segments
@@ -405,65 +402,3 @@ class JournalWriter:
             seg = journal.last_seq  # closed anyway: sealed, deletable once committed
         if seg is not None:
             self._segments.sealed(seg)
-
-    # ---------------------------------------------------------------- sync thread
-    def _sync_loop(self) -> None:
-        """fdatasync whatever has been written; exits after the journal thread. Unless someone
-        waits for a sync (an ``fsync`` waiter, ``wait_synced``) or the journal thread has exited,
-        syncs start at least ``sync_interval_s`` apart: one fdatasync costs ~0.1 ms of CPU in
-        this thread plus its wakeups and GIL handoffs, and back to back they ran about once per
-        request at low concurrency."""
-        journal = self._journal_()
-        last_start = -self._sync_interval_s
-        while True:
-            with self._lock:
-                while True:
-                    early = last_start + self._sync_interval_s - time.monotonic()
-                    if self._synced_seq >= self._written_seq:
-                        if self._exited:
-                            return  # journal thread gone, everything synced (its last seal synced too)
-                        if early > 0:  # synced lately: look again when the interval is over, so that
-                            self._to_sync.wait(timeout=early)  # under load nobody has to wake this thread
-                            continue
-                        self._sync_idle = True
-                        self._to_sync.wait(timeout=1.0)
-                        self._sync_idle = False
-                        continue
-                    if early <= 0 or self._exited or self._synced_waiters or self._blocking_sync_waits:
-                        break
-                    self._to_sync.wait(timeout=early)
-                target = self._written_seq
-            last_start = time.monotonic()
-            try:
-                journal.sync()  # covers every write that returned before target was read
-            except OSError as exc:
-                self._sync_failed(target, exc)
-                continue
-            with self._lock:
-                self.sync_failures = 0
-                self._synced_seq = max(self._synced_seq, target)
-                done = take_waiters(self._synced_waiters, target)
-                self._cond.notify_all()
-            for _, loop, fut in done:
-                resolve_waiter(loop, fut, None)
-
-    def _sync_failed(self, upto: int, exc: OSError) -> None:
-        """A failed fdatasync: the records stay written (kill -9 safe) and queued for the DB, but
-        the ``fsync`` waiters covered by it are failed, not told 'on disk'; retried with backoff,
-        and new groups go to a fresh segment."""
-        log.error("ledger journal fdatasync failed (records up to #%d not known to be on disk, retrying)",
-                  upto, exc_info=exc)
-        with self._lock:
-            self.sync_failures += 1
-            self.last_error = (time.monotonic(), f"journal sync: {exc}")
-            self._reseal = True
-            failed = take_waiters(self._synced_waiters, upto)
-            delay = min(0.05 * 2 ** (self.sync_failures - 1), self._retry_max_s)
-        for _, loop, fut in failed:
-            resolve_waiter(loop, fut, LedgerError(f"ledger journal sync failed: {exc}"))
-        time.sleep(delay)
-
-    def _journal_(self) -> Journal:
-        if self.journal is None:
-            raise LedgerError("ledger journal writer was never started")
-        return self.journal

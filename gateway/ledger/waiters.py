@@ -1,5 +1,5 @@
 """Waiters of the ledger's durability levels: asyncio futures resolved from the journal and sync
-threads. Plain asyncio; imports nothing from the gateway."""
+threads, and the error they fail with. Plain asyncio; imports nothing from the gateway."""
 
 from __future__ import annotations
 
@@ -7,6 +7,10 @@ import asyncio
 import logging
 
 log = logging.getLogger("tiergate.ledger")
+
+
+class LedgerError(RuntimeError):
+    """The ledger could not make a record durable, or is not running."""
 
 # (sequence number the waiter needs, its event loop, its future)
 Waiter = tuple[int, asyncio.AbstractEventLoop, asyncio.Future[None]]
