@@ -40,7 +40,7 @@ from engine.kernels import linear as torch_linear
 from engine.model import CausalLM, DecoderLayer, KVCache
 from engine.moe import DenseMLP, ExpertCount, SparseMoeBlock, grouped_moe, route
 from engine.native import layers as one_call
-from engine.native import ops
+from engine.native import ops, prefetch
 from engine.native.packing import PackedWeights
 from engine.native.step import DecodeStep, decode_step
 
@@ -59,7 +59,9 @@ def prepare(model: CausalLM, *, release: bool = False) -> NativeBackend:
     matrices are given back (see `engine.native.packing`): the backend then holds the weights once."""
     if not supports(model):
         raise ValueError(f"the native backend needs a fp32 CausalLM on the CPU and the kernels ({ops.reason()})")
-    return NativeBackend(model, PackedWeights(model, release))
+    weights = PackedWeights(model, release)
+    prefetch.calibrate(weights.packed())  # once per process, on the first model too large for the cache
+    return NativeBackend(model, weights)
 
 
 @dataclass(frozen=True)
@@ -186,7 +188,8 @@ class NativeBackend:
         gaps = sorted({gap for gap in self.one_call_gaps if gap is not None})
         decode = ("one native call per decode step" if not gaps else
                   f"native ops per layer (outside the one-call path: {', '.join(gaps)})")
-        return f"native backend, {self.weight_format}: {decode}"
+        chosen = prefetch.current()
+        return f"native backend, {self.weight_format}: {decode}" + (f"; {chosen.describe()}" if chosen else "")
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: AttentionContext,
                 kv_caches: list[KVCache], experts_per_token: torch.Tensor | int | None = None,

@@ -30,7 +30,7 @@ from engine.native.threads import ThreadChoice
 
 log = logging.getLogger(__name__)
 
-ABI_VERSION = 12
+ABI_VERSION = 13
 PANEL = 64  # outputs per packed panel (tg_kernels.c)
 BLOCK = 32  # elements per quantized block
 # weight formats (tg_kernels.c): fp32 / bf16 panels, ggml Q8_0 / Q4_0 blocks interleaved in 16-row groups
@@ -125,6 +125,9 @@ def _load() -> None:
     lib.tg_advise_huge.restype = _int
     lib.tg_stream_sum.argtypes = [_p, _i64, _int]
     lib.tg_stream_sum.restype = ctypes.c_double
+    lib.tg_set_row_prefetch.argtypes = [_i64]
+    lib.tg_set_row_prefetch.restype = _i64
+    lib.tg_row_prefetch.restype = _i64
     lib.tg_layer_size.restype = _int
     if lib.tg_layer_size() != ctypes.sizeof(LayerSpec):
         _state = f"native library {path} lays out tg_layer in {lib.tg_layer_size()} bytes, ctypes in {ctypes.sizeof(LayerSpec)}"
@@ -263,9 +266,10 @@ def quantize_rows_q8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return d, q
 
 
-def linear(x: torch.Tensor, packed: Packed, bias: torch.Tensor | None = None) -> torch.Tensor:
+def linear(x: torch.Tensor, packed: Packed, bias: torch.Tensor | None = None,
+           threads: int | None = None) -> torch.Tensor:
     """x [M, K] . W^T (+ bias) -> [M, N] with W packed; x fp32 on the CPU with unit stride along K (rows may be
-    strided), bias fp32 contiguous."""
+    strided), bias fp32 contiguous; on ``threads`` threads (default ``torch.get_num_threads()``)."""
     assert _lib is not None
     m, k = x.shape
     if k != packed.k:
@@ -273,7 +277,7 @@ def linear(x: torch.Tensor, packed: Packed, bias: torch.Tensor | None = None) ->
     n = packed.n
     y = torch.empty(m, n, dtype=torch.float32)
     rc = _lib.tg_linear(x.data_ptr(), m, k, x.stride(0), packed.data.data_ptr(), packed.fmt, n, _ptr(bias),
-                        y.data_ptr(), n, torch.get_num_threads())
+                        y.data_ptr(), n, threads or torch.get_num_threads())
     if rc != 0:
         raise MemoryError("tg_linear could not allocate its work buffers")
     return y
@@ -358,6 +362,19 @@ def stream_sum(x: torch.Tensor) -> float:
     if x.dtype != torch.float32 or x.device.type != "cpu" or not x.is_contiguous():
         raise ValueError("stream_sum takes a contiguous fp32 CPU tensor")
     return float(_lib.tg_stream_sum(x.data_ptr(), x.numel(), torch.get_num_threads()))
+
+
+def set_row_prefetch(nbytes: int) -> int:
+    """Set how far ahead (bytes, rounded down to a cache line; 0: not at all) a one-token product prefetches its
+    weights on the AVX2 kernels; returns the previous distance. Process-wide; results do not depend on it."""
+    assert _lib is not None
+    return int(_lib.tg_set_row_prefetch(nbytes))
+
+
+def row_prefetch() -> int:
+    """The one-token products' prefetch distance in bytes (see `set_row_prefetch`)."""
+    assert _lib is not None
+    return int(_lib.tg_row_prefetch())
 
 
 class DecodeLayers:

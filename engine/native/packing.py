@@ -111,6 +111,10 @@ class PackedWeights:
     def quantized(self) -> bool:
         return any(p.quantized for p in self._packed.values())
 
+    def packed(self) -> list[ops.Packed]:
+        """Every packed matrix (stacks as one), in the model's order."""
+        return list(self._packed.values())
+
     def _release(self, model: CausalLM, matrices: list[torch.Tensor]) -> None:
         embedding = model.model.embed_tokens.weight
         released = {id(w) for w in matrices if w is not embedding}
