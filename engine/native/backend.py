@@ -188,8 +188,9 @@ class NativeBackend:
         gaps = sorted({gap for gap in self.one_call_gaps if gap is not None})
         decode = ("one native call per decode step" if not gaps else
                   f"native ops per layer (outside the one-call path: {', '.join(gaps)})")
-        chosen = prefetch.current()
-        return f"native backend, {self.weight_format}: {decode}" + (f"; {chosen.describe()}" if chosen else "")
+        formats = {p.fmt for p in self.weights.packed()}
+        chosen = [c.describe() for fmt in (ops.F32, ops.BF16) if fmt in formats and (c := prefetch.current(fmt))]
+        return f"native backend, {self.weight_format}: {decode}" + "".join(f"; {c}" for c in chosen)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: AttentionContext,
                 kv_caches: list[KVCache], experts_per_token: torch.Tensor | int | None = None,

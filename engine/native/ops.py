@@ -125,8 +125,9 @@ def _load() -> None:
     lib.tg_advise_huge.restype = _int
     lib.tg_stream_sum.argtypes = [_p, _i64, _int]
     lib.tg_stream_sum.restype = ctypes.c_double
-    lib.tg_set_row_prefetch.argtypes = [_i64]
+    lib.tg_set_row_prefetch.argtypes = [_int, _i64]
     lib.tg_set_row_prefetch.restype = _i64
+    lib.tg_row_prefetch.argtypes = [_int]
     lib.tg_row_prefetch.restype = _i64
     lib.tg_layer_size.restype = _int
     if lib.tg_layer_size() != ctypes.sizeof(LayerSpec):
@@ -364,17 +365,22 @@ def stream_sum(x: torch.Tensor) -> float:
     return float(_lib.tg_stream_sum(x.data_ptr(), x.numel(), torch.get_num_threads()))
 
 
-def set_row_prefetch(nbytes: int) -> int:
-    """Set how far ahead (bytes, rounded down to a cache line; 0: not at all) a one-token product prefetches its
-    weights on the AVX2 kernels; returns the previous distance. Process-wide; results do not depend on it."""
+def set_row_prefetch(fmt: int, nbytes: int) -> int:
+    """Set how far ahead (bytes, rounded down to a cache line; 0: not at all) a one-token product over ``fmt``
+    panels (`F32` or `BF16`) prefetches its weights on the AVX2 kernels; returns the previous distance.
+    Process-wide; results do not depend on it."""
     assert _lib is not None
-    return int(_lib.tg_set_row_prefetch(nbytes))
+    if fmt not in (F32, BF16):
+        raise ValueError("the prefetch distance is set for fp32 or bf16 panels")
+    return int(_lib.tg_set_row_prefetch(fmt, nbytes))
 
 
-def row_prefetch() -> int:
-    """The one-token products' prefetch distance in bytes (see `set_row_prefetch`)."""
+def row_prefetch(fmt: int) -> int:
+    """The one-token products' prefetch distance in bytes over ``fmt`` panels (see `set_row_prefetch`)."""
     assert _lib is not None
-    return int(_lib.tg_row_prefetch())
+    if fmt not in (F32, BF16):
+        raise ValueError("the prefetch distance is set for fp32 or bf16 panels")
+    return int(_lib.tg_row_prefetch(fmt))
 
 
 class DecodeLayers:

@@ -6,12 +6,14 @@ whether that helps depends on the machine, not on its instruction set: on one AV
 product from 8-13 to 16-17 GB/s, on another it cost 13% (19.4 GB/s without, 17.1 with; there the hardware
 prefetchers keep more lines in flight than the few L1 fill buffers a software prefetch holds). So `calibrate`
 times a one-token product over the model's own packed weights with the prefetch on and off, alternating, and
-keeps the faster where it is faster by more than `MARGIN` (the compiled distance otherwise). Results do not
-depend on the choice, only speed.
+keeps the faster where it is faster by more than `MARGIN` (the compiled distance otherwise). fp32 and bf16
+panels are chosen apart (bf16 reads half the bytes and converts each weight: on the machine above it made
+no difference there). Results do not depend on the choice, only speed.
 
 Only weights that do not fit in the last-level cache are worth the measurement: a model whose packed panels
-are under twice its size streams them from cache, and the compiled distance stays. ``TIERGATE_NATIVE_ROW_
-PREFETCH`` (bytes; 0 = off) sets the distance instead of measuring.
+of a format are under twice its size streams them from cache, and that format's distance stays as it is
+until a larger model comes. ``TIERGATE_NATIVE_ROW_
+PREFETCH`` (bytes; 0 = off) sets the distance for both formats instead of measuring.
 
 Imports torch and engine.native.ops only.
 """
@@ -39,22 +41,24 @@ DEFAULT_LLC = 32 << 20
 
 @dataclass(frozen=True)
 class Choice:
-    """The distance chosen (bytes; 0 = no prefetch) and why: ``"measured"`` (with each candidate's median
-    bytes/s), ``"environment"``, or ``"cached weights"`` (nothing to measure)."""
+    """The distance chosen for one panel format (bytes; 0 = no prefetch) and why: ``"measured"`` (with each
+    candidate's median bytes/s), ``"environment"``, or ``"cached weights"`` (nothing to measure)."""
 
+    fmt: int
     distance: int
     reason: str
     rates: dict[int, float] = field(default_factory=dict)
 
     def describe(self) -> str:
         what = "off" if self.distance == 0 else f"{self.distance // 1024} KiB ahead"
+        head = f"{ops.FORMAT_NAMES[self.fmt]} one-token weight prefetch {what}"
         if self.reason != "measured":
-            return f"one-token weight prefetch {what} ({self.reason})"
+            return f"{head} ({self.reason})"
         rates = ", ".join(f"{'off' if d == 0 else f'{d // 1024} KiB'} {r / 1e9:.1f} GB/s" for d, r in self.rates.items())
-        return f"one-token weight prefetch {what} (measured: {rates})"
+        return f"{head} (measured: {rates})"
 
 
-_chosen: Choice | None = None
+_chosen: dict[int, Choice] = {}  # by panel format, once per process
 
 
 def last_level_cache_bytes() -> int:
@@ -81,11 +85,10 @@ def pick(seconds: dict[int, list[float]]) -> int:
     return best if medians[first] > MARGIN * medians[best] else first
 
 
-def _matrices(packed: Iterable[ops.Packed]) -> Iterator[ops.Packed]:
-    """Each fp32 / bf16 panel matrix, a stack's experts one by one (quantized blocks are not read by the
-    one-token loop this tunes)."""
+def _matrices(packed: Iterable[ops.Packed], fmt: int) -> Iterator[ops.Packed]:
+    """Each matrix of ``fmt`` panels, a stack's experts one by one."""
     for p in packed:
-        if p.quantized:
+        if p.fmt != fmt:
             continue
         if p.data.dim() == 2:  # a stack [E, words]
             for i in range(p.data.shape[0]):
@@ -94,48 +97,54 @@ def _matrices(packed: Iterable[ops.Packed]) -> Iterator[ops.Packed]:
             yield p
 
 
-def calibrate(packed: Iterable[ops.Packed], budget_bytes: int | None = None) -> Choice:
-    """Choose the one-token prefetch distance for this process (see the module docstring) and set it; the
-    first call decides, later ones return its choice. ``budget_bytes``: how much of the weights a pass reads
-    (default four times the last-level cache)."""
-    global _chosen
-    if _chosen is not None:
-        return _chosen
+def calibrate(packed: Iterable[ops.Packed], budget_bytes: int | None = None) -> list[Choice]:
+    """Choose the one-token prefetch distance of each panel format among ``packed`` for this process (see the
+    module docstring) and set it; a format's first choice stands, later calls return it. ``budget_bytes``:
+    how much of the weights a pass reads (default four times the last-level cache). Quantized blocks are not
+    read by the loop this tunes and are left out."""
+    matrices = list(packed)
+    return [_calibrate(matrices, fmt, budget_bytes) for fmt in (ops.F32, ops.BF16)
+            if any(p.fmt == fmt for p in matrices)]
+
+
+def _calibrate(packed: list[ops.Packed], fmt: int, budget_bytes: int | None) -> Choice:
+    if fmt in _chosen:
+        return _chosen[fmt]
     configured = os.environ.get(ENV, "").strip()
     if configured:
-        ops.set_row_prefetch(int(configured))
-        _chosen = Choice(ops.row_prefetch(), "environment")
-        return _chosen
+        ops.set_row_prefetch(fmt, int(configured))
+        _chosen[fmt] = Choice(fmt, ops.row_prefetch(fmt), "environment")
+        return _chosen[fmt]
     llc = last_level_cache_bytes()
     budget = budget_bytes if budget_bytes is not None else 4 * llc
     chosen: list[ops.Packed] = []
     total = 0
-    for p in _matrices(packed):
+    for p in _matrices(packed, fmt):
         if total >= budget:
             break
         chosen.append(p)
         total += p.data.numel() * p.data.element_size()
     if total < 2 * llc:
-        return Choice(ops.row_prefetch(), "cached weights")  # not kept: a larger model may come later
+        return Choice(fmt, ops.row_prefetch(fmt), "cached weights")  # not kept: a larger model may come later
     inputs = {p.k: torch.full((1, p.k), 0.01) for p in chosen}
     seconds: dict[int, list[float]] = {d: [] for d in CANDIDATES}
-    before = ops.row_prefetch()
+    before = ops.row_prefetch(fmt)
     try:
         for _ in range(ROUNDS):
             for distance in CANDIDATES:
-                ops.set_row_prefetch(distance)
+                ops.set_row_prefetch(fmt, distance)
                 start = time.perf_counter()
                 for p in chosen:
                     ops.linear(inputs[p.k], p, threads=1)
                 seconds[distance].append(time.perf_counter() - start)
     finally:
-        ops.set_row_prefetch(before)
+        ops.set_row_prefetch(fmt, before)
     distance = pick(seconds)
-    ops.set_row_prefetch(distance)
-    _chosen = Choice(distance, "measured", {d: total / statistics.median(ts) for d, ts in seconds.items()})
-    return _chosen
+    ops.set_row_prefetch(fmt, distance)
+    _chosen[fmt] = Choice(fmt, distance, "measured", {d: total / statistics.median(ts) for d, ts in seconds.items()})
+    return _chosen[fmt]
 
 
-def current() -> Choice | None:
-    """This process's choice so far (None before a model large enough to measure on)."""
-    return _chosen
+def current(fmt: int) -> Choice | None:
+    """This process's choice for ``fmt`` panels so far (None before a model large enough to measure on)."""
+    return _chosen.get(fmt)

@@ -153,16 +153,19 @@ void tg_pack_bf16(const float *W, int64_t N, int64_t K, int64_t ldw, uint16_t *P
  * batch-1 product streams faster with it depends on the machine, not only on its instruction set. On one AVX2
  * EPYC it took a product from 8-13 to 16-17 GB/s (the note above); on another (2026-12-03) the same product
  * without it streamed 13% faster (19.4 against 17.1 GB/s, fp32 panels from DRAM on one core, interleaved
- * rounds), the hardware prefetchers then keeping more lines in flight than L1's fill buffers allow. The engine
+ * rounds), the hardware prefetchers then keeping more lines in flight than L1's fill buffers allow; bf16 panels
+ * (half the bytes, a conversion per weight) showed no difference. One distance per panel format; the engine
  * times both on the model's own weights when it packs them (`engine.native.prefetch`). Only the AVX2 one-token
  * loop reads it: the multi-token passes and the AVX-512 tiles keep TG_PF. */
-static int64_t tg_row_pf = TG_PF;
-int64_t tg_set_row_prefetch(int64_t bytes) {
-    const int64_t before = tg_row_pf;
-    tg_row_pf = bytes < 0 ? 0 : bytes & ~(int64_t)63;
+static int64_t tg_row_pf[2] = {TG_PF, TG_PF}; /* by panel format: TG_F32, TG_BF16 */
+int64_t tg_set_row_prefetch(int fmt, int64_t bytes) {
+    if (fmt != TG_F32 && fmt != TG_BF16) return -1;
+    const int64_t before = tg_row_pf[fmt];
+    tg_row_pf[fmt] = bytes < 0 ? 0 : bytes & ~(int64_t)63;
     return before;
 }
-int64_t tg_row_prefetch(void) { return tg_row_pf; }
+int64_t tg_row_prefetch(int fmt) { return fmt == TG_F32 || fmt == TG_BF16 ? tg_row_pf[fmt] : -1; }
+#define ROW_PF(T) tg_row_pf[sizeof(T) == 2 ? TG_BF16 : TG_F32]
 
 /* tile_<T>: y[m, 0:valid] = x[m, :K] . panel (+ bias[0:valid]) for m < mt, panel elements of type T. */
 #if TG_AVX512
@@ -321,7 +324,7 @@ static inline int off8_bf16(int s) { return 32 * (s >> 2) + 8 * ((s >> 1) & 1) +
                     NAME##_span(xm + g * ldx + k0, ldx, 2, 4, 0, pk, kn, acc + g, first, g == 0, pf_end);           \
                     NAME##_span(xm + g * ldx + k0, ldx, 2, 4, 4, pk, kn, acc + g, first, 0, pf_end);                \
                 } else if (mc - g == 1) { /* one token: the whole row */                                        \
-                    NAME##_row(xm + g * ldx + k0, pk, kn, acc[g], first, g == 0 ? tg_row_pf : 0, pf_end);       \
+                    NAME##_row(xm + g * ldx + k0, pk, kn, acc[g], first, g == 0 ? ROW_PF(T) : 0, pf_end);        \
                 }                                                                                               \
             }                                                                                                   \
             for (int m = 0; m < mc; m++)                                                                        \

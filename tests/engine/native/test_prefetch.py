@@ -15,19 +15,23 @@ from engine.native import ops, prefetch
 @pytest.fixture(autouse=True)
 def _fresh_choice(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """Each test starts undecided and leaves the library's distance as it found it."""
-    before = ops.row_prefetch()
-    monkeypatch.setattr(prefetch, "_chosen", None)
+    before = {fmt: ops.row_prefetch(fmt) for fmt in (ops.F32, ops.BF16)}
+    monkeypatch.setattr(prefetch, "_chosen", {})
     monkeypatch.delenv(prefetch.ENV, raising=False)
     yield
-    ops.set_row_prefetch(before)
+    for fmt, distance in before.items():
+        ops.set_row_prefetch(fmt, distance)
 
 
-def test_the_distance_is_set_rounded_to_a_line_and_never_negative() -> None:
-    ops.set_row_prefetch(8192)
-    assert ops.set_row_prefetch(1000) == 8192
-    assert ops.row_prefetch() == 960
-    ops.set_row_prefetch(-5)
-    assert ops.row_prefetch() == 0
+def test_the_distance_is_set_per_format_rounded_to_a_line_and_never_negative() -> None:
+    ops.set_row_prefetch(ops.F32, 8192)
+    ops.set_row_prefetch(ops.BF16, 4096)
+    assert ops.set_row_prefetch(ops.F32, 1000) == 8192
+    assert (ops.row_prefetch(ops.F32), ops.row_prefetch(ops.BF16)) == (960, 4096)
+    ops.set_row_prefetch(ops.BF16, -5)
+    assert (ops.row_prefetch(ops.F32), ops.row_prefetch(ops.BF16)) == (960, 0)
+    with pytest.raises(ValueError, match="fp32 or bf16"):
+        ops.set_row_prefetch(ops.Q8_0, 0)
 
 
 @pytest.mark.parametrize("bf16", [False, True])
@@ -37,7 +41,7 @@ def test_results_do_not_depend_on_the_distance(bf16: bool, threads: int) -> None
     packed = ops.pack(w, bf16=bf16)
     outputs = []
     for distance in (0, 64, 8192, 1 << 20):
-        ops.set_row_prefetch(distance)
+        ops.set_row_prefetch(packed.fmt, distance)
         outputs.append(torch.cat([ops.linear(x[i:i + 1], packed) for i in range(7)]))
     assert all(torch.equal(o, outputs[0]) for o in outputs[1:])
 
@@ -50,21 +54,20 @@ def test_pick_keeps_the_compiled_distance_unless_another_is_clearly_faster() -> 
     assert prefetch.pick({compiled: [1.2, 1.3, 1.2], 0: [1.0, 1.1, 1.0], 4096: [1.1, 1.1, 1.1]}) == 0
 
 
-def _stack(e: int = 4, n: int = 256, k: int = 512) -> ops.Packed:
-    return ops.pack(torch.randn(e, n, k, generator=torch.Generator().manual_seed(1)))
+def _stack(e: int = 4, n: int = 256, k: int = 512, bf16: bool = False) -> ops.Packed:
+    return ops.pack(torch.randn(e, n, k, generator=torch.Generator().manual_seed(1)), bf16=bf16)
 
 
 def test_weights_that_fit_in_the_cache_are_not_measured(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(prefetch, "last_level_cache_bytes", lambda: 64 << 20)
-    ops.set_row_prefetch(4096)
-    choice = prefetch.calibrate([_stack()])
-    assert (choice.reason, choice.distance) == ("cached weights", 4096)
-    assert prefetch.current() is None  # undecided: a larger model later still measures
+    ops.set_row_prefetch(ops.F32, 4096)
+    [choice] = prefetch.calibrate([_stack()])
+    assert (choice.fmt, choice.reason, choice.distance) == (ops.F32, "cached weights", 4096)
+    assert prefetch.current(ops.F32) is None  # undecided: a larger model later still measures
 
 
-def test_a_measured_choice_is_one_of_the_candidates_and_kept_for_the_process(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(prefetch, "last_level_cache_bytes", lambda: 256 << 10)  # 2 MiB of panels: 8x this
+def test_each_format_is_measured_once_and_kept_for_the_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(prefetch, "last_level_cache_bytes", lambda: 256 << 10)  # 2 MiB of fp32 panels: 8x this
     timed: list[int] = []
     real_pick = prefetch.pick
 
@@ -73,20 +76,24 @@ def test_a_measured_choice_is_one_of_the_candidates_and_kept_for_the_process(
         return real_pick(seconds)
 
     monkeypatch.setattr(prefetch, "pick", pick)
-    quantized = ops.pack_blocks(torch.zeros(64, 2 * 34, dtype=torch.uint8), "q8_0")  # skipped: blocks
-    choice = prefetch.calibrate([quantized, _stack()])
-    assert choice.reason == "measured" and choice.distance in prefetch.CANDIDATES
+    quantized = ops.pack_blocks(torch.zeros(64, 2 * 34, dtype=torch.uint8), "q8_0")  # not measured: blocks
+    [f32] = prefetch.calibrate([quantized, _stack()])
+    assert (f32.fmt, f32.reason) == (ops.F32, "measured") and f32.distance in prefetch.CANDIDATES
     assert timed == [prefetch.ROUNDS] * len(prefetch.CANDIDATES)
-    assert set(choice.rates) == set(prefetch.CANDIDATES) and all(r > 0 for r in choice.rates.values())
-    assert ops.row_prefetch() == choice.distance
-    assert "measured" in choice.describe() and "GB/s" in choice.describe()
-    ops.set_row_prefetch(123 * 64)
-    assert prefetch.calibrate([_stack()]) is choice  # decided once: not measured again, not reset
-    assert ops.row_prefetch() == 123 * 64
+    assert set(f32.rates) == set(prefetch.CANDIDATES) and all(r > 0 for r in f32.rates.values())
+    assert ops.row_prefetch(ops.F32) == f32.distance
+    assert f32.describe().startswith("fp32 one-token weight prefetch") and "GB/s" in f32.describe()
+    ops.set_row_prefetch(ops.F32, 123 * 64)
+    # fp32 decided: not measured again nor reset; bf16 panels (1 MiB here: 4x the cache) measured on their own
+    f32_again, bf16 = prefetch.calibrate([_stack(), _stack(bf16=True)])
+    assert f32_again is f32 and ops.row_prefetch(ops.F32) == 123 * 64
+    assert (bf16.fmt, bf16.reason) == (ops.BF16, "measured") and ops.row_prefetch(ops.BF16) == bf16.distance
+    assert len(timed) == 2 * len(prefetch.CANDIDATES)
 
 
 def test_the_environment_sets_the_distance(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(prefetch.ENV, "0")
-    choice = prefetch.calibrate([_stack()])
-    assert (choice.distance, choice.reason) == (0, "environment") and ops.row_prefetch() == 0
-    assert choice.describe() == "one-token weight prefetch off (environment)"
+    ops.set_row_prefetch(ops.BF16, 8192)
+    [choice] = prefetch.calibrate([_stack(bf16=True)])
+    assert (choice.distance, choice.reason) == (0, "environment") and ops.row_prefetch(ops.BF16) == 0
+    assert choice.describe() == "bf16 one-token weight prefetch off (environment)"
