@@ -304,10 +304,8 @@ def compare_model(cpp: LlamaCpp, hf_dir: Path, label: str, vocab: int, log: Log,
                                       ratio_quartiles(got["ep"], got["lp"]) if both else None))
     log(f"    {label}: decode {decode_tokens} tokens, prefill {prefill_tokens}" +
         (f"; llama-bench ran with {settings}" if settings else ""))
-    prefetch = sorted({part for _, e in ready.values() for part in e.runner.backend.describe().split("; ")
-                       if "weight prefetch" in part})
-    if prefetch:  # the engine's one-token prefetch per panel format, as chosen on this machine (engine.native)
-        log(f"    {label}: {'; '.join(prefetch)}")
+    for backend in dict.fromkeys(e.runner.backend.describe() for _, e in ready.values()):
+        log(f"    {label}: engine {backend}")  # per weight format, with the prefetch chosen on this machine
     order = {s: i for i, s in enumerate(SCHEMES)}
     return sorted(rows, key=lambda r: (r.threads, order[r.scheme]))
 

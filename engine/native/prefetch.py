@@ -12,8 +12,8 @@ no difference there). Results do not depend on the choice, only speed.
 
 Only weights that do not fit in the last-level cache are worth the measurement: a model whose packed panels
 of a format are under twice its size streams them from cache, and that format's distance stays as it is
-until a larger model comes. ``TIERGATE_NATIVE_ROW_
-PREFETCH`` (bytes; 0 = off) sets the distance for both formats instead of measuring.
+until a larger model comes. ``TIERGATE_NATIVE_ROW_PREFETCH`` (bytes; 0 = off) sets the distance for both
+formats instead of measuring.
 
 Imports torch and engine.native.ops only.
 """

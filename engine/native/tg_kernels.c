@@ -315,15 +315,11 @@ static inline int off8_bf16(int s) { return 32 * (s >> 2) + 8 * ((s >> 1) & 1) +
                         }                                                                                       \
                     }                                                                                           \
                 }                                                                                               \
-                if (mc - g == 4) {                                                                              \
+                for (; mc - g == 4 || mc - g == 2; g += 2) { /* two tokens (or two pairs): 32-output halves */ \
                     NAME##_span(xm + g * ldx + k0, ldx, 2, 4, 0, pk, kn, acc + g, first, g == 0, pf_end);           \
                     NAME##_span(xm + g * ldx + k0, ldx, 2, 4, 4, pk, kn, acc + g, first, 0, pf_end);                \
-                    g += 2;                                                                                     \
                 }                                                                                               \
-                if (mc - g == 2) { /* two tokens: two 32-output halves */                                       \
-                    NAME##_span(xm + g * ldx + k0, ldx, 2, 4, 0, pk, kn, acc + g, first, g == 0, pf_end);           \
-                    NAME##_span(xm + g * ldx + k0, ldx, 2, 4, 4, pk, kn, acc + g, first, 0, pf_end);                \
-                } else if (mc - g == 1) { /* one token: the whole row */                                        \
+                if (mc - g == 1) { /* one token: the whole row */                                               \
                     NAME##_row(xm + g * ldx + k0, pk, kn, acc[g], first, g == 0 ? ROW_PF(T) : 0, pf_end);        \
                 }                                                                                               \
             }                                                                                                   \
