@@ -60,7 +60,8 @@ def prepare(model: CausalLM, *, release: bool = False) -> NativeBackend:
     if not supports(model):
         raise ValueError(f"the native backend needs a fp32 CausalLM on the CPU and the kernels ({ops.reason()})")
     weights = PackedWeights(model, release)
-    prefetch.calibrate(weights.packed())  # once per process, on the first model too large for the cache
+    prefetch.calibrate_level(weights.packed())  # once per process, on the first model too large for the cache
+    prefetch.calibrate(weights.packed())  # the same, under the level chosen
     return NativeBackend(model, weights)
 
 
@@ -190,6 +191,8 @@ class NativeBackend:
                   f"native ops per layer (outside the one-call path: {', '.join(gaps)})")
         formats = {p.fmt for p in self.weights.packed()}
         chosen = [c.describe() for fmt in (ops.F32, ops.BF16) if fmt in formats and (c := prefetch.current(fmt))]
+        if (level := prefetch.current_level()) is not None:
+            chosen.insert(0, level.describe())
         return f"native backend, {self.weight_format}: {decode}" + "".join(f"; {c}" for c in chosen)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: AttentionContext,

@@ -30,7 +30,7 @@ from engine.native.threads import ThreadChoice
 
 log = logging.getLogger(__name__)
 
-ABI_VERSION = 13
+ABI_VERSION = 14
 PANEL = 64  # outputs per packed panel (tg_kernels.c)
 BLOCK = 32  # elements per quantized block
 # weight formats (tg_kernels.c): fp32 / bf16 panels, ggml Q8_0 / Q4_0 blocks interleaved in 16-row groups
@@ -129,6 +129,10 @@ def _load() -> None:
     lib.tg_set_row_prefetch.restype = _i64
     lib.tg_row_prefetch.argtypes = [_int]
     lib.tg_row_prefetch.restype = _i64
+    lib.tg_set_prefetch_level.argtypes = [_int]
+    lib.tg_set_prefetch_level.restype = _int
+    lib.tg_prefetch_level.restype = _int
+    lib.tg_has_avx512.restype = _int
     lib.tg_layer_size.restype = _int
     if lib.tg_layer_size() != ctypes.sizeof(LayerSpec):
         _state = f"native library {path} lays out tg_layer in {lib.tg_layer_size()} bytes, ctypes in {ctypes.sizeof(LayerSpec)}"
@@ -357,30 +361,18 @@ def argmax_rows(x: torch.Tensor) -> list[int]:
     return out.tolist()  # type: ignore[no-any-return]
 
 
+def library() -> ctypes.CDLL:
+    """The loaded library, for the module that sets its process-wide prefetch knobs (`engine.native.prefetch`)."""
+    assert _lib is not None
+    return _lib
+
+
 def stream_sum(x: torch.Tensor) -> float:
     """Sum of a contiguous fp32 CPU tensor, read once with ``torch.get_num_threads()`` threads."""
     assert _lib is not None
     if x.dtype != torch.float32 or x.device.type != "cpu" or not x.is_contiguous():
         raise ValueError("stream_sum takes a contiguous fp32 CPU tensor")
     return float(_lib.tg_stream_sum(x.data_ptr(), x.numel(), torch.get_num_threads()))
-
-
-def set_row_prefetch(fmt: int, nbytes: int) -> int:
-    """Set how far ahead (bytes, rounded down to a cache line; 0: not at all) a one-token product over ``fmt``
-    panels (`F32` or `BF16`) prefetches its weights on the AVX2 kernels; returns the previous distance.
-    Process-wide; results do not depend on it."""
-    assert _lib is not None
-    if fmt not in (F32, BF16):
-        raise ValueError("the prefetch distance is set for fp32 or bf16 panels")
-    return int(_lib.tg_set_row_prefetch(fmt, nbytes))
-
-
-def row_prefetch(fmt: int) -> int:
-    """The one-token products' prefetch distance in bytes over ``fmt`` panels (see `set_row_prefetch`)."""
-    assert _lib is not None
-    if fmt not in (F32, BF16):
-        raise ValueError("the prefetch distance is set for fp32 or bf16 panels")
-    return int(_lib.tg_row_prefetch(fmt))
 
 
 class DecodeLayers:

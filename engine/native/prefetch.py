@@ -1,19 +1,26 @@
-"""How far ahead a one-token product prefetches its weights: measured on this machine, once per process.
+"""How the kernels prefetch weights: measured on this machine, once per process.
 
-A batch-1 decode step streams every active weight from DRAM once, so its speed is one core's streaming rate.
-The AVX2 kernels' one-token loop can prefetch each panel row a fixed distance ahead (``tg_set_row_prefetch``);
-whether that helps depends on the machine, not on its instruction set: on one AVX2 EPYC it took a batch-1
-product from 8-13 to 16-17 GB/s, on another it cost 13% (19.4 GB/s without, 17.1 with; there the hardware
-prefetchers keep more lines in flight than the few L1 fill buffers a software prefetch holds). So `calibrate`
-times a one-token product over the model's own packed weights with the prefetch on and off, alternating, and
-keeps the faster where it is faster by more than `MARGIN` (the compiled distance otherwise). fp32 and bf16
-panels are chosen apart (bf16 reads half the bytes and converts each weight: on the machine above it made
-no difference there). Results do not depend on the choice, only speed.
+A decode step streams every weight it uses from DRAM once, so its speed is one core's streaming rate, and how
+the kernels' software prefetches help that depends on the machine, not only on its instruction set. Two
+process-wide knobs, neither of which changes a bit of any result:
 
-Only weights that do not fit in the last-level cache are worth the measurement: a model whose packed panels
-of a format are under twice its size streams them from cache, and that format's distance stays as it is
-until a larger model comes. ``TIERGATE_NATIVE_ROW_PREFETCH`` (bytes; 0 = off) sets the distance for both
-formats instead of measuring.
+- **The level** (`set_level`): into which cache every kernel's prefetches bring weight lines, L1 (0) or L2 (1).
+  On Sapphire Rapids L2 was faster (4 / 16-token fp32 products from DRAM on two cores, 22.8 / 14.4 GB/s with L1
+  and 23.8 / 17.6 with L2); on an AMD EPYC Zen 5 the other way (one core, 4 tokens: fp32 1.14x, q8_0 1.09x
+  faster with L1). `calibrate_level` times a 4-token product (what a MoE expert sees under concurrent decoding,
+  and a short verify step) over the model's own weights, every format, at both levels, alternating.
+- **The one-token distance** (`set_row_prefetch`): how far ahead the AVX2 kernels' one-token loop prefetches
+  each panel row (0: not at all). On one AVX2 EPYC it took a batch-1 product from 8-13 to 16-17 GB/s, on
+  another it cost 13% (19.4 GB/s without, 17.1 with; there the hardware prefetchers keep more lines in flight
+  than the few L1 fill buffers a software prefetch holds). `calibrate` times a one-token product with it on and
+  off, fp32 and bf16 panels apart (bf16 reads half the bytes and converts each weight: on the machine above it
+  made no difference there). The AVX-512 tiles do not read it, and nothing is measured there.
+
+Each keeps the compiled setting unless another is faster by more than `MARGIN` (medians of `ROUNDS` alternating
+passes, ~0.1 s each). Only weights that do not fit in the last-level cache are worth the measurement: a model
+whose packed weights are under twice its size streams them from cache, and the setting stays as it is until a
+larger model comes. ``TIERGATE_NATIVE_PREFETCH_LEVEL`` (``l1`` / ``l2``) and ``TIERGATE_NATIVE_ROW_PREFETCH``
+(bytes; 0 = off, both panel formats) set them instead of measuring.
 
 Imports torch and engine.native.ops only.
 """
@@ -23,7 +30,7 @@ from __future__ import annotations
 import os
 import statistics
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -32,11 +39,60 @@ import torch
 from engine.native import ops
 
 ENV = "TIERGATE_NATIVE_ROW_PREFETCH"
+LEVEL_ENV = "TIERGATE_NATIVE_PREFETCH_LEVEL"
+LEVELS = {"l1": 0, "l2": 1}
 COMPILED = 8192  # tg_kernels.c's TG_PF: the distance the library starts with
 CANDIDATES = (COMPILED, 0)  # the compiled distance first: it stays unless another is clearly faster
-MARGIN = 1.03  # another distance must be this much faster (medians) to replace the compiled one
+LEVEL_TOKENS = 4  # tokens of the product the level is timed on
+MARGIN = 1.03  # another setting must be this much faster (medians) to replace the compiled one
 ROUNDS = 5
 DEFAULT_LLC = 32 << 20
+
+
+# -- the knobs ----------------------------------------------------------------------------------------
+def set_row_prefetch(fmt: int, nbytes: int) -> int:
+    """Set how far ahead (bytes, rounded down to a cache line; 0: not at all) a one-token product over ``fmt``
+    panels (`ops.F32` or `ops.BF16`) prefetches its weights on the AVX2 kernels; returns the previous distance."""
+    if fmt not in (ops.F32, ops.BF16):
+        raise ValueError("the prefetch distance is set for fp32 or bf16 panels")
+    return int(ops.library().tg_set_row_prefetch(fmt, nbytes))
+
+
+def row_prefetch(fmt: int) -> int:
+    """The one-token products' prefetch distance in bytes over ``fmt`` panels (see `set_row_prefetch`)."""
+    if fmt not in (ops.F32, ops.BF16):
+        raise ValueError("the prefetch distance is set for fp32 or bf16 panels")
+    return int(ops.library().tg_row_prefetch(fmt))
+
+
+def set_level(level: int) -> int:
+    """Into which cache every kernel's weight prefetches bring their lines: 0 = L1, 1 = L2; returns the previous
+    level."""
+    if level not in (0, 1):
+        raise ValueError("the prefetch level is 0 (L1) or 1 (L2)")
+    return int(ops.library().tg_set_prefetch_level(level))
+
+
+def level() -> int:
+    return int(ops.library().tg_prefetch_level())
+
+
+def has_avx512() -> bool:
+    """Whether the library was built for AVX-512 (its tiles, not the AVX2 loops, run the products)."""
+    return bool(ops.library().tg_has_avx512())
+
+
+# -- the choices --------------------------------------------------------------------------------------
+def _rates(rates: dict[int, float], name: Callable[[int], str]) -> str:
+    return ", ".join(f"{name(c)} {r / 1e9:.1f} GB/s" for c, r in rates.items())
+
+
+def _distance_name(d: int) -> str:
+    return "off" if d == 0 else f"{d // 1024} KiB"
+
+
+def _level_name(level: int) -> str:
+    return f"L{level + 1}"
 
 
 @dataclass(frozen=True)
@@ -54,11 +110,26 @@ class Choice:
         head = f"{ops.FORMAT_NAMES[self.fmt]} one-token weight prefetch {what}"
         if self.reason != "measured":
             return f"{head} ({self.reason})"
-        rates = ", ".join(f"{'off' if d == 0 else f'{d // 1024} KiB'} {r / 1e9:.1f} GB/s" for d, r in self.rates.items())
-        return f"{head} (measured: {rates})"
+        return f"{head} (measured: {_rates(self.rates, _distance_name)})"
+
+
+@dataclass(frozen=True)
+class LevelChoice:
+    """The prefetch level chosen for every kernel (0 = L1, 1 = L2) and why, as `Choice`."""
+
+    level: int
+    reason: str
+    rates: dict[int, float] = field(default_factory=dict)
+
+    def describe(self) -> str:
+        head = f"weight prefetch into {_level_name(self.level)}"
+        if self.reason != "measured":
+            return f"{head} ({self.reason})"
+        return f"{head} (measured on {LEVEL_TOKENS}-token products: {_rates(self.rates, _level_name)})"
 
 
 _chosen: dict[int, Choice] = {}  # by panel format, once per process
+_level: list[LevelChoice] = []  # at most one: the process's level, once decided
 
 
 def last_level_cache_bytes() -> int:
@@ -77,18 +148,18 @@ def last_level_cache_bytes() -> int:
 
 
 def pick(seconds: dict[int, list[float]]) -> int:
-    """The distance to keep from each candidate's pass times: the fastest median if it beats the first
-    candidate's (the compiled distance) by ``MARGIN``, else the first."""
+    """The setting to keep from each candidate's pass times: the fastest median if it beats the first
+    candidate's (the compiled setting) by ``MARGIN``, else the first."""
     first = next(iter(seconds))
     medians = {d: statistics.median(ts) for d, ts in seconds.items()}
     best = min(medians, key=lambda d: medians[d])
     return best if medians[first] > MARGIN * medians[best] else first
 
 
-def _matrices(packed: Iterable[ops.Packed], fmt: int) -> Iterator[ops.Packed]:
-    """Each matrix of ``fmt`` panels, a stack's experts one by one."""
+def _matrices(packed: Iterable[ops.Packed], fmt: int | None) -> Iterator[ops.Packed]:
+    """Each matrix of ``fmt`` (None: any format), a stack's experts one by one."""
     for p in packed:
-        if p.fmt != fmt:
+        if fmt is not None and p.fmt != fmt:
             continue
         if p.data.dim() == 2:  # a stack [E, words]
             for i in range(p.data.shape[0]):
@@ -97,11 +168,69 @@ def _matrices(packed: Iterable[ops.Packed], fmt: int) -> Iterator[ops.Packed]:
             yield p
 
 
+def _budgeted(packed: Iterable[ops.Packed], fmt: int | None, budget_bytes: int | None) -> tuple[list[ops.Packed], int]:
+    """Matrices to time a pass over: ``fmt``'s (None: all) up to ``budget_bytes`` (default four times the
+    last-level cache), and their bytes."""
+    budget = budget_bytes if budget_bytes is not None else 4 * last_level_cache_bytes()
+    chosen: list[ops.Packed] = []
+    total = 0
+    for p in _matrices(packed, fmt):
+        if total >= budget:
+            break
+        chosen.append(p)
+        total += p.data.numel() * p.data.element_size()
+    return chosen, total
+
+
+def _alternate(matrices: Sequence[ops.Packed], tokens: int, candidates: Sequence[int],
+               apply: Callable[[int], object]) -> dict[int, list[float]]:
+    """Seconds of a ``tokens``-token product over ``matrices`` with each candidate applied, ``ROUNDS`` rounds
+    taking turns (one thread)."""
+    inputs = {p.k: torch.full((tokens, p.k), 0.01) for p in matrices}
+    seconds: dict[int, list[float]] = {c: [] for c in candidates}
+    for _ in range(ROUNDS):
+        for candidate in candidates:
+            apply(candidate)
+            start = time.perf_counter()
+            for p in matrices:
+                ops.linear(inputs[p.k], p, threads=1)
+            seconds[candidate].append(time.perf_counter() - start)
+    return seconds
+
+
+def calibrate_level(packed: Iterable[ops.Packed], budget_bytes: int | None = None) -> LevelChoice:
+    """Choose the prefetch level for this process on ``packed`` (any format; see the module docstring) and set
+    it; the first choice stands, later calls return it. ``budget_bytes``: how much of the weights a pass reads
+    (default four times the last-level cache)."""
+    if _level:
+        return _level[0]
+    configured = os.environ.get(LEVEL_ENV, "").strip().lower()
+    if configured:
+        if configured not in LEVELS:
+            raise ValueError(f"{LEVEL_ENV} must be one of {sorted(LEVELS)}, got {configured!r}")
+        set_level(LEVELS[configured])
+        _level.append(LevelChoice(level(), "environment"))
+        return _level[0]
+    matrices, total = _budgeted(packed, None, budget_bytes)
+    if total < 2 * last_level_cache_bytes():
+        return LevelChoice(level(), "cached weights")  # not kept: a larger model may come later
+    compiled = level()
+    try:
+        seconds = _alternate(matrices, LEVEL_TOKENS, (compiled, 1 - compiled), set_level)
+    finally:
+        set_level(compiled)
+    set_level(pick(seconds))
+    _level.append(LevelChoice(level(), "measured", {c: total / statistics.median(ts) for c, ts in seconds.items()}))
+    return _level[0]
+
+
 def calibrate(packed: Iterable[ops.Packed], budget_bytes: int | None = None) -> list[Choice]:
     """Choose the one-token prefetch distance of each panel format among ``packed`` for this process (see the
     module docstring) and set it; a format's first choice stands, later calls return it. ``budget_bytes``:
     how much of the weights a pass reads (default four times the last-level cache). Quantized blocks are not
-    read by the loop this tunes and are left out."""
+    read by the loop this tunes and are left out; with AVX-512 tiles nothing reads it (no choice)."""
+    if has_avx512():
+        return []
     matrices = list(packed)
     return [_calibrate(matrices, fmt, budget_bytes) for fmt in (ops.F32, ops.BF16)
             if any(p.fmt == fmt for p in matrices)]
@@ -112,39 +241,28 @@ def _calibrate(packed: list[ops.Packed], fmt: int, budget_bytes: int | None) -> 
         return _chosen[fmt]
     configured = os.environ.get(ENV, "").strip()
     if configured:
-        ops.set_row_prefetch(fmt, int(configured))
-        _chosen[fmt] = Choice(fmt, ops.row_prefetch(fmt), "environment")
+        set_row_prefetch(fmt, int(configured))
+        _chosen[fmt] = Choice(fmt, row_prefetch(fmt), "environment")
         return _chosen[fmt]
-    llc = last_level_cache_bytes()
-    budget = budget_bytes if budget_bytes is not None else 4 * llc
-    chosen: list[ops.Packed] = []
-    total = 0
-    for p in _matrices(packed, fmt):
-        if total >= budget:
-            break
-        chosen.append(p)
-        total += p.data.numel() * p.data.element_size()
-    if total < 2 * llc:
-        return Choice(fmt, ops.row_prefetch(fmt), "cached weights")  # not kept: a larger model may come later
-    inputs = {p.k: torch.full((1, p.k), 0.01) for p in chosen}
-    seconds: dict[int, list[float]] = {d: [] for d in CANDIDATES}
-    before = ops.row_prefetch(fmt)
+    matrices, total = _budgeted(packed, fmt, budget_bytes)
+    if total < 2 * last_level_cache_bytes():
+        return Choice(fmt, row_prefetch(fmt), "cached weights")  # not kept: a larger model may come later
+    before = row_prefetch(fmt)
     try:
-        for _ in range(ROUNDS):
-            for distance in CANDIDATES:
-                ops.set_row_prefetch(fmt, distance)
-                start = time.perf_counter()
-                for p in chosen:
-                    ops.linear(inputs[p.k], p, threads=1)
-                seconds[distance].append(time.perf_counter() - start)
+        seconds = _alternate(matrices, 1, CANDIDATES, lambda d: set_row_prefetch(fmt, d))
     finally:
-        ops.set_row_prefetch(fmt, before)
+        set_row_prefetch(fmt, before)
     distance = pick(seconds)
-    ops.set_row_prefetch(fmt, distance)
+    set_row_prefetch(fmt, distance)
     _chosen[fmt] = Choice(fmt, distance, "measured", {d: total / statistics.median(ts) for d, ts in seconds.items()})
     return _chosen[fmt]
 
 
 def current(fmt: int) -> Choice | None:
-    """This process's choice for ``fmt`` panels so far (None before a model large enough to measure on)."""
+    """This process's distance for ``fmt`` panels so far (None before a model large enough to measure on)."""
     return _chosen.get(fmt)
+
+
+def current_level() -> LevelChoice | None:
+    """This process's level so far (None before a model large enough to measure on)."""
+    return _level[0] if _level else None

@@ -52,7 +52,7 @@
 #define PANEL 64 /* outputs per packed panel: four 16-float vectors */
 #define MR 6      /* tokens per register tile (6 x 4 accumulators + 4 weight vectors fit in 32 registers) */
 
-int tg_abi_version(void) { return 13; }
+int tg_abi_version(void) { return 14; }
 
 /* Weight formats (`fmt` arguments and tg_layer.fmt): fp32 or bf16 64-output panels (tg_pack, tg_pack_bf16),
  * or ggml's row-major 32-element blocks, stored exactly as GGUF stores them (so a GGUF tensor is used as
@@ -132,20 +132,35 @@ void tg_pack_bf16(const float *W, int64_t N, int64_t K, int64_t ldw, uint16_t *P
 /* Software prefetch distance (bytes) for the weight streams: the hardware prefetchers stop at each 4 KiB
  * page, and a batch-1 product from DRAM ran at 8-13 GB/s on one core without it, 16-17 with it (this
  * machine; 0 turns it off). Each thread prefetches only within the weights it reads. */
-/* Into which cache the software prefetches above bring the weights. AVX-512 (Sapphire Rapids, this
- * project's Xeon machines): to L2 (T1). One core's stream is bounded by how many misses it can have in
- * flight, and a prefetch to L1 holds one of L1's few fill buffers until its line arrives, where one to L2
- * does not: fp32 panels from DRAM on two cores, 4 / 16 tokens a product, 22.8 / 14.4 GB/s with T0 and
- * 23.8 / 17.6 with T1; the bench MoE's 16-stream decode 422-425 -> 463-479 tok/s (`tiergate bench engine
- * --only c`, two runs each, interleaved). Elsewhere L1 (T0): the AVX2 kernels' prefetch distance was tuned
- * with it on AMD EPYC machines, and T1 was not measured there. */
-#ifndef TG_PF_HINT
-#if TG_AVX512
-#define TG_PF_HINT _MM_HINT_T1
-#else
-#define TG_PF_HINT _MM_HINT_T0
+/* Into which cache the software prefetches above bring the weights: L1 (_MM_HINT_T0, level 0) or L2 (T1, level
+ * 1), chosen at run time (`tg_set_prefetch_level`; the engine measures both on the model's own weights when it
+ * packs them, `engine.native.prefetch`), because which is faster depends on the machine, not on its instruction
+ * set. One core's stream is bounded by how many misses it can have in flight, and a prefetch to L1 holds one of
+ * L1's few fill buffers until its line arrives, where one to L2 does not: on Sapphire Rapids, fp32 panels from
+ * DRAM on two cores, 4 / 16 tokens a product, 22.8 / 14.4 GB/s with T0 and 23.8 / 17.6 with T1; the bench MoE's
+ * 16-stream decode 422-425 -> 463-479 tok/s. On an AMD EPYC Zen 5 (AVX-512, 2026-12-04, one core, interleaved
+ * rounds) the other way: 4-token products from DRAM fp32 / bf16 / q8_0 / q4_0 1.14x / 1.03x / 1.09x / 1.05x
+ * faster with T0, 6 tokens 1.07x / 1.07x / 1.12x. The compiled default: T1 with AVX-512 (the Xeon measurement),
+ * T0 otherwise (the AVX2 kernels' prefetch was tuned with it on AMD EPYC machines). Every kernel that
+ * prefetches reads the level once per call (`pf_level`) and branches on it per prefetch, a branch that always
+ * goes the same way. Results do not depend on it. */
+#ifndef TG_PF_LEVEL
+#define TG_PF_LEVEL TG_AVX512
 #endif
-#endif
+static int tg_pf_level = TG_PF_LEVEL;
+int tg_set_prefetch_level(int level) {
+    const int before = tg_pf_level;
+    if (level == 0 || level == 1) tg_pf_level = level;
+    return before;
+}
+int tg_prefetch_level(void) { return tg_pf_level; }
+#define PF_LINE(addr, level)                                                                                    \
+    do {                                                                                                        \
+        if (level)                                                                                              \
+            _mm_prefetch((const char *)(addr), _MM_HINT_T1);                                                    \
+        else                                                                                                    \
+            _mm_prefetch((const char *)(addr), _MM_HINT_T0);                                                    \
+    } while (0)
 #ifndef TG_PF
 #define TG_PF 8192
 #endif
@@ -189,11 +204,12 @@ static inline __attribute__((always_inline)) void load_row_bf16(const uint16_t *
         __m512 acc[MR][4];                                                                                      \
         for (int m = 0; m < MR; m++)                                                                            \
             for (int v = 0; v < 4; v++) acc[m][v] = _mm512_setzero_ps();                                        \
+        const int level = tg_pf_level;                                                                          \
         for (int64_t k = 0; k < K; k++) {                                                                       \
             __m512 w[4];                                                                                        \
             if (TG_PF && (const char *)p + TG_PF < pf_end)                                                      \
                 for (int64_t i = 0; i < (int64_t)sizeof(T) * PANEL; i += 64)                                    \
-                    _mm_prefetch((const char *)p + TG_PF + i, TG_PF_HINT);                                     \
+                    PF_LINE((const char *)p + TG_PF + i, level);                                                \
             LOAD_ROW(p, w);                                                                                     \
             for (int m = 0; m < MR; m++) {                                                                      \
                 if (m < mt) {                                                                                   \
@@ -212,6 +228,79 @@ static inline __attribute__((always_inline)) void load_row_bf16(const uint16_t *
                 if (m < mt) _mm512_mask_storeu_ps(y + m * ldy + v * 16, mask, _mm512_add_ps(acc[m][v], b));     \
         }                                                                                                       \
     }
+/* More tokens than one tile holds (M > MR): the panel is read in blocks of KB_BYTES (32 fp32 rows, 64 bf16),
+ * each block once from memory by the first tile of a chunk of up to MC tokens and then from L1 by the chunk's
+ * other tiles, the accumulators waiting in `acc` between blocks; while those run from L1, they prefetch the
+ * next block (the same row of it, into L2: L1 holds the block in use), so the memory stream does not stop
+ * while the core computes. Before, each tile streamed the whole panel, the first from DRAM and the rest from
+ * L2, one after the other. On an AMD EPYC Zen 5 (2026-12-04, one core, fp32 panels from DRAM, interleaved
+ * rounds, bit-identical outputs) 7 / 8 / 12 / 16 / 24 tokens 1.13x / 1.14x / 1.26x / 1.28x / 1.20x faster
+ * (16 tokens: 19.6 -> 25.0 GB/s, ~100 GFMA/s, the core's FMA peak); bf16 7 / 8 tokens 1.10x / 1.07x, 12-24
+ * unchanged (their conversions make them compute-bound). Blocks of 64 / 128 / 32 KiB-equivalents and the next
+ * block into L1 measured no better. Each output still sums its k in order, one FMA each: the same bits as one
+ * tile. */
+#define KB_BYTES 8192
+#define MC 24
+#define DEFINE_BLOCK_TILE(NAME, T, LOAD_ROW)                                                                    \
+    static inline __attribute__((always_inline)) void NAME##_part(const float *x, int64_t ldx, const int mt,   \
+                                                                   const T *p, int64_t kn, float acc_buf[][PANEL], \
+                                                                   int first, int pf, const char *pf_end) {     \
+        __m512 acc[MR][4];                                                                                      \
+        for (int m = 0; m < MR; m++)                                                                            \
+            for (int v = 0; v < 4; v++)                                                                         \
+                acc[m][v] = (m < mt && !first) ? _mm512_loadu_ps(acc_buf[m] + 16 * v) : _mm512_setzero_ps();    \
+        const int level = tg_pf_level;                                                                          \
+        const int64_t ahead = pf ? TG_PF : KB_BYTES; /* the first tile: TG_PF ahead; the others: the next block */ \
+        for (int64_t k = 0; k < kn; k++) {                                                                      \
+            __m512 w[4];                                                                                        \
+            if (TG_PF && (const char *)p + ahead < pf_end)                                                      \
+                for (int64_t i = 0; i < (int64_t)sizeof(T) * PANEL; i += 64) {                                  \
+                    if (pf) PF_LINE((const char *)p + ahead + i, level);                                        \
+                    else _mm_prefetch((const char *)p + ahead + i, _MM_HINT_T1);                                \
+                }                                                                                               \
+            LOAD_ROW(p, w);                                                                                     \
+            for (int m = 0; m < MR; m++) {                                                                      \
+                if (m < mt) {                                                                                   \
+                    __m512 xb = _mm512_set1_ps(x[m * ldx + k]);                                                 \
+                    for (int v = 0; v < 4; v++) acc[m][v] = _mm512_fmadd_ps(w[v], xb, acc[m][v]);               \
+                }                                                                                               \
+            }                                                                                                   \
+            p += PANEL;                                                                                         \
+        }                                                                                                       \
+        for (int m = 0; m < MR; m++)                                                                            \
+            if (m < mt)                                                                                         \
+                for (int v = 0; v < 4; v++) _mm512_storeu_ps(acc_buf[m] + 16 * v, acc[m][v]);                  \
+    }                                                                                                           \
+    static void NAME(const float *x, int64_t ldx, int64_t M, const T *panel, int64_t K, const float *bias,      \
+                     float *y, int64_t ldy, int valid, const char *pf_end) {                                    \
+        float acc[MC][PANEL];                                                                                   \
+        const int64_t kb = KB_BYTES / ((int64_t)sizeof(T) * PANEL);                                             \
+        for (int64_t m0 = 0; m0 < M; m0 += MC) {                                                                \
+            const int mc = (int)(M - m0 < MC ? M - m0 : MC);                                                    \
+            const float *xm = x + m0 * ldx;                                                                     \
+            for (int64_t k0 = 0; k0 < K; k0 += kb) {                                                            \
+                const int64_t kn = K - k0 < kb ? K - k0 : kb;                                                   \
+                const T *pk = panel + k0 * PANEL;                                                               \
+                for (int g = 0; g < mc; g += MR) {                                                              \
+                    const float *xg = xm + g * ldx + k0;                                                        \
+                    const int first = k0 == 0, pf = g == 0;                                                     \
+                    switch (mc - g < MR ? mc - g : MR) {                                                        \
+                    case 1: NAME##_part(xg, ldx, 1, pk, kn, acc + g, first, pf, pf_end); break;                 \
+                    case 2: NAME##_part(xg, ldx, 2, pk, kn, acc + g, first, pf, pf_end); break;                 \
+                    case 3: NAME##_part(xg, ldx, 3, pk, kn, acc + g, first, pf, pf_end); break;                 \
+                    case 4: NAME##_part(xg, ldx, 4, pk, kn, acc + g, first, pf, pf_end); break;                 \
+                    case 5: NAME##_part(xg, ldx, 5, pk, kn, acc + g, first, pf, pf_end); break;                 \
+                    default: NAME##_part(xg, ldx, MR, pk, kn, acc + g, first, pf, pf_end); break;               \
+                    }                                                                                           \
+                }                                                                                               \
+            }                                                                                                   \
+            for (int m = 0; m < mc; m++)                                                                        \
+                for (int j = 0; j < valid; j++)                                                                 \
+                    y[(m0 + m) * ldy + j] = acc[m][j] + (bias ? bias[j] : 0.0f);                                \
+        }                                                                                                       \
+    }
+DEFINE_BLOCK_TILE(blocked_f32, float, load_row_f32)
+DEFINE_BLOCK_TILE(blocked_bf16, uint16_t, load_row_bf16)
 #elif TG_AVX2
 /* Eight 8-output vectors per panel row (slot s). fp32: outputs 8s..8s+7 as stored. bf16: a 32-byte load holds
  * words 8c..8c+7 of the row (c = s / 2), whose low halves are outputs off..off+7 and high halves off+16..off+23
@@ -256,10 +345,11 @@ static inline int off8_bf16(int s) { return 32 * (s >> 2) + 8 * ((s >> 1) & 1) +
             for (int v = 0; v < 4; v++)                                                                         \
                 acc[m][v] = (m < nt && v < nv && !first) ? _mm256_loadu_ps(acc_buf[m] + 8 * (s0 + v))           \
                                                          : _mm256_setzero_ps();                                 \
+        const int level = tg_pf_level;                                                                          \
         for (int64_t k = 0; k < kn; k++) {                                                                      \
             if (TG_PF && pf && (const char *)p + TG_PF < pf_end)                                                \
                 for (int64_t i = 0; i < (int64_t)sizeof(T) * PANEL; i += 64)                                    \
-                    _mm_prefetch((const char *)p + TG_PF + i, TG_PF_HINT);                                     \
+                    PF_LINE((const char *)p + TG_PF + i, level);                                                \
             __m256 w[4];                                                                                        \
             for (int v = 0; v < 4; v++) w[v] = v < nv ? SPAN_LOAD8(p, s0 + v) : _mm256_setzero_ps();            \
             for (int m = 0; m < 6; m++)                                                                         \
@@ -279,10 +369,11 @@ static inline int off8_bf16(int s) { return 32 * (s >> 2) + 8 * ((s >> 1) & 1) +
                                                                   const char *pf_end) {                         \
         __m256 acc[8];                                                                                          \
         for (int v = 0; v < 8; v++) acc[v] = first ? _mm256_setzero_ps() : _mm256_loadu_ps(acc_buf + 8 * v);   \
+        const int level = tg_pf_level;                                                                          \
         for (int64_t k = 0; k < kn; k++) {                                                                      \
             if (pf && (const char *)p + pf < pf_end)                                                            \
                 for (int64_t i = 0; i < (int64_t)sizeof(T) * PANEL; i += 64)                                    \
-                    _mm_prefetch((const char *)p + pf + i, TG_PF_HINT);                                        \
+                    PF_LINE((const char *)p + pf + i, level);                                                   \
             const __m256 xb = _mm256_set1_ps(x[k]);                                                             \
             for (int v = 0; v < 8; v++) acc[v] = _mm256_fmadd_ps(LOAD8(p, v), xb, acc[v]);                     \
             p += PANEL;                                                                                         \
@@ -384,6 +475,13 @@ static void gemm_panels(const float *x, int64_t M, int64_t K, int64_t ldx, const
         if (fmt == TG_BF16) tile_bf16(x, ldx, M, (const uint16_t *)P + p * K * PANEL, K, b, y + n, ldy, valid, pf_end);
         else tile_f32(x, ldx, M, (const float *)P + p * K * PANEL, K, b, y + n, ldy, valid, pf_end);
 #else
+#if TG_AVX512
+        if (M > MR) {
+            if (fmt == TG_BF16) blocked_bf16(x, ldx, M, (const uint16_t *)P + p * K * PANEL, K, b, y + n, ldy, valid, pf_end);
+            else blocked_f32(x, ldx, M, (const float *)P + p * K * PANEL, K, b, y + n, ldy, valid, pf_end);
+            continue;
+        }
+#endif
         for (int64_t m0 = 0; m0 < M; m0 += MR) {
             const float *xm = x + m0 * ldx;
             float *ym = y + m0 * ldy + n;
@@ -590,9 +688,10 @@ static inline __attribute__((always_inline)) void qgroup_tile(const uint8_t *w, 
     for (int m = 0; m < MQ; m++) acc[m] = _mm512_setzero_ps();
     const int64_t gbs = QG * block_bytes(fmt);
     const __m512i low = _mm512_set1_epi8(0x0F);
+    const int level = tg_pf_level;
     for (int64_t b = 0; b < nb; b++, w += gbs) {
         if (TG_PF && (const char *)w + TG_PF < pf_end)
-            for (int64_t i = 0; i < gbs; i += 64) _mm_prefetch((const char *)w + TG_PF + i, TG_PF_HINT);
+            for (int64_t i = 0; i < gbs; i += 64) PF_LINE((const char *)w + TG_PF + i, level);
         const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)w));
         __m512i v[8];
         if (fmt == TG_Q8_0) {
@@ -637,9 +736,10 @@ static inline __attribute__((always_inline)) void qgroup_tile(const uint8_t *w, 
     for (int m = 0; m < MQ; m++) acc[m][0] = acc[m][1] = _mm256_setzero_ps();
     const int64_t gbs = QG * block_bytes(fmt);
     const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1), flip = _mm256_set1_epi8((char)0x80);
+    const int level = tg_pf_level;
     for (int64_t b = 0; b < nb; b++, w += gbs) {
         if (TG_PF && (const char *)w + TG_PF < pf_end)
-            for (int64_t i = 0; i < gbs; i += 64) _mm_prefetch((const char *)w + TG_PF + i, TG_PF_HINT);
+            for (int64_t i = 0; i < gbs; i += 64) PF_LINE((const char *)w + TG_PF + i, level);
         for (int h = 0; h < 2; h++) {
             const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(w + 16 * h)));
             const uint8_t *qs = w + 2 * QG + 32 * h;
