@@ -933,6 +933,72 @@ int tg_linear(const float *x, int64_t M, int64_t K, int64_t ldx, const void *P, 
  * (one thread: router, top-k, each expert's tokens gathered) and `moe_experts` (every thread of a team).
  */
 static inline float silu(float v) { return v / (1.0f + expf(-v)); }
+#if TG_AVX512
+/* exp(x) on 16 lanes (softmax arguments, x <= 0; and silu's, see silu_mul): x = n ln2 + r with |r| <= ln2 / 2, exp(r) by Cephes'
+ * degree-6 polynomial, times 2^n by vscalefps (which flushes to 0 far below the normal range). Within 2 ulp of
+ * expf; the scalar loop the portable build keeps calls expf. */
+static inline __m512 exp16(__m512 x) {
+    x = _mm512_max_ps(x, _mm512_set1_ps(-104.0f));
+    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+    p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+    return _mm512_scalef_ps(p, n);
+}
+#endif
+
+#if TG_AVX2
+/* exp(x) on 8 lanes: exp16's reduction and polynomial, times 2^n built in the exponent bits; x is clamped to
+ * [-87, 88] so 2^n stays normal (for softmax, exp(-87) ~ 1.6e-38 is nothing beside the maximum's 1; for silu,
+ * v / (1 + exp(88)) for v <= -88 is within 1e-36 of its true value, as expf's infinity is). */
+static inline __m256 exp8(__m256 x) {
+    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.0f)), _mm256_set1_ps(88.0f));
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+#endif
+
+
+/* g[0:I] = silu(g[0:I]) * g[I:2I], the SwiGLU activation of one row: 16 (AVX-512) or 8 (AVX2) lanes at a time with
+ * exp16 / exp8 (within 2 ulp of expf) and an IEEE division, the tail with expf. A 16-stream decode step of the
+ * bench MoE takes 327,680 of them: ~0.95 ms with expf on a Zen 5 core (2.9 ns each), ~4% of the step. */
+static void silu_mul(float *g, int64_t I) {
+    int64_t i = 0;
+#if TG_AVX512
+    const __m512 one = _mm512_set1_ps(1.0f), sign = _mm512_set1_ps(-0.0f);
+    for (; i + 16 <= I; i += 16) {
+        const __m512 v = _mm512_loadu_ps(g + i);
+        const __m512 e = exp16(_mm512_xor_ps(v, sign));
+        _mm512_storeu_ps(g + i, _mm512_mul_ps(_mm512_div_ps(v, _mm512_add_ps(one, e)), _mm512_loadu_ps(g + I + i)));
+    }
+#elif TG_AVX2
+    const __m256 one = _mm256_set1_ps(1.0f), sign = _mm256_set1_ps(-0.0f);
+    for (; i + 8 <= I; i += 8) {
+        const __m256 v = _mm256_loadu_ps(g + i);
+        const __m256 e = exp8(_mm256_xor_ps(v, sign));
+        _mm256_storeu_ps(g + i, _mm256_mul_ps(_mm256_div_ps(v, _mm256_add_ps(one, e)), _mm256_loadu_ps(g + I + i)));
+    }
+#endif
+    for (; i < I; i++) g[i] = silu(g[i]) * g[I + i];
+}
 
 /* A MoE block's buffers, for up to M tokens of k_max experts among E, intermediate size I (one allocation). */
 typedef struct {
@@ -1069,7 +1135,7 @@ static void moe_experts(moe_work *w, const void *gate_up, const void *down, int 
 #pragma omp for schedule(static)
     for (int64_t a = 0; a < assignments; a++) { /* act[:, :I] = silu(gate) * up */
         float *g = act + a * 2 * I;
-        for (int64_t i = 0; i < I; i++) g[i] = silu(g[i]) * g[I + i];
+        silu_mul(g, I);
         if (quant) quantize_row_q8(g, I, w->act_d + a * (I / QK), w->act_q + a * I);
     }
     share(panels_of(H), tid, nth, &b, &e_); /* down */
@@ -1119,48 +1185,6 @@ int tg_moe(const float *x, int64_t M, int64_t H, const float *router, int64_t E,
  * are summed with the weights in registers. A speculative verify runs one such query per draft token, so
  * this cost is paid per verified row.
  */
-#if TG_AVX512
-/* exp(x) on 16 lanes for softmax arguments (x <= 0): x = n ln2 + r with |r| <= ln2 / 2, exp(r) by Cephes'
- * degree-6 polynomial, times 2^n by vscalefps (which flushes to 0 far below the normal range). Within 2 ulp of
- * expf; the scalar loop the portable build keeps calls expf. */
-static inline __m512 exp16(__m512 x) {
-    x = _mm512_max_ps(x, _mm512_set1_ps(-104.0f));
-    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-    p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-    return _mm512_scalef_ps(p, n);
-}
-#endif
-
-#if TG_AVX2
-/* exp(x) on 8 lanes for softmax arguments (x <= 0): exp16's reduction and polynomial, times 2^n built in the
- * exponent bits; x is clamped at -87 so 2^n stays normal (exp(-87) ~ 1.6e-38: nothing beside the maximum's 1). */
-static inline __m256 exp8(__m256 x) {
-    x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
-    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
-    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
-    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
-}
-#endif
-
 /* s[0:n] = exp(s[0:n] - mx); returns their sum (in a fixed order for a given n). */
 static float exp_shifted(float *s, int64_t n, float mx) {
 #if TG_AVX512

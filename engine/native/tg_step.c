@@ -250,7 +250,7 @@ static void step_layer(step_args *a, int l, int tid, int nth, int kthreads, int6
 #pragma omp barrier
         for (int64_t b = r0; b < r1; b++) { /* mlp[:, :I] = silu(gate) * up */
             float *g = a->mlp + b * 2 * I;
-            for (int64_t i = 0; i < I; i++) g[i] = silu(g[i]) * g[I + i];
+            silu_mul(g, I);
             if (quant) quantize_row_q8(g, I, a->xd + b * (I / QK), a->xq + b * I);
         }
 #pragma omp barrier

@@ -186,6 +186,25 @@ def test_bf16_moe_equals_the_fp32_kernel_on_bf16_exact_weights() -> None:
         ops.moe(x, router, ops.pack(gate_up, bf16=True), ops.pack(down), 2, None, True)
 
 
+SILU_EDGES = (-100.0, -88.5, -87.5, -30.0, -1.0, -1e-3, 0.0, 1e-3, 1.0, 20.0, 88.5, 100.0)
+
+
+def swiglu_of_identity(x: torch.Tensor) -> torch.Tensor:
+    """One expert whose gate, up and down projections are identities: the fused MoE's output is its SwiGLU
+    activation silu(x) * x, element by element (the products with 0 / 1 weights are exact)."""
+    n = x.shape[1]
+    eye = torch.eye(n)
+    return ops.moe(x, torch.zeros(1, n), ops.pack(torch.cat([eye, eye])[None]), ops.pack(eye[None]), 1, None, True)
+
+
+def test_the_swiglu_activation_matches_torch_over_the_whole_range(threads: int) -> None:
+    """silu_mul's vector exp (16 / 8 lanes, then a scalar tail: 43 columns) against torch, at the edges where
+    exp overflows or vanishes and on random values."""
+    g = torch.Generator().manual_seed(11)
+    x = torch.cat([torch.tensor(SILU_EDGES).repeat(4)[:43][None], 8 * torch.randn(6, 43, generator=g)])
+    torch.testing.assert_close(swiglu_of_identity(x), F.silu(x) * x, rtol=1e-6, atol=1e-30)
+
+
 @pytest.mark.process
 @pytest.mark.slow
 @pytest.mark.parametrize("march", ["x86-64-v3", "x86-64"])
@@ -228,6 +247,9 @@ def test_the_portable_build_without_avx512_computes_the_same(tmp_path: Path, mar
         "d, q = ops.quantize_rows_q8(xa)\n"
         "d_ref, q_ref = quant.quantize_activations(xa)\n"
         "assert torch.equal(d, d_ref) and torch.equal(q, q_ref)\n"
+        "from tests.engine.native.test_native import SILU_EDGES, swiglu_of_identity\n"
+        "xs = torch.cat([torch.tensor(SILU_EDGES).repeat(4)[:43][None], 8 * torch.randn(6, 43, generator=g)])\n"
+        "torch.testing.assert_close(swiglu_of_identity(xs), F.silu(xs) * xs, rtol=1e-6, atol=1e-30)\n"
         "kc, vc = torch.randn(3, 16, 2, 32, generator=g), torch.randn(3, 16, 2, 32, generator=g)\n"
         "qd = torch.randn(1, 4, 32, generator=g)  # one sequence of 37 keys in blocks 2, 0, 1; 2 query heads per KV head\n"
         "got = ops.paged_decode(qd, kc, vc, torch.tensor([[2, 0, 1]]), torch.tensor([37]), 0.2, None)\n"
