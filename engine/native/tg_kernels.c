@@ -197,37 +197,6 @@ static inline __attribute__((always_inline)) void load_row_bf16(const uint16_t *
         w[2 * h + 1] = _mm512_castsi512_ps(_mm512_and_si512(both, high));
     }
 }
-#define DEFINE_TILE(NAME, T, LOAD_ROW)                                                                          \
-    static inline __attribute__((always_inline)) void NAME(const float *x, int64_t ldx, const int mt,          \
-                                                            const T *p, int64_t K, const float *bias, float *y, \
-                                                            int64_t ldy, int valid, const char *pf_end) {       \
-        __m512 acc[MR][4];                                                                                      \
-        for (int m = 0; m < MR; m++)                                                                            \
-            for (int v = 0; v < 4; v++) acc[m][v] = _mm512_setzero_ps();                                        \
-        const int level = tg_pf_level;                                                                          \
-        for (int64_t k = 0; k < K; k++) {                                                                       \
-            __m512 w[4];                                                                                        \
-            if (TG_PF && (const char *)p + TG_PF < pf_end)                                                      \
-                for (int64_t i = 0; i < (int64_t)sizeof(T) * PANEL; i += 64)                                    \
-                    PF_LINE((const char *)p + TG_PF + i, level);                                                \
-            LOAD_ROW(p, w);                                                                                     \
-            for (int m = 0; m < MR; m++) {                                                                      \
-                if (m < mt) {                                                                                   \
-                    __m512 xb = _mm512_set1_ps(x[m * ldx + k]);                                                 \
-                    for (int v = 0; v < 4; v++) acc[m][v] = _mm512_fmadd_ps(w[v], xb, acc[m][v]);               \
-                }                                                                                               \
-            }                                                                                                   \
-            p += PANEL;                                                                                         \
-        }                                                                                                       \
-        for (int v = 0; v < 4; v++) {                                                                           \
-            int left = valid - v * 16;                                                                          \
-            if (left <= 0) break;                                                                               \
-            __mmask16 mask = left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1u);                   \
-            __m512 b = bias ? _mm512_maskz_loadu_ps(mask, bias + v * 16) : _mm512_setzero_ps();                 \
-            for (int m = 0; m < MR; m++)                                                                        \
-                if (m < mt) _mm512_mask_storeu_ps(y + m * ldy + v * 16, mask, _mm512_add_ps(acc[m][v], b));     \
-        }                                                                                                       \
-    }
 /* More tokens than one tile holds (M > MR): the panel is read in blocks of KB_BYTES (32 fp32 rows, 64 bf16),
  * each block once from memory by the first tile of a chunk of up to MC tokens and then from L1 by the chunk's
  * other tiles, the accumulators waiting in `acc` between blocks; while those run from L1, they prefetch the
@@ -241,7 +210,9 @@ static inline __attribute__((always_inline)) void load_row_bf16(const uint16_t *
  * tile. */
 #define KB_BYTES 8192
 #define MC 24
-#define DEFINE_BLOCK_TILE(NAME, T, LOAD_ROW)                                                                    \
+#define DEFINE_TILE(NAME, T, LOAD_ROW)                                                                          \
+    /* tokens 0..mt-1 (<= MR) over kn rows of a panel, into acc_buf (first: from zero; pf: the tile that streams \
+       the panel from memory) */                                                                                \
     static inline __attribute__((always_inline)) void NAME##_part(const float *x, int64_t ldx, const int mt,   \
                                                                    const T *p, int64_t kn, float acc_buf[][PANEL], \
                                                                    int first, int pf, const char *pf_end) {     \
@@ -271,8 +242,27 @@ static inline __attribute__((always_inline)) void load_row_bf16(const uint16_t *
             if (m < mt)                                                                                         \
                 for (int v = 0; v < 4; v++) _mm512_storeu_ps(acc_buf[m] + 16 * v, acc[m][v]);                  \
     }                                                                                                           \
-    static void NAME(const float *x, int64_t ldx, int64_t M, const T *panel, int64_t K, const float *bias,      \
-                     float *y, int64_t ldy, int valid, const char *pf_end) {                                    \
+    /* y[m, 0:valid] = x[m, :K] . panel (+ bias[0:valid]) for m < mt (<= MR): one tile, the panel streamed once */ \
+    static inline __attribute__((always_inline)) void NAME(const float *x, int64_t ldx, const int mt,          \
+                                                            const T *p, int64_t K, const float *bias, float *y, \
+                                                            int64_t ldy, int valid, const char *pf_end) {       \
+        float acc[MR][PANEL];                                                                                   \
+        NAME##_part(x, ldx, mt, p, K, acc, 1, 1, pf_end);                                                       \
+        for (int v = 0; v < 4; v++) {                                                                           \
+            int left = valid - v * 16;                                                                          \
+            if (left <= 0) break;                                                                               \
+            __mmask16 mask = left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1u);                   \
+            __m512 b = bias ? _mm512_maskz_loadu_ps(mask, bias + v * 16) : _mm512_setzero_ps();                 \
+            for (int m = 0; m < MR; m++)                                                                        \
+                if (m < mt) {                                                                                   \
+                    const __m512 sum = _mm512_add_ps(_mm512_loadu_ps(acc[m] + 16 * v), b);                      \
+                    _mm512_mask_storeu_ps(y + m * ldy + v * 16, mask, sum);                                     \
+                }                                                                                               \
+        }                                                                                                       \
+    }                                                                                                           \
+    /* the same for any M: chunks of MC tokens, the panel in blocks (above) */                                  \
+    static void NAME##_blocked(const float *x, int64_t ldx, int64_t M, const T *panel, int64_t K,               \
+                               const float *bias, float *y, int64_t ldy, int valid, const char *pf_end) {       \
         float acc[MC][PANEL];                                                                                   \
         const int64_t kb = KB_BYTES / ((int64_t)sizeof(T) * PANEL);                                             \
         for (int64_t m0 = 0; m0 < M; m0 += MC) {                                                                \
@@ -299,8 +289,6 @@ static inline __attribute__((always_inline)) void load_row_bf16(const uint16_t *
                     y[(m0 + m) * ldy + j] = acc[m][j] + (bias ? bias[j] : 0.0f);                                \
         }                                                                                                       \
     }
-DEFINE_BLOCK_TILE(blocked_f32, float, load_row_f32)
-DEFINE_BLOCK_TILE(blocked_bf16, uint16_t, load_row_bf16)
 #elif TG_AVX2
 /* Eight 8-output vectors per panel row (slot s). fp32: outputs 8s..8s+7 as stored. bf16: a 32-byte load holds
  * words 8c..8c+7 of the row (c = s / 2), whose low halves are outputs off..off+7 and high halves off+16..off+23
@@ -477,8 +465,8 @@ static void gemm_panels(const float *x, int64_t M, int64_t K, int64_t ldx, const
 #else
 #if TG_AVX512
         if (M > MR) {
-            if (fmt == TG_BF16) blocked_bf16(x, ldx, M, (const uint16_t *)P + p * K * PANEL, K, b, y + n, ldy, valid, pf_end);
-            else blocked_f32(x, ldx, M, (const float *)P + p * K * PANEL, K, b, y + n, ldy, valid, pf_end);
+            if (fmt == TG_BF16) tile_bf16_blocked(x, ldx, M, (const uint16_t *)P + p * K * PANEL, K, b, y + n, ldy, valid, pf_end);
+            else tile_f32_blocked(x, ldx, M, (const float *)P + p * K * PANEL, K, b, y + n, ldy, valid, pf_end);
             continue;
         }
 #endif
@@ -933,72 +921,7 @@ int tg_linear(const float *x, int64_t M, int64_t K, int64_t ldx, const void *P, 
  * (one thread: router, top-k, each expert's tokens gathered) and `moe_experts` (every thread of a team).
  */
 static inline float silu(float v) { return v / (1.0f + expf(-v)); }
-#if TG_AVX512
-/* exp(x) on 16 lanes (softmax arguments, x <= 0; and silu's, see silu_mul): x = n ln2 + r with |r| <= ln2 / 2, exp(r) by Cephes'
- * degree-6 polynomial, times 2^n by vscalefps (which flushes to 0 far below the normal range). Within 2 ulp of
- * expf; the scalar loop the portable build keeps calls expf. */
-static inline __m512 exp16(__m512 x) {
-    x = _mm512_max_ps(x, _mm512_set1_ps(-104.0f));
-    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-    p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-    return _mm512_scalef_ps(p, n);
-}
-#endif
-
-#if TG_AVX2
-/* exp(x) on 8 lanes: exp16's reduction and polynomial, times 2^n built in the exponent bits; x is clamped to
- * [-87, 88] so 2^n stays normal (for softmax, exp(-87) ~ 1.6e-38 is nothing beside the maximum's 1; for silu,
- * v / (1 + exp(88)) for v <= -88 is within 1e-36 of its true value, as expf's infinity is). */
-static inline __m256 exp8(__m256 x) {
-    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.0f)), _mm256_set1_ps(88.0f));
-    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
-    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
-    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
-}
-#endif
-
-
-/* g[0:I] = silu(g[0:I]) * g[I:2I], the SwiGLU activation of one row: 16 (AVX-512) or 8 (AVX2) lanes at a time with
- * exp16 / exp8 (within 2 ulp of expf) and an IEEE division, the tail with expf. A 16-stream decode step of the
- * bench MoE takes 327,680 of them: ~0.95 ms with expf on a Zen 5 core (2.9 ns each), ~4% of the step. */
-static void silu_mul(float *g, int64_t I) {
-    int64_t i = 0;
-#if TG_AVX512
-    const __m512 one = _mm512_set1_ps(1.0f), sign = _mm512_set1_ps(-0.0f);
-    for (; i + 16 <= I; i += 16) {
-        const __m512 v = _mm512_loadu_ps(g + i);
-        const __m512 e = exp16(_mm512_xor_ps(v, sign));
-        _mm512_storeu_ps(g + i, _mm512_mul_ps(_mm512_div_ps(v, _mm512_add_ps(one, e)), _mm512_loadu_ps(g + I + i)));
-    }
-#elif TG_AVX2
-    const __m256 one = _mm256_set1_ps(1.0f), sign = _mm256_set1_ps(-0.0f);
-    for (; i + 8 <= I; i += 8) {
-        const __m256 v = _mm256_loadu_ps(g + i);
-        const __m256 e = exp8(_mm256_xor_ps(v, sign));
-        _mm256_storeu_ps(g + i, _mm256_mul_ps(_mm256_div_ps(v, _mm256_add_ps(one, e)), _mm256_loadu_ps(g + I + i)));
-    }
-#endif
-    for (; i < I; i++) g[i] = silu(g[i]) * g[I + i];
-}
+static void silu_mul(float *g, int64_t I); /* the SwiGLU activation of one row (below, beside the vector exps) */
 
 /* A MoE block's buffers, for up to M tokens of k_max experts among E, intermediate size I (one allocation). */
 typedef struct {
@@ -1185,6 +1108,87 @@ int tg_moe(const float *x, int64_t M, int64_t H, const float *router, int64_t E,
  * are summed with the weights in registers. A speculative verify runs one such query per draft token, so
  * this cost is paid per verified row.
  */
+#if TG_AVX512
+/* exp(x) on 16 lanes (softmax arguments, x <= 0; and silu's, see silu_mul): x = n ln2 + r with |r| <= ln2 / 2, exp(r) by Cephes'
+ * degree-6 polynomial, times 2^n by vscalefps (which flushes to 0 far below the normal range). Within 2 ulp of
+ * expf; the scalar loop the portable build keeps calls expf. */
+static inline __m512 exp16(__m512 x) {
+    x = _mm512_max_ps(x, _mm512_set1_ps(-104.0f));
+    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+    p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+    return _mm512_scalef_ps(p, n);
+}
+#endif
+
+#if TG_AVX2
+/* exp(x) on 8 lanes: exp16's reduction and polynomial, times 2^n built in the exponent bits; x is clamped to
+ * [-87, 88] so 2^n stays normal (for softmax, exp(-87) ~ 1.6e-38 is nothing beside the maximum's 1; for silu,
+ * v / (1 + exp(88)) for v <= -88 is within 1e-36 of its true value, as expf's infinity is). */
+static inline __m256 exp8(__m256 x) {
+    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.0f)), _mm256_set1_ps(88.0f));
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+#endif
+
+/* g[0:I] = silu(g[0:I]) * g[I:2I], the SwiGLU activation of one row: 16 (AVX-512) or 8 (AVX2) lanes at a time with
+ * exp16 / exp8 (within 2 ulp of expf) and an IEEE division, the tail with expf. A 16-stream decode step of the
+ * bench MoE takes 327,680 of them: ~0.95 ms with expf on a Zen 5 core (2.9 ns each), ~4% of the step. */
+#if TG_AVX512 /* one vector of fp32 lanes, for the loops written once for both widths */
+typedef __m512 vf;
+#define VF_LANES 16
+#define vf_load _mm512_loadu_ps
+#define vf_store _mm512_storeu_ps
+#define vf_set1 _mm512_set1_ps
+#define vf_xor _mm512_xor_ps
+#define vf_add _mm512_add_ps
+#define vf_mul _mm512_mul_ps
+#define vf_div _mm512_div_ps
+#define vf_exp exp16
+#elif TG_AVX2
+typedef __m256 vf;
+#define VF_LANES 8
+#define vf_load _mm256_loadu_ps
+#define vf_store _mm256_storeu_ps
+#define vf_set1 _mm256_set1_ps
+#define vf_xor _mm256_xor_ps
+#define vf_add _mm256_add_ps
+#define vf_mul _mm256_mul_ps
+#define vf_div _mm256_div_ps
+#define vf_exp exp8
+#endif
+static void silu_mul(float *g, int64_t I) {
+    int64_t i = 0;
+#if TG_AVX512 || TG_AVX2
+    const vf one = vf_set1(1.0f), sign = vf_set1(-0.0f);
+    for (; i + VF_LANES <= I; i += VF_LANES) {
+        const vf v = vf_load(g + i);
+        vf_store(g + i, vf_mul(vf_div(v, vf_add(one, vf_exp(vf_xor(v, sign)))), vf_load(g + I + i)));
+    }
+#endif
+    for (; i < I; i++) g[i] = silu(g[i]) * g[I + i];
+}
+
 /* s[0:n] = exp(s[0:n] - mx); returns their sum (in a fixed order for a given n). */
 static float exp_shifted(float *s, int64_t n, float mx) {
 #if TG_AVX512
