@@ -142,8 +142,8 @@ void tg_pack_bf16(const float *W, int64_t N, int64_t K, int64_t ldw, uint16_t *P
  * rounds) the other way: 4-token products from DRAM fp32 / bf16 / q8_0 / q4_0 1.14x / 1.03x / 1.09x / 1.05x
  * faster with T0, 6 tokens 1.07x / 1.07x / 1.12x. The compiled default: T1 with AVX-512 (the Xeon measurement),
  * T0 otherwise (the AVX2 kernels' prefetch was tuned with it on AMD EPYC machines). Every kernel that
- * prefetches reads the level once per call (`pf_level`) and branches on it per prefetch, a branch that always
- * goes the same way. Results do not depend on it. */
+ * prefetches reads the level once per call (`tg_pf_level`, into a local) and branches on it per prefetch, a
+ * branch that always goes the same way (the same speed as the compiled hints, measured). Results do not depend on it. */
 #ifndef TG_PF_LEVEL
 #define TG_PF_LEVEL TG_AVX512
 #endif
@@ -203,8 +203,8 @@ static inline __attribute__((always_inline)) void load_row_bf16(const uint16_t *
  * next block (the same row of it, into L2: L1 holds the block in use), so the memory stream does not stop
  * while the core computes. Before, each tile streamed the whole panel, the first from DRAM and the rest from
  * L2, one after the other. On an AMD EPYC Zen 5 (2026-12-04, one core, fp32 panels from DRAM, interleaved
- * rounds, bit-identical outputs) 7 / 8 / 12 / 16 / 24 tokens 1.13x / 1.14x / 1.26x / 1.28x / 1.20x faster
- * (16 tokens: 19.6 -> 25.0 GB/s, ~100 GFMA/s, the core's FMA peak); bf16 7 / 8 tokens 1.10x / 1.07x, 12-24
+ * rounds, bit-identical outputs) 7 / 8 / 12 / 16 / 24 tokens 1.14x / 1.17x / 1.27x / 1.29x / 1.16x faster
+ * (16 tokens: 19.0 -> 24.5 GB/s, ~100 GFMA/s, the core's FMA peak); bf16 7 / 8 tokens 1.09x / 1.03x, 12-24
  * unchanged (their conversions make them compute-bound). Blocks of 64 / 128 / 32 KiB-equivalents and the next
  * block into L1 measured no better. Each output still sums its k in order, one FMA each: the same bits as one
  * tile. */
