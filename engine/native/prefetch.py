@@ -198,6 +198,23 @@ def _alternate(matrices: Sequence[ops.Packed], tokens: int, candidates: Sequence
     return seconds
 
 
+def _measure(packed: Iterable[ops.Packed], fmt: int | None, budget_bytes: int | None, tokens: int,
+             candidates: Sequence[int], get: Callable[[], int], apply: Callable[[int], object]) -> dict[int, float] | None:
+    """Time a ``tokens``-token product over ``packed``'s ``fmt`` matrices (see `_budgeted`) with each candidate
+    setting, leave the `pick` applied and return each candidate's median bytes/s; None (nothing changed) when
+    those weights fit in twice the last-level cache."""
+    matrices, total = _budgeted(packed, fmt, budget_bytes)
+    if total < 2 * last_level_cache_bytes():
+        return None
+    before = get()
+    try:
+        seconds = _alternate(matrices, tokens, candidates, apply)
+    finally:
+        apply(before)
+    apply(pick(seconds))
+    return {c: total / statistics.median(ts) for c, ts in seconds.items()}
+
+
 def calibrate_level(packed: Iterable[ops.Packed], budget_bytes: int | None = None) -> LevelChoice:
     """Choose the prefetch level for this process on ``packed`` (any format; see the module docstring) and set
     it; the first choice stands, later calls return it. ``budget_bytes``: how much of the weights a pass reads
@@ -211,16 +228,10 @@ def calibrate_level(packed: Iterable[ops.Packed], budget_bytes: int | None = Non
         set_level(LEVELS[configured])
         _level.append(LevelChoice(level(), "environment"))
         return _level[0]
-    matrices, total = _budgeted(packed, None, budget_bytes)
-    if total < 2 * last_level_cache_bytes():
+    measured = _measure(packed, None, budget_bytes, LEVEL_TOKENS, (level(), 1 - level()), level, set_level)
+    if measured is None:
         return LevelChoice(level(), "cached weights")  # not kept: a larger model may come later
-    compiled = level()
-    try:
-        seconds = _alternate(matrices, LEVEL_TOKENS, (compiled, 1 - compiled), set_level)
-    finally:
-        set_level(compiled)
-    set_level(pick(seconds))
-    _level.append(LevelChoice(level(), "measured", {c: total / statistics.median(ts) for c, ts in seconds.items()}))
+    _level.append(LevelChoice(level(), "measured", measured))
     return _level[0]
 
 
@@ -244,17 +255,11 @@ def _calibrate(packed: list[ops.Packed], fmt: int, budget_bytes: int | None) -> 
         set_row_prefetch(fmt, int(configured))
         _chosen[fmt] = Choice(fmt, row_prefetch(fmt), "environment")
         return _chosen[fmt]
-    matrices, total = _budgeted(packed, fmt, budget_bytes)
-    if total < 2 * last_level_cache_bytes():
+    measured = _measure(packed, fmt, budget_bytes, 1, CANDIDATES, lambda: row_prefetch(fmt),
+                        lambda d: set_row_prefetch(fmt, d))
+    if measured is None:
         return Choice(fmt, row_prefetch(fmt), "cached weights")  # not kept: a larger model may come later
-    before = row_prefetch(fmt)
-    try:
-        seconds = _alternate(matrices, 1, CANDIDATES, lambda d: set_row_prefetch(fmt, d))
-    finally:
-        set_row_prefetch(fmt, before)
-    distance = pick(seconds)
-    set_row_prefetch(fmt, distance)
-    _chosen[fmt] = Choice(fmt, distance, "measured", {d: total / statistics.median(ts) for d, ts in seconds.items()})
+    _chosen[fmt] = Choice(fmt, row_prefetch(fmt), "measured", measured)
     return _chosen[fmt]
 
 

@@ -143,7 +143,8 @@ void tg_pack_bf16(const float *W, int64_t N, int64_t K, int64_t ldw, uint16_t *P
  * faster with T0, 6 tokens 1.07x / 1.07x / 1.12x. The compiled default: T1 with AVX-512 (the Xeon measurement),
  * T0 otherwise (the AVX2 kernels' prefetch was tuned with it on AMD EPYC machines). Every kernel that
  * prefetches reads the level once per call (`tg_pf_level`, into a local) and branches on it per prefetch, a
- * branch that always goes the same way (the same speed as the compiled hints, measured). Results do not depend on it. */
+ * branch that always goes the same way (the same speed as the compiled hints, measured). Results do not depend
+ * on it. */
 #ifndef TG_PF_LEVEL
 #define TG_PF_LEVEL TG_AVX512
 #endif
