@@ -159,12 +159,13 @@ def test_bf16_panels_equal_f_linear_on_the_rounded_weights(m: int, k: int, n: in
         torch.testing.assert_close(ops.linear(x, packed, bias), F.linear(x, rounded, bias), rtol=1e-5, atol=1e-4)
 
 
+@pytest.mark.parametrize("k, n", [(200, 130), (520, 2100)])
 @pytest.mark.parametrize("bf16", [False, True])
-def test_each_row_of_a_batch_is_the_row_computed_alone(bf16: bool, threads: int) -> None:
+def test_each_row_of_a_batch_is_the_row_computed_alone(bf16: bool, threads: int, k: int, n: int) -> None:
     """Bit for bit: a speculative verify's rows, and continuous batching, must give what one sequence decoding
     alone gets (greedy identity). Batches of every tile shape, chunks beyond one register tile, K across
-    several cache blocks and a partial panel."""
-    k, n = 200, 130
+    several cache blocks and a partial panel; 520 x 2100 is over 1 MiB a thread even in bf16 on two threads,
+    where the AVX2 passes after a block's first prefetch the next block (TG_NEXT_MIN)."""
     w, b = torch.randn(n, k, generator=_gen(7)), torch.randn(n, generator=_gen(8))
     x = torch.randn(40, k, generator=_gen(9))
     packed = ops.pack(w, bf16=bf16)
@@ -235,6 +236,12 @@ def test_the_portable_build_without_avx512_computes_the_same(tmp_path: Path, mar
         "    alone = torch.cat([ops.linear(x[i:i + 1], p, b) for i in range(30)])\n"
         "    for m in (2, 3, 4, 5, 7, 30):\n"
         "        assert torch.equal(ops.linear(x[:m], p, b), alone[:m]), (bf16, m)\n"
+        "wl, xl = torch.randn(2100, 520, generator=g), torch.randn(8, 520, generator=g)  # > 1 MiB: next-block prefetch\n"
+        "for bf16 in (False, True):\n"
+        "    p = ops.pack(wl, bf16=bf16)\n"
+        "    alone = torch.cat([ops.linear(xl[i:i + 1], p) for i in range(8)])\n"
+        "    for m in (2, 4, 6, 8):\n"
+        "        assert torch.equal(ops.linear(xl[:m], p), alone[:m]), (bf16, m)\n"
         "from engine import quant\n"
         "for m in (1, 5):\n"
         "    xq = torch.randn(m, 96, generator=g)\n"
