@@ -328,10 +328,10 @@ static inline int off8_bf16(int s) { return 32 * (s >> 2) + 8 * ((s >> 1) & 1) +
  * others. Only for a thread's share of a product of at least TG_NEXT_MIN bytes: smaller ones are often in cache,
  * where the extra prefetches only cost (a 256 KiB panel in L2: ~5-15% slower with them). On an AMD EPYC Zen 3
  * (AVX2, 2026-12-04, one core, 40 fp32 2560x768 matrices from DRAM, builds alternated round by round, outputs
- * bit-identical) 2 / 4 / 6 / 8 tokens 1.10-1.16x / 1.18-1.33x / 1.15-1.39x / 1.08-1.37x faster (16: within the
- * run-to-run noise of +-8%), bf16 1.11x / 1.37x / 1.22x / 1.10x; the bench MoE's 16-stream decode 1.27x. Only
- * the second pass prefetching: 1.16x at 4 tokens against 1.30x (a prefetch dropped is not asked again); one line
- * per pass instead of the row: no better within the noise. */
+ * bit-identical) 2 / 4 / 6 / 8 tokens 1.09-1.13x / 1.18-1.31x / 1.38-1.50x / 1.27-1.41x faster (16: 0.98-1.19x,
+ * compute-bound), bf16 1.11x / 1.37x / 1.22x / 1.10x; the bench MoE's 16-stream decode 1.27x. Only the second
+ * pass prefetching: 1.16x at 4 tokens against 1.30x (a prefetch dropped is not asked again); one line per pass
+ * spread over the block 1.15x against 1.31x; two blocks ahead 1.14x against 1.29x. */
 #define TG_NEXT_MIN (1 << 20)
 #define NEXT_PASSES 3
 #define DEFINE_TILE(NAME, T, LOAD8, SPAN_LOAD8, OFF8) /* SPAN_LOAD8: a loader without a mask register */    \
