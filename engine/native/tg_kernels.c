@@ -326,17 +326,18 @@ static inline int off8_bf16(int s) { return 32 * (s >> 2) + 8 * ((s >> 1) & 1) +
  * (each the row of it at their own k, every line, into L2), so the memory stream goes on while the core computes;
  * before, only the first pass prefetched (TG_PF ahead, inside the block), and the memory stood idle during the
  * others. Only for a thread's share of a product of at least TG_NEXT_MIN bytes: smaller ones are often in cache,
- * where the extra prefetches only cost (a 256 KiB panel in L2: ~5-15% slower with them). On an AMD EPYC Zen 3
- * (AVX2, 2026-12-04, one core, 40 fp32 2560x768 matrices from DRAM, builds alternated round by round, outputs
- * bit-identical) 2 / 4 / 6 / 8 tokens 1.09-1.13x / 1.18-1.31x / 1.38-1.50x / 1.27-1.41x faster (16: 0.98-1.19x,
- * compute-bound), bf16 1.11x / 1.37x / 1.22x / 1.10x; the bench MoE's 16-stream decode 1.27x. Only the second
- * pass prefetching: 1.16x at 4 tokens against 1.30x (a prefetch dropped is not asked again); one line per pass
- * spread over the block 1.15x against 1.31x; two blocks ahead 1.14x against 1.29x. */
+ * where the extra prefetches only cost (a 256 KiB panel in L2, 2-24 tokens: 6-29% slower with them). On an
+ * AMD EPYC Zen 3 (AVX2, 2026-12-04, one core, 40 fp32 2560x768 matrices from DRAM, builds alternated round by
+ * round, outputs bit-identical) 2 / 4 / 6 / 8 tokens 1.09-1.13x / 1.18-1.31x / 1.38-1.50x / 1.27-1.41x faster
+ * (16: 0.98-1.19x, compute-bound), bf16 1.11x / 1.37x / 1.22x / 1.10x; the bench MoE's 16-stream decode 1.27x.
+ * Only the second pass prefetching: 1.16x at 4 tokens against 1.30x (a prefetch dropped is not asked again);
+ * one line per pass spread over the block 1.15x against 1.31x; two blocks ahead 1.14x against 1.29x. */
 #define TG_NEXT_MIN (1 << 20)
 #define NEXT_PASSES 3
 #define DEFINE_TILE(NAME, T, LOAD8, SPAN_LOAD8, OFF8) /* SPAN_LOAD8: a loader without a mask register */    \
     /* nt (<= 6) tokens over nv (2 or 4) 8-output slots from slot s0: per k the nv weight vectors, then each    \
-       token's broadcast and its nv FMAs (nt * nv <= 12 accumulators) */                                        \
+       token's broadcast and its nv FMAs (nt * nv <= 12 accumulators). pf: 1 streams the panel (every line of   \
+       the row TG_PF ahead), 2 prefetches the next block's row into L2 (above), 0 neither */                     \
     static inline __attribute__((always_inline)) void NAME##_span(const float *x, int64_t ldx, const int nt,    \
                                                                    const int nv, const int s0, const T *p,      \
                                                                    int64_t kn, float acc_buf[][PANEL],          \
