@@ -331,7 +331,11 @@ static inline int off8_bf16(int s) { return 32 * (s >> 2) + 8 * ((s >> 1) & 1) +
  * round, outputs bit-identical) 2 / 4 / 6 / 8 tokens 1.09-1.13x / 1.18-1.31x / 1.38-1.50x / 1.27-1.41x faster
  * (16: 0.98-1.19x, compute-bound), bf16 1.11x / 1.37x / 1.22x / 1.10x; the bench MoE's 16-stream decode 1.27x.
  * Only the second pass prefetching: 1.16x at 4 tokens against 1.30x (a prefetch dropped is not asked again);
- * one line per pass spread over the block 1.15x against 1.31x; two blocks ahead 1.14x against 1.29x. */
+ * one line per pass spread over the block 1.15x against 1.31x; two blocks ahead 1.14x against 1.29x.
+ * The span's weight vectors are pinned to registers (an empty asm): gcc otherwise folded each fp32 load into every
+ * token's FMA, so a pair over a half loaded each weight twice (ten loads for eight FMAs, more than this core's two
+ * 256-bit loads a cycle feed): 2 / 4 tokens from L2 1.17x / 1.18x (26.2 -> 30.7, 30.4 -> 35.8 GMAC/s), from
+ * DRAM and at 5+ tokens unchanged within the noise. */
 #define TG_NEXT_MIN (1 << 20)
 #define NEXT_PASSES 3
 #define DEFINE_TILE(NAME, T, LOAD8, SPAN_LOAD8, OFF8) /* SPAN_LOAD8: a loader without a mask register */    \
@@ -357,6 +361,8 @@ static inline int off8_bf16(int s) { return 32 * (s >> 2) + 8 * ((s >> 1) & 1) +
                 }                                                                                               \
             __m256 w[4];                                                                                        \
             for (int v = 0; v < 4; v++) w[v] = v < nv ? SPAN_LOAD8(p, s0 + v) : _mm256_setzero_ps();            \
+            for (int v = 0; v < 4; v++)                                                                         \
+                if (v < nv) __asm__("" : "+x"(w[v])); /* pinned to a register (the note above) */             \
             for (int m = 0; m < 6; m++)                                                                         \
                 if (m < nt) {                                                                                   \
                     const __m256 xb = _mm256_set1_ps(x[m * ldx + k]);                                           \
