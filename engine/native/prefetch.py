@@ -129,7 +129,7 @@ class LevelChoice:
 
 
 _chosen: dict[int, Choice] = {}  # by panel format, once per process
-_level: list[LevelChoice] = []  # at most one: the process's level, once decided
+_level: LevelChoice | None = None  # the process's level, once decided
 
 
 def last_level_cache_bytes() -> int:
@@ -219,20 +219,21 @@ def calibrate_level(packed: Iterable[ops.Packed], budget_bytes: int | None = Non
     """Choose the prefetch level for this process on ``packed`` (any format; see the module docstring) and set
     it; the first choice stands, later calls return it. ``budget_bytes``: how much of the weights a pass reads
     (default four times the last-level cache)."""
-    if _level:
-        return _level[0]
+    global _level
+    if _level is not None:
+        return _level
     configured = os.environ.get(LEVEL_ENV, "").strip().lower()
     if configured:
         if configured not in LEVELS:
             raise ValueError(f"{LEVEL_ENV} must be one of {sorted(LEVELS)}, got {configured!r}")
         set_level(LEVELS[configured])
-        _level.append(LevelChoice(level(), "environment"))
-        return _level[0]
+        _level = LevelChoice(level(), "environment")
+        return _level
     measured = _measure(packed, None, budget_bytes, LEVEL_TOKENS, (level(), 1 - level()), level, set_level)
     if measured is None:
         return LevelChoice(level(), "cached weights")  # not kept: a larger model may come later
-    _level.append(LevelChoice(level(), "measured", measured))
-    return _level[0]
+    _level = LevelChoice(level(), "measured", measured)
+    return _level
 
 
 def calibrate(packed: Iterable[ops.Packed], budget_bytes: int | None = None) -> list[Choice]:
@@ -270,4 +271,4 @@ def current(fmt: int) -> Choice | None:
 
 def current_level() -> LevelChoice | None:
     """This process's level so far (None before a model large enough to measure on)."""
-    return _level[0] if _level else None
+    return _level

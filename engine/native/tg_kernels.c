@@ -1141,8 +1141,8 @@ int tg_moe(const float *x, int64_t M, int64_t H, const float *router, int64_t E,
  * this cost is paid per verified row.
  */
 #if TG_AVX512
-/* exp(x) on 16 lanes (softmax arguments, x <= 0; and silu's, see silu_mul): x = n ln2 + r with |r| <= ln2 / 2, exp(r) by Cephes'
- * degree-6 polynomial, times 2^n by vscalefps (which flushes to 0 far below the normal range). Within 2 ulp of
+/* exp(x) on 16 lanes (softmax arguments, x <= 0; and silu's, see silu_mul): x = n ln2 + r with |r| <= ln2 / 2,
+ * exp(r) by Cephes' degree-6 polynomial, times 2^n by vscalefps (which flushes to 0 far below the normal range). Within 2 ulp of
  * expf; the scalar loop the portable build keeps calls expf. */
 static inline __m512 exp16(__m512 x) {
     x = _mm512_max_ps(x, _mm512_set1_ps(-104.0f));

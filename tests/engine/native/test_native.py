@@ -190,6 +190,12 @@ def test_bf16_moe_equals_the_fp32_kernel_on_bf16_exact_weights() -> None:
 SILU_EDGES = (-100.0, -88.5, -87.5, -30.0, -1.0, -1e-3, 0.0, 1e-3, 1.0, 20.0, 88.5, 100.0)
 
 
+def silu_inputs(g: torch.Generator) -> torch.Tensor:
+    """Rows of 43 columns (the vector lanes, then a scalar tail): the edges where exp overflows or vanishes, and
+    random values."""
+    return torch.cat([torch.tensor(SILU_EDGES).repeat(4)[:43][None], 8 * torch.randn(6, 43, generator=g)])
+
+
 def swiglu_of_identity(x: torch.Tensor) -> torch.Tensor:
     """One expert whose gate, up and down projections are identities: the fused MoE's output is its SwiGLU
     activation silu(x) * x, element by element (the products with 0 / 1 weights are exact)."""
@@ -201,8 +207,7 @@ def swiglu_of_identity(x: torch.Tensor) -> torch.Tensor:
 def test_the_swiglu_activation_matches_torch_over_the_whole_range(threads: int) -> None:
     """silu_mul's vector exp (16 / 8 lanes, then a scalar tail: 43 columns) against torch, at the edges where
     exp overflows or vanishes and on random values."""
-    g = torch.Generator().manual_seed(11)
-    x = torch.cat([torch.tensor(SILU_EDGES).repeat(4)[:43][None], 8 * torch.randn(6, 43, generator=g)])
+    x = silu_inputs(torch.Generator().manual_seed(11))
     torch.testing.assert_close(swiglu_of_identity(x), F.silu(x) * x, rtol=1e-6, atol=1e-30)
 
 
@@ -254,8 +259,8 @@ def test_the_portable_build_without_avx512_computes_the_same(tmp_path: Path, mar
         "d, q = ops.quantize_rows_q8(xa)\n"
         "d_ref, q_ref = quant.quantize_activations(xa)\n"
         "assert torch.equal(d, d_ref) and torch.equal(q, q_ref)\n"
-        "from tests.engine.native.test_native import SILU_EDGES, swiglu_of_identity\n"
-        "xs = torch.cat([torch.tensor(SILU_EDGES).repeat(4)[:43][None], 8 * torch.randn(6, 43, generator=g)])\n"
+        "from tests.engine.native.test_native import silu_inputs, swiglu_of_identity\n"
+        "xs = silu_inputs(g)\n"
         "torch.testing.assert_close(swiglu_of_identity(xs), F.silu(xs) * xs, rtol=1e-6, atol=1e-30)\n"
         "kc, vc = torch.randn(3, 16, 2, 32, generator=g), torch.randn(3, 16, 2, 32, generator=g)\n"
         "qd = torch.randn(1, 4, 32, generator=g)  # one sequence of 37 keys in blocks 2, 0, 1; 2 query heads per KV head\n"

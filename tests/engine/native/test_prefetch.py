@@ -20,7 +20,7 @@ def _fresh_choice(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     before = {fmt: prefetch.row_prefetch(fmt) for fmt in (ops.F32, ops.BF16)}
     level = prefetch.level()
     monkeypatch.setattr(prefetch, "_chosen", {})
-    monkeypatch.setattr(prefetch, "_level", [])
+    monkeypatch.setattr(prefetch, "_level", None)
     monkeypatch.delenv(prefetch.ENV, raising=False)
     monkeypatch.delenv(prefetch.LEVEL_ENV, raising=False)
     yield
@@ -166,7 +166,7 @@ def test_the_level_is_left_alone_on_cached_weights_and_set_by_the_environment(mo
     chosen = prefetch.calibrate_level([_stack()])
     assert (chosen.level, chosen.reason, prefetch.level()) == (0, "environment", 0)
     assert chosen.describe() == "weight prefetch into L1 (environment)"
-    monkeypatch.setattr(prefetch, "_level", [])
+    monkeypatch.setattr(prefetch, "_level", None)
     monkeypatch.setenv(prefetch.LEVEL_ENV, "l3")
     with pytest.raises(ValueError, match="TIERGATE_NATIVE_PREFETCH_LEVEL must be one of"):
         prefetch.calibrate_level([_stack()])
