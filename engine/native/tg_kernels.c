@@ -1318,9 +1318,43 @@ static inline float dot_row(const float *q, const float *k, int64_t D) {
     return dot;
 }
 
+/* Prefetching a paged decode's keys. A decode step streams the weights between one layer's attention and the
+ * next, so every K and V row comes from DRAM, one head's D floats every Hkv * D floats (one slot per token),
+ * 16-token blocks scattered: a walk the hardware prefetchers do not run ahead of. On a Zen 5 core (2026-12-04)
+ * the bench MoE's attention over 16 sequences of up to 48 tokens took 1.1-1.5 ms a step from memory against
+ * 0.35 ms from cache, and 14 ms at 512 tokens. So each pair asks for its rows into L2 ahead of use: the first
+ * PAIR_PF_KEYS keys of the pair two turns ahead of the one a thread computes (`paged_pair_prefetch`), and,
+ * while scoring, the key PAIR_PF_KEYS ahead of the one scored. 8 layers, 16 sequences, one thread, cache
+ * cold (a 256 MiB read in between): up to 48 tokens 1.49 -> 0.93 ms, 128 tokens 3.8 -> 2.2 ms, 512 tokens
+ * 14.2 -> 6.9 ms. Only prefetches: the results are the same bits. */
+#define PAIR_PF_KEYS 32
+#define PAIRS_AHEAD 2
+static inline void prefetch_key_rows(const float *k_row, const float *v_row, int64_t D) {
+    for (int64_t d = 0; d < D; d += 16) { /* 64-byte lines, into L2 */
+        __builtin_prefetch(k_row + d, 0, 2);
+        __builtin_prefetch(v_row + d, 0, 2);
+    }
+}
+
+/* The K and V rows of the first PAIR_PF_KEYS keys pair p of a paged decode reads. */
+static void paged_pair_prefetch(const float *k_cache, const float *v_cache, const int64_t *block_tables, int64_t width,
+                                const int64_t *context_lens, int64_t Hkv, int64_t D, int64_t block_size, int64_t window,
+                                int64_t p) {
+    const int64_t row = Hkv * D, b = p / Hkv, h = p % Hkv, L = context_lens[b];
+    const int64_t first = window > 0 && L > window ? L - window : 0;
+    const int64_t last = L - first > PAIR_PF_KEYS ? first + PAIR_PF_KEYS : L;
+    const int64_t *table = block_tables + b * width;
+    for (int64_t t = first; t < last;) {
+        int64_t off = t % block_size, len = block_size - off < last - t ? block_size - off : last - t;
+        const int64_t at = ((table[t / block_size] * block_size + off) * Hkv + h) * D;
+        for (int64_t i = 0; i < len; i++) prefetch_key_rows(k_cache + at + i * row, v_cache + at + i * row, D);
+        t += len;
+    }
+}
+
 /* One (sequence b, KV head h) pair of a paged decode: the scores of its `group` query heads over the keys, walked
  * block by block (each K/V row read once for all of them), softmax, then the weighted V rows. `scores` holds
- * group * max_len floats. */
+ * group * max_len floats. Its keys past the first PAIR_PF_KEYS are prefetched as it scores (see above). */
 static void paged_pair(const float *q, const float *k_cache, const float *v_cache, const int64_t *block_tables,
                        int64_t width, const int64_t *context_lens, int64_t Hq, int64_t Hkv, int64_t D,
                        int64_t block_size, float scale, int64_t window, float *out, int64_t max_len, float *scores,
@@ -1331,11 +1365,26 @@ static void paged_pair(const float *q, const float *k_cache, const float *v_cach
     int64_t first = window > 0 && L > window ? L - window : 0, n = L - first;
     const int64_t *table = block_tables + b * width;
     const float *qh = q + (b * Hq + h * group) * D;
+    int64_t ahead = first + PAIR_PF_KEYS, ahead_off = ahead % block_size; /* the key prefetched next, its slot */
+    int64_t ahead_at = ahead < L ? ((table[ahead / block_size] * block_size + ahead_off) * Hkv + h) * D : 0;
     for (int64_t t = first; t < L;) {
         int64_t off = t % block_size, len = block_size - off < L - t ? block_size - off : L - t;
         const float *kv = k_cache + ((table[t / block_size] * block_size + off) * Hkv + h) * D;
-        for (int64_t i = 0; i < len; i++, kv += row)
-            for (int64_t g = 0; g < group; g++) scores[g * max_len + t - first + i] = dot_row(qh + g * D, kv, D) * scale;
+        for (int64_t i = 0; i < len; i++, kv += row) {
+            if (ahead < L) {
+                prefetch_key_rows(k_cache + ahead_at, v_cache + ahead_at, D);
+                if (++ahead < L) {
+                    if (++ahead_off == block_size) {
+                        ahead_off = 0;
+                        ahead_at = table[ahead / block_size] * block_size * row + h * D;
+                    } else {
+                        ahead_at += row;
+                    }
+                }
+            }
+            for (int64_t g = 0; g < group; g++)
+                scores[g * max_len + t - first + i] = dot_row(qh + g * D, kv, D) * scale;
+        }
         t += len;
     }
     for (int64_t g = 0; g < group; g++) {
@@ -1373,9 +1422,16 @@ static int paged_decode_share(const float *q, const float *k_cache, const float 
     if (tid >= pairs) return 0;
     float *scores = malloc(sizeof(float) * (max_len > 0 ? max_len : 1) * (Hq / Hkv));
     if (!scores) return -1;
-    for (int64_t p = tid; p < pairs; p += nth)
+    for (int64_t a = 0; a < PAIRS_AHEAD && tid + a * nth < pairs; a++)
+        paged_pair_prefetch(k_cache, v_cache, block_tables, width, context_lens, Hkv, D, block_size, window,
+                            tid + a * nth);
+    for (int64_t p = tid; p < pairs; p += nth) {
+        if (p + PAIRS_AHEAD * nth < pairs)
+            paged_pair_prefetch(k_cache, v_cache, block_tables, width, context_lens, Hkv, D, block_size, window,
+                                p + PAIRS_AHEAD * nth);
         paged_pair(q, k_cache, v_cache, block_tables, width, context_lens, Hq, Hkv, D, block_size, scale, window, out,
                    max_len, scores, p);
+    }
     free(scores);
     return 0;
 }

@@ -78,10 +78,11 @@ def test_paged_decode_equals_torch_decode(window: int | None, threads: int) -> N
 
 
 @pytest.mark.parametrize("d", [32, 24, 64])
-@pytest.mark.parametrize("window", [None, 21])
+@pytest.mark.parametrize("window", [None, 21, 40])
 def test_paged_decode_over_many_blocks_equals_torch_decode(d: int, window: int | None, threads: int) -> None:
-    """Contexts spanning many scattered blocks and ending mid-block, a window starting mid-block, four query
-    heads per KV head, head sizes on and off the 16-lane path: the kernel walks the cache block by block."""
+    """Contexts spanning many scattered blocks and ending mid-block, windows starting mid-block (at 40, the keys past
+    the first 32, which the kernel prefetches as it scores, cross a block), four query heads per KV head, head
+    sizes on and off the 16-lane path: the kernel walks the cache block by block."""
     batch, n_q, n_kv, block, blocks = 4, 8, 2, 16, 40
     k_cache = torch.randn(blocks, block, n_kv, d, generator=_gen(4))
     v_cache = torch.randn(blocks, block, n_kv, d, generator=_gen(5))
