@@ -9,14 +9,15 @@ process-wide knobs, neither of which changes a bit of any result:
   and 23.8 / 17.6 with L2); on an AMD EPYC Zen 5 the other way (one core, 4 tokens: fp32 1.14x, q8_0 1.09x
   faster with L1). `calibrate_level` times a 4-token product (what a MoE expert sees under concurrent decoding,
   and a short verify step) over the model's own weights, every format, at both levels, alternating.
-- **The one-token distance** (`set_row_prefetch`): how far ahead the AVX2 kernels' one-token loop prefetches
-  each panel row (0: not at all). On one AVX2 EPYC it took a batch-1 product from 8-13 to 16-17 GB/s, on
-  another it cost 13% (19.4 GB/s without, 17.1 with; there the hardware prefetchers keep more lines in flight
-  than the few L1 fill buffers a software prefetch holds). `calibrate` times a one-token product with it on and
-  off, fp32 and bf16 panels apart (bf16 reads half the bytes and converts each weight: on the machine above it
-  made no difference there). The AVX-512 tiles do not read it, and nothing is measured there.
+- **The one-token distance** (`set_row_prefetch`): how far ahead a one-token product (the AVX2 one-token loop,
+  the AVX-512 one-token tile) prefetches each panel row (0: not at all). On one AVX2 EPYC it took a batch-1
+  product from 8-13 to 16-17 GB/s, on another it cost 13% (19.4 GB/s without, 17.1 with; there the hardware
+  prefetchers keep more lines in flight than the few L1 fill buffers a software prefetch holds); on an AMD EPYC
+  Zen 5 (AVX-512) it cost 4-6% for fp32 panels and 3% for bf16 (one core, 40 fp32 2560x768 matrices from DRAM,
+  builds alternated: 35.2 GB/s with it, 36.7 without). `calibrate` times a one-token product with it on and off,
+  fp32 and bf16 panels apart (bf16 reads half the bytes and converts each weight).
 
-Each keeps the compiled setting unless another is faster by more than `MARGIN` (medians of `ROUNDS` alternating
+Each keeps the library's setting unless the other is faster by more than `MARGIN` (medians of `ROUNDS` alternating
 passes, ~0.1 s each). Only weights that do not fit in the last-level cache are worth the measurement: a model
 whose packed weights are under twice its size streams them from cache, and the setting stays as it is until a
 larger model comes. ``TIERGATE_NATIVE_PREFETCH_LEVEL`` (``l1`` / ``l2``) and ``TIERGATE_NATIVE_ROW_PREFETCH``
@@ -41,10 +42,10 @@ from engine.native import ops
 ENV = "TIERGATE_NATIVE_ROW_PREFETCH"
 LEVEL_ENV = "TIERGATE_NATIVE_PREFETCH_LEVEL"
 LEVELS = {"l1": 0, "l2": 1}
-COMPILED = 8192  # tg_kernels.c's TG_PF: the distance the library starts with
-CANDIDATES = (COMPILED, 0)  # the compiled distance first: it stays unless another is clearly faster
+DISTANCE = 8192  # tg_kernels.c's TG_PF: the distance tried against none (AVX2 builds start with it, AVX-512 without)
+CANDIDATES = (DISTANCE, 0)  # timed with the library's current one first: it stays unless the other is clearly faster
 LEVEL_TOKENS = 4  # tokens of the product the level is timed on
-MARGIN = 1.03  # another setting must be this much faster (medians) to replace the compiled one
+MARGIN = 1.03  # another setting must be this much faster (medians) to replace the current one
 ROUNDS = 5
 DEFAULT_LLC = 32 << 20
 
@@ -52,7 +53,7 @@ DEFAULT_LLC = 32 << 20
 # -- the knobs ----------------------------------------------------------------------------------------
 def set_row_prefetch(fmt: int, nbytes: int) -> int:
     """Set how far ahead (bytes, rounded down to a cache line; 0: not at all) a one-token product over ``fmt``
-    panels (`ops.F32` or `ops.BF16`) prefetches its weights on the AVX2 kernels; returns the previous distance."""
+    panels (`ops.F32` or `ops.BF16`) prefetches its weights; returns the previous distance."""
     if fmt not in (ops.F32, ops.BF16):
         raise ValueError("the prefetch distance is set for fp32 or bf16 panels")
     return int(ops.library().tg_set_row_prefetch(fmt, nbytes))
@@ -75,11 +76,6 @@ def set_level(level: int) -> int:
 
 def level() -> int:
     return int(ops.library().tg_prefetch_level())
-
-
-def has_avx512() -> bool:
-    """Whether the library was built for AVX-512 (its tiles, not the AVX2 loops, run the products)."""
-    return bool(ops.library().tg_has_avx512())
 
 
 # -- the choices --------------------------------------------------------------------------------------
@@ -149,7 +145,7 @@ def last_level_cache_bytes() -> int:
 
 def pick(seconds: dict[int, list[float]]) -> int:
     """The setting to keep from each candidate's pass times: the fastest median if it beats the first
-    candidate's (the compiled setting) by ``MARGIN``, else the first."""
+    candidate's (the setting in use) by ``MARGIN``, else the first."""
     first = next(iter(seconds))
     medians = {d: statistics.median(ts) for d, ts in seconds.items()}
     best = min(medians, key=lambda d: medians[d])
@@ -240,9 +236,7 @@ def calibrate(packed: Iterable[ops.Packed], budget_bytes: int | None = None) -> 
     """Choose the one-token prefetch distance of each panel format among ``packed`` for this process (see the
     module docstring) and set it; a format's first choice stands, later calls return it. ``budget_bytes``:
     how much of the weights a pass reads (default four times the last-level cache). Quantized blocks are not
-    read by the loop this tunes and are left out; with AVX-512 tiles nothing reads it (no choice)."""
-    if has_avx512():
-        return []
+    read by the loops this tunes and are left out."""
     matrices = list(packed)
     return [_calibrate(matrices, fmt, budget_bytes) for fmt in (ops.F32, ops.BF16)
             if any(p.fmt == fmt for p in matrices)]
@@ -256,7 +250,8 @@ def _calibrate(packed: list[ops.Packed], fmt: int, budget_bytes: int | None) -> 
         set_row_prefetch(fmt, int(configured))
         _chosen[fmt] = Choice(fmt, row_prefetch(fmt), "environment")
         return _chosen[fmt]
-    measured = _measure(packed, fmt, budget_bytes, 1, CANDIDATES, lambda: row_prefetch(fmt),
+    candidates = sorted(CANDIDATES, key=lambda d: d != row_prefetch(fmt))  # the current one first
+    measured = _measure(packed, fmt, budget_bytes, 1, candidates, lambda: row_prefetch(fmt),
                         lambda d: set_row_prefetch(fmt, d))
     if measured is None:
         return Choice(fmt, row_prefetch(fmt), "cached weights")  # not kept: a larger model may come later

@@ -170,10 +170,13 @@ int tg_prefetch_level(void) { return tg_pf_level; }
  * EPYC it took a product from 8-13 to 16-17 GB/s (the note above); on another (2026-12-03) the same product
  * without it streamed 13% faster (19.4 against 17.1 GB/s, fp32 panels from DRAM on one core, interleaved
  * rounds), the hardware prefetchers then keeping more lines in flight than L1's fill buffers allow; bf16 panels
- * (half the bytes, a conversion per weight) showed no difference. One distance per panel format; the engine
- * times both on the model's own weights when it packs them (`engine.native.prefetch`). Only the AVX2 one-token
- * loop reads it: the multi-token passes and the AVX-512 tiles keep TG_PF. */
-static int64_t tg_row_pf[2] = {TG_PF, TG_PF}; /* by panel format: TG_F32, TG_BF16 */
+ * (half the bytes, a conversion per weight) showed no difference. On an AMD EPYC Zen 5 (AVX-512, 2026-12-04)
+ * the AVX-512 one-token tile streamed 4-6% faster without it (fp32: 35.2 against 36.7 GB/s; bf16 3%). One
+ * distance per panel format; the engine times both on the model's own weights when it packs them
+ * (`engine.native.prefetch`). The AVX2 one-token loop and the AVX-512 one-token tile read it, starting at TG_PF
+ * and at none (the Zen 5 measurement) respectively; the multi-token passes and tiles keep TG_PF. */
+#define TG_ROW_PF (TG_AVX512 ? 0 : TG_PF)
+static int64_t tg_row_pf[2] = {TG_ROW_PF, TG_ROW_PF}; /* by panel format: TG_F32, TG_BF16 */
 int64_t tg_set_row_prefetch(int fmt, int64_t bytes) {
     if (fmt != TG_F32 && fmt != TG_BF16) return -1;
     const int64_t before = tg_row_pf[fmt];
@@ -222,10 +225,12 @@ static inline __attribute__((always_inline)) void load_row_bf16(const uint16_t *
             for (int v = 0; v < 4; v++)                                                                         \
                 acc[m][v] = (m < mt && !first) ? _mm512_loadu_ps(acc_buf[m] + 16 * v) : _mm512_setzero_ps();    \
         const int level = tg_pf_level;                                                                          \
-        const int64_t ahead = pf ? TG_PF : KB_BYTES; /* the first tile: TG_PF ahead; the others: the next block */ \
+        /* the tile streaming from memory: TG_PF ahead (one token: the distance set at run time, ROW_PF); the     \
+           others: the next block */                                                                            \
+        const int64_t ahead = pf ? (mt == 1 ? ROW_PF(T) : TG_PF) : KB_BYTES;                                   \
         for (int64_t k = 0; k < kn; k++) {                                                                      \
             __m512 w[4];                                                                                        \
-            if (TG_PF && (const char *)p + ahead < pf_end)                                                      \
+            if (ahead && (const char *)p + ahead < pf_end)                                                      \
                 for (int64_t i = 0; i < (int64_t)sizeof(T) * PANEL; i += 64) {                                  \
                     if (pf) PF_LINE((const char *)p + ahead + i, level);                                        \
                     else _mm_prefetch((const char *)p + ahead + i, _MM_HINT_T1);                                \

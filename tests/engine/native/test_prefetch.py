@@ -29,12 +29,6 @@ def _fresh_choice(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     prefetch.set_level(level)
 
 
-@pytest.fixture
-def avx2(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The distance is measured where the AVX2 loops read it (on an AVX-512 build it is set all the same)."""
-    monkeypatch.setattr(prefetch, "has_avx512", lambda: False)
-
-
 def test_the_distance_is_set_per_format_rounded_to_a_line_and_never_negative() -> None:
     prefetch.set_row_prefetch(ops.F32, 8192)
     prefetch.set_row_prefetch(ops.BF16, 4096)
@@ -58,19 +52,19 @@ def test_results_do_not_depend_on_the_distance(bf16: bool, threads: int) -> None
     assert all(torch.equal(o, outputs[0]) for o in outputs[1:])
 
 
-def test_pick_keeps_the_compiled_distance_unless_another_is_clearly_faster() -> None:
-    compiled = prefetch.COMPILED
-    assert prefetch.pick({compiled: [1.0, 1.0, 1.0], 0: [0.90, 0.91, 2.0]}) == 0  # medians 1.0 vs 0.91
-    assert prefetch.pick({compiled: [1.0, 1.0, 1.0], 0: [0.98, 0.99, 0.5]}) == compiled  # 2% is within MARGIN
-    assert prefetch.pick({compiled: [0.8, 0.8, 0.8], 0: [1.0, 1.0, 1.0]}) == compiled
-    assert prefetch.pick({compiled: [1.2, 1.3, 1.2], 0: [1.0, 1.1, 1.0], 4096: [1.1, 1.1, 1.1]}) == 0
+def test_pick_keeps_the_current_distance_unless_another_is_clearly_faster() -> None:
+    current = prefetch.DISTANCE
+    assert prefetch.pick({current: [1.0, 1.0, 1.0], 0: [0.90, 0.91, 2.0]}) == 0  # medians 1.0 vs 0.91
+    assert prefetch.pick({current: [1.0, 1.0, 1.0], 0: [0.98, 0.99, 0.5]}) == current  # 2% is within MARGIN
+    assert prefetch.pick({current: [0.8, 0.8, 0.8], 0: [1.0, 1.0, 1.0]}) == current
+    assert prefetch.pick({current: [1.2, 1.3, 1.2], 0: [1.0, 1.1, 1.0], 4096: [1.1, 1.1, 1.1]}) == 0
 
 
 def _stack(e: int = 4, n: int = 256, k: int = 512, bf16: bool = False) -> ops.Packed:
     return ops.pack(torch.randn(e, n, k, generator=torch.Generator().manual_seed(1)), bf16=bf16)
 
 
-def test_weights_that_fit_in_the_cache_are_not_measured(monkeypatch: pytest.MonkeyPatch, avx2: None) -> None:
+def test_weights_that_fit_in_the_cache_are_not_measured(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(prefetch, "last_level_cache_bytes", lambda: 64 << 20)
     prefetch.set_row_prefetch(ops.F32, 4096)
     [choice] = prefetch.calibrate([_stack()])
@@ -78,17 +72,21 @@ def test_weights_that_fit_in_the_cache_are_not_measured(monkeypatch: pytest.Monk
     assert prefetch.current(ops.F32) is None  # undecided: a larger model later still measures
 
 
-def test_each_format_is_measured_once_and_kept_for_the_process(monkeypatch: pytest.MonkeyPatch, avx2: None) -> None:
+def test_each_format_is_measured_once_and_kept_for_the_process(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(prefetch, "last_level_cache_bytes", lambda: 256 << 10)  # 2 MiB of fp32 panels: 8x this
     timed: list[int] = []
+    firsts: list[int] = []  # the setting each measurement keeps unless the other is clearly faster
     real_pick = prefetch.pick
 
     def pick(seconds: dict[int, list[float]]) -> int:
         timed.extend(len(ts) for ts in seconds.values())
+        firsts.append(next(iter(seconds)))
         return real_pick(seconds)
 
     monkeypatch.setattr(prefetch, "pick", pick)
     quantized = ops.pack_blocks(torch.zeros(64, 2 * 34, dtype=torch.uint8), "q8_0")  # not measured: blocks
+    prefetch.set_row_prefetch(ops.F32, 0)
+    prefetch.set_row_prefetch(ops.BF16, prefetch.DISTANCE)
     [f32] = prefetch.calibrate([quantized, _stack()])
     assert (f32.fmt, f32.reason) == (ops.F32, "measured") and f32.distance in prefetch.CANDIDATES
     assert timed == [prefetch.ROUNDS] * len(prefetch.CANDIDATES)
@@ -101,20 +99,15 @@ def test_each_format_is_measured_once_and_kept_for_the_process(monkeypatch: pyte
     assert f32_again is f32 and prefetch.row_prefetch(ops.F32) == 123 * 64
     assert (bf16.fmt, bf16.reason) == (ops.BF16, "measured") and prefetch.row_prefetch(ops.BF16) == bf16.distance
     assert len(timed) == 2 * len(prefetch.CANDIDATES)
+    assert firsts == [0, prefetch.DISTANCE]  # the distance in use, as the library had it, is the one to beat
 
 
-def test_the_environment_sets_the_distance(monkeypatch: pytest.MonkeyPatch, avx2: None) -> None:
+def test_the_environment_sets_the_distance(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(prefetch.ENV, "0")
     prefetch.set_row_prefetch(ops.BF16, 8192)
     [choice] = prefetch.calibrate([_stack(bf16=True)])
     assert (choice.distance, choice.reason) == (0, "environment") and prefetch.row_prefetch(ops.BF16) == 0
     assert choice.describe() == "bf16 one-token weight prefetch off (environment)"
-
-
-def test_an_avx512_build_has_no_distance_to_choose(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(prefetch, "has_avx512", lambda: True)
-    monkeypatch.setattr(prefetch, "last_level_cache_bytes", lambda: 256 << 10)
-    assert prefetch.calibrate([_stack()]) == [] and prefetch.current(ops.F32) is None
 
 
 def test_the_level_is_set_and_read_back() -> None:
