@@ -1201,6 +1201,8 @@ typedef __m512 vf;
 #define vf_add _mm512_add_ps
 #define vf_mul _mm512_mul_ps
 #define vf_div _mm512_div_ps
+#define vf_fmadd _mm512_fmadd_ps
+#define vf_zero _mm512_setzero_ps
 #define vf_exp exp16
 #elif TG_AVX2
 typedef __m256 vf;
@@ -1212,6 +1214,8 @@ typedef __m256 vf;
 #define vf_add _mm256_add_ps
 #define vf_mul _mm256_mul_ps
 #define vf_div _mm256_div_ps
+#define vf_fmadd _mm256_fmadd_ps
+#define vf_zero _mm256_setzero_ps
 #define vf_exp exp8
 #endif
 static void silu_mul(float *g, int64_t I) {
@@ -1260,43 +1264,60 @@ static float exp_shifted(float *s, int64_t n, float mx) {
 #endif
 }
 
-/* o[0:D] = sum_t w[t] v_t[0:D] over n keys whose rows start at v_rows[t] (one block's rows are `stride` floats
- * apart, so the caller passes one block at a time): o accumulates across calls. */
-static inline void weighted_rows(float *o, const float *w, const float *v, int64_t stride, int64_t n, int64_t D) {
-#if TG_AVX512
-    if (D % 16 == 0) {
-        for (int64_t c = 0; c < D; c += 16) {
-            __m512 a0 = _mm512_loadu_ps(o + c), a1 = _mm512_setzero_ps();
-            int64_t t = 0;
-            for (; t + 1 < n; t += 2) { /* two chains hide the FMA latency */
-                a0 = _mm512_fmadd_ps(_mm512_set1_ps(w[t]), _mm512_loadu_ps(v + t * stride + c), a0);
-                a1 = _mm512_fmadd_ps(_mm512_set1_ps(w[t + 1]), _mm512_loadu_ps(v + (t + 1) * stride + c), a1);
+/* o_g[0:D] = sum_t w_g[t] v_t[0:D] for the gn (<= WG) query heads g of one KV head (o_g = o + g * D, w_g = w + g *
+ * ldw) over n keys whose rows are `stride` floats apart (one block's: the caller passes one block at a time);
+ * each o_g accumulates across calls. Each V row is loaded once for all gn heads (it was once per head: on a Zen 5
+ * core the bench MoE's attention over 16 sequences of 512 tokens, 8 layers, cache hot, 6.44 -> 6.16 ms). Per
+ * head the same sums in the same order as one head alone: two chains (even and odd keys) hide the FMA latency. */
+#define WG 4
+static inline __attribute__((always_inline)) void weighted_rows_n(float *o, const float *w, int64_t ldw, const int gn,
+                                                                  const float *v, int64_t stride, int64_t n,
+                                                                  int64_t D) {
+#if TG_AVX512 || TG_AVX2
+    if (D % VF_LANES == 0) {
+        for (int64_t c = 0; c < D; c += VF_LANES) {
+            vf a0[WG], a1[WG];
+            for (int g = 0; g < gn; g++) {
+                a0[g] = vf_load(o + g * D + c);
+                a1[g] = vf_zero();
             }
-            if (t < n) a0 = _mm512_fmadd_ps(_mm512_set1_ps(w[t]), _mm512_loadu_ps(v + t * stride + c), a0);
-            _mm512_storeu_ps(o + c, _mm512_add_ps(a0, a1));
-        }
-        return;
-    }
-#elif TG_AVX2
-    if (D % 8 == 0) {
-        for (int64_t c = 0; c < D; c += 8) {
-            __m256 a0 = _mm256_loadu_ps(o + c), a1 = _mm256_setzero_ps();
             int64_t t = 0;
             for (; t + 1 < n; t += 2) {
-                a0 = _mm256_fmadd_ps(_mm256_set1_ps(w[t]), _mm256_loadu_ps(v + t * stride + c), a0);
-                a1 = _mm256_fmadd_ps(_mm256_set1_ps(w[t + 1]), _mm256_loadu_ps(v + (t + 1) * stride + c), a1);
+                const vf v0 = vf_load(v + t * stride + c), v1 = vf_load(v + (t + 1) * stride + c);
+                for (int g = 0; g < gn; g++) {
+                    a0[g] = vf_fmadd(vf_set1(w[g * ldw + t]), v0, a0[g]);
+                    a1[g] = vf_fmadd(vf_set1(w[g * ldw + t + 1]), v1, a1[g]);
+                }
             }
-            if (t < n) a0 = _mm256_fmadd_ps(_mm256_set1_ps(w[t]), _mm256_loadu_ps(v + t * stride + c), a0);
-            _mm256_storeu_ps(o + c, _mm256_add_ps(a0, a1));
+            if (t < n) {
+                const vf v0 = vf_load(v + t * stride + c);
+                for (int g = 0; g < gn; g++) a0[g] = vf_fmadd(vf_set1(w[g * ldw + t]), v0, a0[g]);
+            }
+            for (int g = 0; g < gn; g++) vf_store(o + g * D + c, vf_add(a0[g], a1[g]));
         }
         return;
     }
 #endif
-    for (int64_t t = 0; t < n; t++) {
-        const float *vv = v + t * stride;
-        float wt = w[t];
+    for (int g = 0; g < gn; g++)
+        for (int64_t t = 0; t < n; t++) {
+            const float *vv = v + t * stride;
+            float wt = w[g * ldw + t], *og = o + g * D;
 #pragma omp simd
-        for (int64_t d = 0; d < D; d++) o[d] += wt * vv[d];
+            for (int64_t d = 0; d < D; d++) og[d] += wt * vv[d];
+        }
+}
+
+static void weighted_rows(float *o, const float *w, int64_t ldw, int64_t group, const float *v, int64_t stride,
+                          int64_t n, int64_t D) {
+    for (int64_t g = 0; g < group; g += WG) { /* constant head counts keep the accumulators in registers */
+        float *og = o + g * D;
+        const float *wg = w + g * ldw;
+        switch (group - g < WG ? group - g : WG) {
+        case 1: weighted_rows_n(og, wg, ldw, 1, v, stride, n, D); break;
+        case 2: weighted_rows_n(og, wg, ldw, 2, v, stride, n, D); break;
+        case 3: weighted_rows_n(og, wg, ldw, 3, v, stride, n, D); break;
+        default: weighted_rows_n(og, wg, ldw, WG, v, stride, n, D); break;
+        }
     }
 }
 
@@ -1321,6 +1342,38 @@ static inline float dot_row(const float *q, const float *k, int64_t D) {
 #pragma omp simd reduction(+ : dot)
     for (int64_t d = 0; d < D; d++) dot += q[d] * k[d];
     return dot;
+}
+
+/* scale * (q_g . k) into s[g * lds] for the group's query heads g (q_g = q + g * D) against one key's row k. With
+ * AVX-512 and a D of 64 or 128 the row's chunks are loaded once for every head and the loop over them unrolled
+ * (on a Zen 5 core the bench MoE's attention over 16 sequences of 512 tokens, 8 layers, cache hot: 6.16 -> 5.53
+ * ms); otherwise dot_row per head. The same sums in the same order as dot_row. */
+#if TG_AVX512
+static inline __attribute__((always_inline)) void score_key_chunks(const float *q, const float *k, const int nc,
+                                                                   int64_t group, float *s, int64_t lds, float scale) {
+    __m512 kc[8];
+    for (int c = 0; c < nc; c++) kc[c] = _mm512_loadu_ps(k + 16 * c);
+    for (int64_t g = 0; g < group; g++) {
+        const float *qg = q + g * 16 * nc;
+        __m512 acc = _mm512_mul_ps(_mm512_loadu_ps(qg), kc[0]);
+        for (int c = 1; c < nc; c++) acc = _mm512_fmadd_ps(_mm512_loadu_ps(qg + 16 * c), kc[c], acc);
+        s[g * lds] = _mm512_reduce_add_ps(acc) * scale;
+    }
+}
+#endif
+static inline void score_key(const float *q, const float *k, int64_t D, int64_t group, float *s, int64_t lds,
+                             float scale) {
+#if TG_AVX512
+    if (D == 64) {
+        score_key_chunks(q, k, 4, group, s, lds, scale);
+        return;
+    }
+    if (D == 128) {
+        score_key_chunks(q, k, 8, group, s, lds, scale);
+        return;
+    }
+#endif
+    for (int64_t g = 0; g < group; g++) s[g * lds] = dot_row(q + g * D, k, D) * scale;
 }
 
 /* Prefetching a paged decode's keys. A decode step streams the weights between one layer's attention and the
@@ -1387,8 +1440,7 @@ static void paged_pair(const float *q, const float *k_cache, const float *v_cach
                     }
                 }
             }
-            for (int64_t g = 0; g < group; g++)
-                scores[g * max_len + t - first + i] = dot_row(qh + g * D, kv, D) * scale;
+            score_key(qh, kv, D, group, scores + t - first + i, max_len, scale);
         }
         t += len;
     }
@@ -1399,14 +1451,14 @@ static void paged_pair(const float *q, const float *k_cache, const float *v_cach
         float sum = exp_shifted(s, n, mx);
         float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
         for (int64_t t = 0; t < n; t++) s[t] *= inv;
-        float *o = out + (b * Hq + h * group + g) * D;
-        for (int64_t d = 0; d < D; d++) o[d] = 0.0f;
-        for (int64_t t = first; t < L;) {
-            int64_t off = t % block_size, len = block_size - off < L - t ? block_size - off : L - t;
-            const float *vv = v_cache + ((table[t / block_size] * block_size + off) * Hkv + h) * D;
-            weighted_rows(o, s + t - first, vv, row, len, D);
-            t += len;
-        }
+    }
+    float *o = out + (b * Hq + h * group) * D; /* the group's heads, one after another */
+    memset(o, 0, sizeof(float) * group * D);
+    for (int64_t t = first; t < L;) {
+        int64_t off = t % block_size, len = block_size - off < L - t ? block_size - off : L - t;
+        const float *vv = v_cache + ((table[t / block_size] * block_size + off) * Hkv + h) * D;
+        weighted_rows(o, scores + t - first, max_len, group, vv, row, len, D);
+        t += len;
     }
 }
 

@@ -77,13 +77,15 @@ def test_paged_decode_equals_torch_decode(window: int | None, threads: int) -> N
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("d", [32, 24, 64])
+@pytest.mark.parametrize("d", [32, 24, 64, 128])
 @pytest.mark.parametrize("window", [None, 21, 40])
-def test_paged_decode_over_many_blocks_equals_torch_decode(d: int, window: int | None, threads: int) -> None:
+@pytest.mark.parametrize("n_q", [8, 6, 10])
+def test_paged_decode_over_many_blocks_equals_torch_decode(d: int, window: int | None, n_q: int, threads: int) -> None:
     """Contexts spanning many scattered blocks and ending mid-block, windows starting mid-block (at 40, the keys past
-    the first 32, which the kernel prefetches as it scores, cross a block), four query heads per KV head, head
-    sizes on and off the 16-lane path: the kernel walks the cache block by block."""
-    batch, n_q, n_kv, block, blocks = 4, 8, 2, 16, 40
+    the first 32, which the kernel prefetches as it scores, cross a block), three to five query heads per KV head
+    (the weighted V rows go four heads at a time), head sizes on and off the 16-lane path (64 and 128: a key's
+    scores from its row loaded once): the kernel walks the cache block by block."""
+    batch, n_kv, block, blocks = 4, 2, 16, 40
     k_cache = torch.randn(blocks, block, n_kv, d, generator=_gen(4))
     v_cache = torch.randn(blocks, block, n_kv, d, generator=_gen(5))
     lens = torch.tensor([1, 16, 97, 130])
