@@ -18,7 +18,9 @@ process-wide knobs, neither of which changes a bit of any result:
   fp32 and bf16 panels apart (bf16 reads half the bytes and converts each weight).
 
 Each keeps the library's setting unless the other is faster by more than `MARGIN` (medians of `ROUNDS` alternating
-passes, ~0.1 s each). Only weights that do not fit in the last-level cache are worth the measurement: a model
+passes over up to four times the last-level cache, a few ms each: ~0.1 s a knob at load). With 5 rounds and a 3%
+margin the level on a Zen 5 flipped between runs (L1 measured 1-7% faster in ten runs, kept in half of them, and
+the bench MoE's 16-stream decode moved with it); 11 rounds and 1.5% chose L1 in each of the three runs since. Only weights that do not fit in the last-level cache are worth the measurement: a model
 whose packed weights are under twice its size streams them from cache, and the setting stays as it is until a
 larger model comes. ``TIERGATE_NATIVE_PREFETCH_LEVEL`` (``l1`` / ``l2``) and ``TIERGATE_NATIVE_ROW_PREFETCH``
 (bytes; 0 = off, both panel formats) set them instead of measuring.
@@ -45,8 +47,8 @@ LEVELS = {"l1": 0, "l2": 1}
 DISTANCE = 8192  # tg_kernels.c's TG_PF: the distance tried against none (AVX2 builds start with it, AVX-512 without)
 CANDIDATES = (DISTANCE, 0)  # timed with the library's current one first: it stays unless the other is clearly faster
 LEVEL_TOKENS = 4  # tokens of the product the level is timed on
-MARGIN = 1.03  # another setting must be this much faster (medians) to replace the current one
-ROUNDS = 5
+MARGIN = 1.015  # another setting must be this much faster (medians) to replace the current one
+ROUNDS = 11
 DEFAULT_LLC = 32 << 20
 
 
