@@ -22,8 +22,9 @@ passes over up to four times the last-level cache, a few ms each: ~0.1 s a knob 
 margin the level on a Zen 5 flipped between runs (L1 measured 1-7% faster in ten runs, kept in half of them, and
 the bench MoE's 16-stream decode moved with it); 11 rounds and 1.5% chose L1 in each of the three runs since.
 Only weights that do not fit in the last-level cache are worth the measurement: a model whose packed weights are
-under twice its size streams them from cache, and the setting stays as it is until a larger model comes. ``TIERGATE_NATIVE_PREFETCH_LEVEL`` (``l1`` / ``l2``) and ``TIERGATE_NATIVE_ROW_PREFETCH``
-(bytes; 0 = off, both panel formats) set them instead of measuring.
+under twice its size streams them from cache, and the setting stays as it is until a larger model comes.
+``TIERGATE_NATIVE_PREFETCH_LEVEL`` (``l1`` / ``l2``) and ``TIERGATE_NATIVE_ROW_PREFETCH`` (bytes; 0 = off, both
+panel formats) set them instead of measuring.
 
 Imports torch and engine.native.ops only.
 """
