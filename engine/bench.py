@@ -152,7 +152,11 @@ def engine_decode_tokens_per_s(engine: LLMEngine, prompts: list[list[int]], n: i
     ids = {engine.add_request(p, params, k) for p in prompts}
     started: set[str] = set()
     while started != ids:
-        started.update(o.request_id for o in engine.step())
+        outs = engine.step()
+        started.update(o.request_id for o in outs)
+        if any(o.finished for o in outs):  # its n tokens out before the last prompt was in: not a decode rate
+            raise ValueError(f"a request finished its {n} tokens before every prompt was prefilled; ask for more "
+                             f"tokens or a larger max_num_batched_tokens")
     start = time.perf_counter()
     done = 0
     while done < len(ids):
@@ -328,6 +332,26 @@ def run_expert_count_bench(demo_dir: Path, data_dir: Path, log: Log, *, decode_t
         line += (f"; held-out perplexity k=1 {ppl[1]:.3f} vs k={trained} {ppl[trained]:.3f} -> "
                  f"{100 * change:+.1f}% (target <= +10%: {_verdict(change, 0.10, higher=False)})")
     log(line)
+
+
+def run_long_context_bench(demo_dir: Path, log: Log, *, context_tokens: int = 960, streams: int = 16,
+                           decode_tokens: int = 32, repeats: int = 3) -> None:
+    """Part (c) at long contexts: the demo model decoding ``streams`` sequences of ``context_tokens`` each against
+    one, where a step's K/V rows (read from memory every step) outweigh its weights (which stay in cache)."""
+    if not (demo_dir / "config.json").is_file():
+        log(f"(c) long contexts skipped: no demo model at {demo_dir}")
+        return
+    engine = LLMEngine.from_dir(demo_dir, enable_prefix_caching=False, max_num_seqs=streams,
+                                max_model_len=context_tokens + decode_tokens + 8,
+                                max_num_batched_tokens=streams * context_tokens)  # every prompt in one step
+    cfg, vocab = engine.config, engine.config.vocab_size
+    rates = best_interleaved({n: partial(engine_decode_tokens_per_s, engine, _prompts(n, context_tokens, vocab, n),
+                                         decode_tokens) for n in (1, streams)}, repeats)
+    kv = streams * (context_tokens + decode_tokens // 2) * 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * (
+        engine.runner.kv_caches[0][0][0, 0, 0].nbytes)  # one head's row of one slot (K; V the same)
+    log(f"(c) long contexts: demo model, {streams} streams at ~{context_tokens}-token contexts {rates[streams]:.1f} "
+        f"tok/s vs 1 stream {rates[1]:.1f} tok/s ({rates[streams] / rates[1]:.2f}x); a {streams}-stream step reads "
+        f"~{kv / 1e6:.0f} MB of K/V ({kv * rates[streams] / streams / 1e9:.1f} GB/s)")
 
 
 # -- (g) prefix cache -------------------------------------------------------------------------------

@@ -25,6 +25,7 @@ def run(*, quick: bool, threads: int | None, decode_tokens: int | None, repeats:
         QUICK,
         BenchSizes,
         run_expert_count_bench,
+        run_long_context_bench,
         run_prefix_cache_bench,
         run_random_moe_bench,
     )
@@ -45,6 +46,9 @@ def run(*, quick: bool, threads: int | None, decode_tokens: int | None, repeats:
         sizes = replace(sizes, decode_tokens=decode_tokens)
     if not skip_random and set(only) & {"a", "b", "c", "d"}:
         run_random_moe_bench(sizes, echo, repeats=repeats)
+    if "c" in only:
+        run_long_context_bench(demo, echo, context_tokens=240 if quick else 960, decode_tokens=sizes.decode_tokens,
+                               repeats=repeats)
     if set(only) & {"a", "d"}:
         run_expert_count_bench(demo, data_dir, echo, decode_tokens=sizes.decode_tokens * 2,
                                ppl_windows=ppl_windows, repeats=repeats)

@@ -28,6 +28,7 @@ def test_bench_engine_quick_prints_every_figure(tmp_path: Path) -> None:
     for figure in (r"\(a\) batch-1 generation .* ratio [\d.]+x \(target >= 2x: (meets|BELOW) target\)",
                    r"\(b\) weights read per decode step .* fraction [\d.]+ \(target >= 0.50",
                    r"\(c\) aggregate decode tokens/s .* 16 vs 1 stream ratio [\d.]+x",
+                   r"\(c\) long contexts: demo model, 16 streams at ~240-token contexts [\d.]+ tok/s vs 1 stream .* MB of K/V",
                    r"weight traffic: 16 streams read ~\d+ MB per step .* ceiling [\d.]+x",
                    r"control, a dense model of the same active shape .* 16 vs 1 stream ratio [\d.]+x",
                    r"\(d\) same random MoE, batch-1 decode k=1 .* speed ratio [\d.]+x",
