@@ -1,14 +1,19 @@
 """The HF baseline of `tiergate bench engine` runs the engine's computation: plain greedy decoding,
 even when the checkpoint's generation config asks HF for a repetition penalty (the demo model's
-does: 1.05), which HF's ``generate`` applies to greedy decoding too."""
+does: 1.05), which HF's ``generate`` applies to greedy decoding too. And the engine's decode rate is
+only taken once every prompt is in."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 import torch
 
-from engine.bench import hf_greedy
-from tests.engine.hf_tiny import build_hf_model
+from engine.bench import engine_decode_tokens_per_s, hf_greedy
+from engine.engine import LLMEngine
+from engine.model import load_model
+from tests.engine.hf_tiny import build_hf_model, save_hf_model
 
 
 @torch.inference_mode()
@@ -36,3 +41,17 @@ def test_hf_baseline_is_plain_greedy_whatever_the_generation_config_says() -> No
                                        min_new_tokens=24, do_sample=False)[0, len(prompt):].tolist()
         diverged += penalised != plain
     assert diverged > 0  # the config's penalty does change HF's greedy tokens: the override matters
+
+
+def test_the_decode_rate_refuses_requests_that_end_before_every_prompt_is_in(tmp_path: Path) -> None:
+    """Two 8-token prompts a step: the first ones' 3 tokens are out before the last prompt is prefilled, so a clock
+    started then would time a tail, not a decode (it once looped forever waiting for them to finish again)."""
+    model, config = load_model(save_hf_model(build_hf_model("mixtral", seed=1), tmp_path))
+    engine = LLMEngine(model, config, eos_token_ids=(), block_size=4, num_blocks=64, max_num_seqs=8,
+                       max_num_batched_tokens=16, enable_prefix_caching=False)
+    prompts = [[i + 1] * 8 for i in range(8)]
+    with pytest.raises(ValueError, match="before every prompt was prefilled"):
+        engine_decode_tokens_per_s(engine, prompts, 3)
+    roomy = LLMEngine(model, config, eos_token_ids=(), block_size=4, num_blocks=64, max_num_seqs=8,
+                      max_num_batched_tokens=64, enable_prefix_caching=False)
+    assert engine_decode_tokens_per_s(roomy, prompts, 3) > 0  # every prompt in one step
