@@ -124,15 +124,26 @@ def expert_coverage(num_experts: int, k: int, tokens: int) -> float:
     return 1.0 - ((num_experts - k) / num_experts) ** tokens
 
 
+def _expert_bytes(config: Any, dtype: torch.dtype) -> int:
+    """One expert's weight bytes over all layers."""
+    return decode_weight_bytes(config, 2, dtype) - decode_weight_bytes(config, 1, dtype)
+
+
+def shared_weight_bytes(config: Any, k: int, dtype: torch.dtype = torch.float32) -> int:
+    """The weight bytes of a decode step that every token reads whichever experts it picks: attention, router,
+    norms, its embedding row and the LM head (a dense model: all of them)."""
+    one = decode_weight_bytes(config, k, dtype)
+    return one - k * _expert_bytes(config, dtype) if config.is_moe else one
+
+
 def step_weight_bytes(config: Any, k: int, streams: int, dtype: torch.dtype = torch.float32) -> float:
     """Expected weight bytes one decode step of ``streams`` sequences reads: the dense part once, and each
     expert that any of the tokens picked once."""
-    one = decode_weight_bytes(config, k, dtype)
     if not config.is_moe:
-        return one
-    per_expert = decode_weight_bytes(config, 2, dtype) - decode_weight_bytes(config, 1, dtype)  # one expert, all layers
-    dense = one - k * per_expert
-    return dense + config.num_experts * expert_coverage(config.num_experts, k, streams) * per_expert
+        return decode_weight_bytes(config, k, dtype)
+    per_expert = _expert_bytes(config, dtype)
+    return shared_weight_bytes(config, k, dtype) + (
+        config.num_experts * expert_coverage(config.num_experts, k, streams) * per_expert)
 
 
 def engine_tokens_per_s(engine: LLMEngine, prompts: list[list[int]], n: int, k: int | None = None) -> float:
@@ -264,6 +275,18 @@ def run_random_moe_bench(sizes: BenchSizes, log: Log, repeats: int = 3) -> None:
         f"every stream reads the same weights): " + ", ".join(
             f"{s} streams {r:.1f} tok/s ({r / dense_rates[min(dense_rates)]:.2f}x)" for s, r in dense_rates.items())
         + f" -> {most} vs 1 stream ratio {dense_top:.2f}x")
+    # The weights every token reads are read once a step, but at 16 tokens their products are bound by the FMAs,
+    # not by memory: a second ceiling takes them at the multiply-add rate the dense control reached (its products
+    # all have 16 tokens; fp32, a multiply-add a weight and token) and the rest at one stream's bandwidth.
+    macs = dense_rates[most] * decode_weight_bytes(dense_config, sizes.top_k) / 4
+    streamed = step_bytes * one  # one stream's weight bytes a second
+    shared = shared_weight_bytes(config, sizes.top_k)
+    step = max(most * shared / 4 / macs, shared / streamed) + (
+        step_weight_bytes(config, sizes.top_k, most) - shared) / streamed
+    roof = most / (step * one)
+    log(f"    with the {most}-token products over the weights every token reads ({shared / 1e6:.0f} MB: attention, "
+        f"router, LM head) at the multiply-add rate the dense control reached ({macs / 1e9:.0f} G/s) and the rest "
+        f"at one stream's {streamed / 1e9:.1f} GB/s: ceiling {roof:.2f}x; achieved {top / roof:.0%} of it")
 
     speed = best_interleaved({k: partial(engine_decode_tokens_per_s, engine, [prompt], n, k) for k in (1, sizes.top_k)},
                              repeats)

@@ -206,7 +206,7 @@ def test_bench_weight_bytes_count_every_parameter_when_all_experts_are_active(ti
 
 
 def test_bench_step_bytes_grow_with_the_experts_a_batch_touches(tiny) -> None:
-    from engine.bench import decode_weight_bytes, expert_coverage, step_weight_bytes
+    from engine.bench import decode_weight_bytes, expert_coverage, shared_weight_bytes, step_weight_bytes
 
     _, config = tiny
     e, k = config.num_experts, 2
@@ -216,6 +216,9 @@ def test_bench_step_bytes_grow_with_the_experts_a_batch_touches(tiny) -> None:
     every_expert = decode_weight_bytes(config, e)
     assert decode_weight_bytes(config, k) < step_weight_bytes(config, k, 4) < step_weight_bytes(config, k, 64)
     assert step_weight_bytes(config, k, 64) == pytest.approx(every_expert, rel=1e-3)
+    # what every token reads: the same whichever k, and what is left with no expert at all
+    per_expert = decode_weight_bytes(config, 2) - decode_weight_bytes(config, 1)
+    assert shared_weight_bytes(config, 1) == shared_weight_bytes(config, k) == decode_weight_bytes(config, 1) - per_expert
 
 
 async def test_async_engine_streams_concurrently_and_cleans_up(tiny) -> None:
