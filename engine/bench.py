@@ -139,11 +139,10 @@ def shared_weight_bytes(config: Any, k: int, dtype: torch.dtype = torch.float32)
 def step_weight_bytes(config: Any, k: int, streams: int, dtype: torch.dtype = torch.float32) -> float:
     """Expected weight bytes one decode step of ``streams`` sequences reads: the dense part once, and each
     expert that any of the tokens picked once."""
+    shared = shared_weight_bytes(config, k, dtype)
     if not config.is_moe:
-        return decode_weight_bytes(config, k, dtype)
-    per_expert = _expert_bytes(config, dtype)
-    return shared_weight_bytes(config, k, dtype) + (
-        config.num_experts * expert_coverage(config.num_experts, k, streams) * per_expert)
+        return shared
+    return shared + config.num_experts * expert_coverage(config.num_experts, k, streams) * _expert_bytes(config, dtype)
 
 
 def engine_tokens_per_s(engine: LLMEngine, prompts: list[list[int]], n: int, k: int | None = None) -> float:

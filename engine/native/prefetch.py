@@ -253,7 +253,8 @@ def _calibrate(packed: list[ops.Packed], fmt: int, budget_bytes: int | None) -> 
         set_row_prefetch(fmt, int(configured))
         _chosen[fmt] = Choice(fmt, row_prefetch(fmt), "environment")
         return _chosen[fmt]
-    candidates = sorted(CANDIDATES, key=lambda d: d != row_prefetch(fmt))  # the current one first
+    current = row_prefetch(fmt)
+    candidates = sorted(CANDIDATES, key=lambda d: d != current)  # the distance in use first
     measured = _measure(packed, fmt, budget_bytes, 1, candidates, lambda: row_prefetch(fmt),
                         lambda d: set_row_prefetch(fmt, d))
     if measured is None:

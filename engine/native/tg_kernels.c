@@ -1147,8 +1147,8 @@ int tg_moe(const float *x, int64_t M, int64_t H, const float *router, int64_t E,
  */
 #if TG_AVX512
 /* exp(x) on 16 lanes (softmax arguments, x <= 0; and silu's, see silu_mul): x = n ln2 + r with |r| <= ln2 / 2,
- * exp(r) by Cephes' degree-6 polynomial, times 2^n by vscalefps (which flushes to 0 far below the normal range). Within 2 ulp of
- * expf; the scalar loop the portable build keeps calls expf. */
+ * exp(r) by Cephes' degree-6 polynomial, times 2^n by vscalefps (which flushes to 0 far below the normal range).
+ * Within 2 ulp of expf; the scalar loop the portable build keeps calls expf. */
 static inline __m512 exp16(__m512 x) {
     x = _mm512_max_ps(x, _mm512_set1_ps(-104.0f));
     __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
@@ -1387,6 +1387,10 @@ static inline void score_key(const float *q, const float *k, int64_t D, int64_t 
  * 14.2 -> 6.9 ms. Only prefetches: the results are the same bits. */
 #define PAIR_PF_KEYS 32
 #define PAIRS_AHEAD 2
+/* Where key t's row of KV head h starts in a paged cache (floats from its base), through the sequence's table. */
+static inline int64_t key_row(const int64_t *table, int64_t t, int64_t block_size, int64_t Hkv, int64_t h, int64_t D) {
+    return ((table[t / block_size] * block_size + t % block_size) * Hkv + h) * D;
+}
 static inline void prefetch_key_rows(const float *k_row, const float *v_row, int64_t D) {
     for (int64_t d = 0; d < D; d += 16) { /* 64-byte lines, into L2 */
         __builtin_prefetch(k_row + d, 0, 2);
@@ -1402,9 +1406,9 @@ static void paged_pair_prefetch(const float *k_cache, const float *v_cache, cons
     const int64_t first = window > 0 && L > window ? L - window : 0;
     const int64_t last = L - first > PAIR_PF_KEYS ? first + PAIR_PF_KEYS : L;
     const int64_t *table = block_tables + b * width;
-    for (int64_t t = first; t < last;) {
-        int64_t off = t % block_size, len = block_size - off < last - t ? block_size - off : last - t;
-        const int64_t at = ((table[t / block_size] * block_size + off) * Hkv + h) * D;
+    for (int64_t t = first; t < last;) { /* block by block */
+        int64_t len = block_size - t % block_size < last - t ? block_size - t % block_size : last - t;
+        const int64_t at = key_row(table, t, block_size, Hkv, h, D);
         for (int64_t i = 0; i < len; i++) prefetch_key_rows(k_cache + at + i * row, v_cache + at + i * row, D);
         t += len;
     }
@@ -1424,20 +1428,16 @@ static void paged_pair(const float *q, const float *k_cache, const float *v_cach
     const int64_t *table = block_tables + b * width;
     const float *qh = q + (b * Hq + h * group) * D;
     int64_t ahead = first + PAIR_PF_KEYS, ahead_off = ahead % block_size; /* the key prefetched next, its slot */
-    int64_t ahead_at = ahead < L ? ((table[ahead / block_size] * block_size + ahead_off) * Hkv + h) * D : 0;
+    int64_t ahead_at = ahead < L ? key_row(table, ahead, block_size, Hkv, h, D) : 0; /* and where its row starts */
     for (int64_t t = first; t < L;) {
         int64_t off = t % block_size, len = block_size - off < L - t ? block_size - off : L - t;
-        const float *kv = k_cache + ((table[t / block_size] * block_size + off) * Hkv + h) * D;
+        const float *kv = k_cache + key_row(table, t, block_size, Hkv, h, D);
         for (int64_t i = 0; i < len; i++, kv += row) {
             if (ahead < L) {
                 prefetch_key_rows(k_cache + ahead_at, v_cache + ahead_at, D);
-                if (++ahead < L) {
-                    if (++ahead_off == block_size) {
-                        ahead_off = 0;
-                        ahead_at = table[ahead / block_size] * block_size * row + h * D;
-                    } else {
-                        ahead_at += row;
-                    }
+                if (++ahead < L) { /* the next slot of the block, or the next block's first (no division a key) */
+                    ahead_off = ahead_off + 1 == block_size ? 0 : ahead_off + 1;
+                    ahead_at = ahead_off ? ahead_at + row : key_row(table, ahead, block_size, Hkv, h, D);
                 }
             }
             score_key(qh, kv, D, group, scores + t - first + i, max_len, scale);
@@ -1456,7 +1456,7 @@ static void paged_pair(const float *q, const float *k_cache, const float *v_cach
     memset(o, 0, sizeof(float) * group * D);
     for (int64_t t = first; t < L;) {
         int64_t off = t % block_size, len = block_size - off < L - t ? block_size - off : L - t;
-        const float *vv = v_cache + ((table[t / block_size] * block_size + off) * Hkv + h) * D;
+        const float *vv = v_cache + key_row(table, t, block_size, Hkv, h, D);
         weighted_rows(o, scores + t - first, max_len, group, vv, row, len, D);
         t += len;
     }
