@@ -145,6 +145,29 @@ def step_weight_bytes(config: Any, k: int, streams: int, dtype: torch.dtype = to
     return shared + config.num_experts * expert_coverage(config.num_experts, k, streams) * _expert_bytes(config, dtype)
 
 
+def working_set_ceilings(bandwidth: Callable[[float], float], one_bytes: float, many_bytes: float, most: int,
+                         achieved: float, ceiling: float, products: tuple[float, float, float, float]) -> str:
+    """Part (c)'s ceilings again, each step's weight bytes read at the streaming rate a buffer of that size
+    gets on this machine (``bandwidth(gib)``: the backend's best streaming read). The two ceilings above read
+    both steps' bytes at one bandwidth; where the caches hold a good share of one stream's weights (part
+    (b) above 1.0: a 264 MB model in a large L3) one stream reads faster than the memory streams, and the
+    bigger working set of ``most`` streams cannot. Where both working sets outgrow the caches the two
+    rates agree and these ceilings are the ones above. ``products``: (the bytes every token reads, the
+    multiply-add rate the dense control reached, one stream's achieved bytes/s, its tokens/s), for the
+    second ceiling's model with the ``most``-stream bytes at one stream's efficiency of its own rate."""
+    shared, macs, streamed, one = products
+    rate_one, rate_many = bandwidth(one_bytes / (1 << 30)), bandwidth(many_bytes / (1 << 30))
+    traffic = ceiling * rate_many / rate_one
+    streamed_many = streamed * rate_many / rate_one
+    step = max(most * shared / 4 / macs, shared / streamed_many) + (many_bytes - shared) / streamed_many
+    roof = most / (step * one)
+    return (f"    at each step's own working set (best streaming read of a buffer that size here: "
+            f"{one_bytes / 1e6:.0f} MB {rate_one / 1e9:.1f} GB/s, {many_bytes / 1e6:.0f} MB {rate_many / 1e9:.1f} GB/s): "
+            f"weight-traffic ceiling {traffic:.2f}x, achieved {achieved / traffic:.0%} of it (target >= 90%: "
+            f"{_verdict(achieved / traffic, 0.9)}); with the {most}-token products as above {roof:.2f}x, "
+            f"achieved {achieved / roof:.0%}")
+
+
 def engine_tokens_per_s(engine: LLMEngine, prompts: list[list[int]], n: int, k: int | None = None) -> float:
     """Aggregate generated tokens/s for ``prompts`` run concurrently to ``n`` tokens each (incl. prefill)."""
     params = SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)
@@ -286,6 +309,9 @@ def run_random_moe_bench(sizes: BenchSizes, log: Log, repeats: int = 3) -> None:
     log(f"    with the {most}-token products over the weights every token reads ({shared / 1e6:.0f} MB: attention, "
         f"router, LM head) at the multiply-add rate the dense control reached ({macs / 1e9:.0f} G/s) and the rest "
         f"at one stream's {streamed / 1e9:.1f} GB/s: ceiling {roof:.2f}x; achieved {top / roof:.0%} of it")
+    log(working_set_ceilings(engine.runner.backend.memory_bandwidth, step_bytes,
+                             step_weight_bytes(config, sizes.top_k, most), most, top, ceiling,
+                             (shared, macs, streamed, one)))
 
     speed = best_interleaved({k: partial(engine_decode_tokens_per_s, engine, [prompt], n, k) for k in (1, sizes.top_k)},
                              repeats)

@@ -221,6 +221,46 @@ def test_bench_step_bytes_grow_with_the_experts_a_batch_touches(tiny) -> None:
     assert shared_weight_bytes(config, 1) == shared_weight_bytes(config, k) == decode_weight_bytes(config, 1) - per_expert
 
 
+def test_bench_working_set_ceilings_scale_the_traffic_ceiling_by_each_working_sets_rate() -> None:
+    """Part (c)'s ceilings at each step's own working set: with one rate for both they are the ceilings
+    the bench prints before them; a slower rate for the bigger working set lowers both by that much
+    (the multiply-add bound aside), and the bandwidth is asked for each step's size in GiB."""
+    import re
+
+    from engine.bench import working_set_ceilings
+
+    one_bytes, many_bytes, most, ceiling = 264e6, 823e6, 16, 16 * 264 / 823
+    shared, one = 76e6, 70.0
+    streamed = one_bytes * one
+    slow_macs = 1e15  # the products never bound: the second ceiling is then the traffic one
+    asked: list[float] = []
+
+    def flat(gib: float) -> float:
+        asked.append(gib)
+        return 16e9
+
+    line = working_set_ceilings(flat, one_bytes, many_bytes, most, 4.1, ceiling, (shared, slow_macs, streamed, one))
+    assert asked == [pytest.approx(one_bytes / (1 << 30)), pytest.approx(many_bytes / (1 << 30))]
+    m = re.search(r"264 MB 16.0 GB/s, 823 MB 16.0 GB/s\): weight-traffic ceiling ([\d.]+)x, achieved (\d+)% of it "
+                  r"\(target >= 90%: BELOW target\); with the 16-token products as above ([\d.]+)x", line)
+    assert m is not None, line
+    assert float(m.group(1)) == pytest.approx(ceiling, abs=0.005) == float(m.group(3))
+
+    def cached(gib: float) -> float:  # the small working set 1.2x faster: the large one's ceiling 1.2x lower
+        return 19.2e9 if gib < 0.5 else 16e9
+
+    line = working_set_ceilings(cached, one_bytes, many_bytes, most, 4.1, ceiling, (shared, slow_macs, streamed, one))
+    m = re.search(r"weight-traffic ceiling ([\d.]+)x, achieved (\d+)% of it \(target >= 90%: meets target\); "
+                  r"with the 16-token products as above ([\d.]+)x", line)
+    assert m is not None, line
+    assert float(m.group(1)) == pytest.approx(ceiling / 1.2, abs=0.005) == float(m.group(3))
+    assert int(m.group(2)) == round(100 * 4.1 / (ceiling / 1.2))
+    # products bound by the multiply-adds: the second ceiling is the lower one
+    line = working_set_ceilings(cached, one_bytes, many_bytes, most, 4.1, ceiling, (shared, 50e9, streamed, one))
+    m = re.search(r"weight-traffic ceiling ([\d.]+)x, .* as above ([\d.]+)x", line)
+    assert m is not None and float(m.group(2)) < float(m.group(1))
+
+
 async def test_async_engine_streams_concurrently_and_cleans_up(tiny) -> None:
     import asyncio
 
