@@ -8,7 +8,7 @@ position imply at the best fixed draft length, drafting wherever the proposer ha
 has none where the last token never occurred before; its bound is replayed on the answers themselves, see
 `lookup_bound`). The engine chooses per step, so it may beat the bound; a bound below 1 means speculating
 cannot pay here and the best the engine can do is decode plainly. Prompt lookup's target is read off its
-ceiling (below), which no choice of draft lengths can beat.
+ceiling (below), which no choice of draft lengths can beat, where that is stricter than the bound (`SpecRow.target`).
 
 Per workload it also says how much the answers actually reuse: the share of the answers' 4-grams found in
 their prompt, and the share of answer positions where prompt lookup's next-token guess is right; and prompt
@@ -75,11 +75,15 @@ class SpecRow:
 
     @property
     def target(self) -> float:
-        """1.5x on copy-heavy where the costs allow it, else 85% of what they allow (`reachable`); 0.95x on free
-        generation."""
+        """0.95x on free generation. On copy-heavy, the issue's rule — 1.5x, or 85% of the bound the measured
+        costs imply where that bound is lower — or, where stricter, 1.5x capped at 85% of what the costs allow
+        (`reachable`: prompt lookup's ceiling). The cap keeps the target from jumping where the ceiling crosses
+        1.5x (85% of a 1.49x ceiling would ask 1.27x, a 1.50x ceiling 1.5x, its whole self)."""
         if self.workload != "copy-heavy":
             return 0.95
-        return 1.5 if self.reachable >= 1.5 else 0.85 * self.reachable
+        bound = self.bound if self.bound == self.bound else 1.0
+        issue = 1.5 if bound >= 1.5 else 0.85 * max(bound, 1.0)
+        return max(issue, min(1.5, 0.85 * self.reachable))
 
 
 def spec_workloads(engine: LLMEngine) -> dict[str, list[list[int]]]:

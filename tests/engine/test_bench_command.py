@@ -69,3 +69,24 @@ def test_bench_engine_speculative_and_prefix_cache_parts() -> None:
     bad = subprocess.run([sys.executable, "-c", "from gateway.cli import main; main()", "bench", "engine",
                           "--only", "z"], cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
     assert bad.returncode != 0 and "unknown bench parts" in bad.stderr
+
+
+def test_speculation_targets_follow_the_issue_and_never_jump_where_the_ceiling_crosses_one_and_a_half() -> None:
+    """(f)'s copy-heavy target: 1.5x, or 85% of the cost bound where that is lower (the issue's rule), or, where
+    stricter, 85% of prompt lookup's ceiling capped at 1.5x; a ceiling moving across 1.5x moves it smoothly."""
+    from engine.bench_spec import SpecRow
+
+    def row(workload: str, bound: float, ceiling: float = float("nan")) -> SpecRow:
+        return SpecRow(workload=workload, mode="prompt_lookup", tokens_per_s=1.0, ratio=1.0, acceptance=0.5,
+                       tokens_per_verify=2.0, guess_share=0.5, step_ms=0.3, verify_ms=0.6, verify_k=3.0,
+                       draft_ms=0.0, catch_up_ms=0.0, bound=bound, bound_k=3, ceiling=ceiling)
+
+    assert row("free generation", 2.0, 3.0).target == 0.95
+    assert row("copy-heavy", 1.2).target == pytest.approx(0.85 * 1.2)  # no ceiling: the issue's rule
+    assert row("copy-heavy", 0.7).target == pytest.approx(0.85)  # a bound below 1: 85% of plain speed
+    assert row("copy-heavy", 1.6).target == 1.5
+    # with a ceiling: 85% of it where that is stricter, capped at 1.5x, whatever side of 1.5x it falls on
+    below, above = row("copy-heavy", 1.2, 1.49).target, row("copy-heavy", 1.2, 1.51).target
+    assert below == pytest.approx(0.85 * 1.49) and above == pytest.approx(0.85 * 1.51)
+    assert row("copy-heavy", 1.2, 2.5).target == 1.5
+    assert row("copy-heavy", 1.6, 1.7).target == 1.5  # never below the issue's rule
