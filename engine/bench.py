@@ -145,6 +145,15 @@ def step_weight_bytes(config: Any, k: int, streams: int, dtype: torch.dtype = to
     return shared + config.num_experts * expert_coverage(config.num_experts, k, streams) * _expert_bytes(config, dtype)
 
 
+def products_ceiling(most: int, shared: float, many_bytes: float, macs: float, streamed: float, one: float) -> float:
+    """Part (c)'s second ceiling: a ``most``-stream step with its products over the ``shared`` weight bytes every
+    token reads at ``macs`` multiply-adds/s (fp32: one a weight and token) or their bytes at ``streamed``
+    bytes/s, whichever is slower, and the rest of its ``many_bytes`` at ``streamed``; as a ratio to one stream's
+    ``one`` tokens/s."""
+    step = max(most * shared / 4 / macs, shared / streamed) + (many_bytes - shared) / streamed
+    return most / (step * one)
+
+
 def working_set_ceilings(bandwidth: Callable[[float], float], one_bytes: float, many_bytes: float, most: int,
                          achieved: float, ceiling: float, products: tuple[float, float, float, float]) -> str:
     """Part (c)'s ceilings again, each step's weight bytes read at the streaming rate a buffer of that size
@@ -158,9 +167,7 @@ def working_set_ceilings(bandwidth: Callable[[float], float], one_bytes: float, 
     shared, macs, streamed, one = products
     rate_one, rate_many = bandwidth(one_bytes / (1 << 30)), bandwidth(many_bytes / (1 << 30))
     traffic = ceiling * rate_many / rate_one
-    streamed_many = streamed * rate_many / rate_one
-    step = max(most * shared / 4 / macs, shared / streamed_many) + (many_bytes - shared) / streamed_many
-    roof = most / (step * one)
+    roof = products_ceiling(most, shared, many_bytes, macs, streamed * rate_many / rate_one, one)
     return (f"    at each step's own working set (best streaming read of a buffer that size here: "
             f"{one_bytes / 1e6:.0f} MB {rate_one / 1e9:.1f} GB/s, {many_bytes / 1e6:.0f} MB {rate_many / 1e9:.1f} GB/s): "
             f"weight-traffic ceiling {traffic:.2f}x, achieved {achieved / traffic:.0%} of it (target >= 90%: "
@@ -282,10 +289,11 @@ def run_random_moe_bench(sizes: BenchSizes, log: Log, repeats: int = 3) -> None:
     parts = ", ".join(f"{s} streams {r:.1f} tok/s ({r / one:.2f}x)" for s, r in rates.items())
     most = max(rates)
     top = rates[most] / one
-    ceiling = most * step_weight_bytes(config, sizes.top_k, 1) / step_weight_bytes(config, sizes.top_k, most)
+    many_bytes = step_weight_bytes(config, sizes.top_k, most)
+    ceiling = most * step_weight_bytes(config, sizes.top_k, 1) / many_bytes
     log(f"(c) aggregate decode tokens/s (after prefill): {parts} -> {most} vs 1 stream ratio {top:.2f}x "
         f"(target >= 6x: {_verdict(top, 6.0)})")
-    log(f"    weight traffic: {most} streams read ~{step_weight_bytes(config, sizes.top_k, most) / 1e6:.0f} MB per "
+    log(f"    weight traffic: {most} streams read ~{many_bytes / 1e6:.0f} MB per "
         f"step (every expert a token picked) vs {step_bytes / 1e6:.0f} MB for 1 -> ceiling {ceiling:.2f}x at equal "
         f"bandwidth; achieved {top / ceiling:.0%} of it")
     with tempfile.TemporaryDirectory(prefix="tiergate-bench-") as tmp:
@@ -303,14 +311,11 @@ def run_random_moe_bench(sizes: BenchSizes, log: Log, repeats: int = 3) -> None:
     macs = dense_rates[most] * decode_weight_bytes(dense_config, sizes.top_k) / 4
     streamed = step_bytes * one  # one stream's weight bytes a second
     shared = shared_weight_bytes(config, sizes.top_k)
-    step = max(most * shared / 4 / macs, shared / streamed) + (
-        step_weight_bytes(config, sizes.top_k, most) - shared) / streamed
-    roof = most / (step * one)
+    roof = products_ceiling(most, shared, many_bytes, macs, streamed, one)
     log(f"    with the {most}-token products over the weights every token reads ({shared / 1e6:.0f} MB: attention, "
         f"router, LM head) at the multiply-add rate the dense control reached ({macs / 1e9:.0f} G/s) and the rest "
         f"at one stream's {streamed / 1e9:.1f} GB/s: ceiling {roof:.2f}x; achieved {top / roof:.0%} of it")
-    log(working_set_ceilings(engine.runner.backend.memory_bandwidth, step_bytes,
-                             step_weight_bytes(config, sizes.top_k, most), most, top, ceiling,
+    log(working_set_ceilings(engine.runner.backend.memory_bandwidth, step_bytes, many_bytes, most, top, ceiling,
                              (shared, macs, streamed, one)))
 
     speed = best_interleaved({k: partial(engine_decode_tokens_per_s, engine, [prompt], n, k) for k in (1, sizes.top_k)},
