@@ -30,6 +30,7 @@ from gateway.settings import Settings
 from gateway.telemetry import tracing
 from gateway.telemetry.logs import RequestLog
 from gateway.web.edge import EdgeMiddleware
+from gateway.web.gc_pacing import pace_collections
 from gateway.web.observe import Observer
 from gateway.web.request_body import FORM_OVERHEAD_BYTES, invalid_value
 
@@ -112,7 +113,6 @@ def route_templates(routes: list[Any]) -> dict[Any, str]:
     return out
 
 
-GEN0_THRESHOLD = 10_000
 # The GIL switch interval of a server process (``TIERGATE_SWITCH_INTERVAL_S`` overrides it): the
 # ledger's journal and DB threads share the GIL with the event loop, and Python's default 5 ms
 # lets them hold it that long while a response waits; 0.2 ms halves the gateway's added latency
@@ -134,10 +134,11 @@ def _freeze_startup_heap(stack: AsyncExitStack) -> None:
     default: that collection costs ~100 ms per app start, which a process that starts many
     (the tests) should not pay; a server starts one.
 
-    The youngest generation's threshold is raised too (700 -> ``GEN0_THRESHOLD`` net new
-    container objects): a request leaves almost nothing behind, yet at 700 the collector ran
-    every ~130 requests and cost 12-20 us per request (the chat route driven in process at 32
-    concurrent requests; 0.6-0.9 us at 10,000). Restored at shutdown.
+    Collections from then on are paced by gateway.web.gc_pacing (``pace_collections``): on a
+    clock, not whenever allocations outrun frees (a burst of requests), which made each pause
+    longer and more frequent the more requests were in flight. (Count-driven, at the default
+    threshold of 700 the collector ran every ~130 requests and cost 12-20 us a request; at
+    ``GEN0_THRESHOLD``, what ``TIERGATE_GC_INTERVAL_S=0`` keeps, 0.6-0.9 us.) Restored at shutdown.
 
     And the process's GIL switch interval is set to ``SWITCH_INTERVAL_S`` until shutdown, so every
     app built as a server (``tiergate serve`` and the benches that build the app in process alike)
@@ -148,9 +149,6 @@ def _freeze_startup_heap(stack: AsyncExitStack) -> None:
     gc.collect()
     gc.freeze()
     stack.callback(gc.unfreeze)
-    old = gc.get_threshold()
-    gc.set_threshold(GEN0_THRESHOLD, *old[1:])
-    stack.callback(gc.set_threshold, *old)
 
 
 def create_app(settings: Settings, parts: RuntimeParts = RuntimeParts(), *, freeze_heap: bool = False,
@@ -166,6 +164,7 @@ def create_app(settings: Settings, parts: RuntimeParts = RuntimeParts(), *, free
             app.state.tiergate = await stack.enter_async_context(open_runtime(settings, parts))
             if freeze_heap:
                 _freeze_startup_heap(stack)
+                await pace_collections(stack)
             yield
 
     # Traces (observability.tracing): this process's tracer for the server span (the edge's Observer:

@@ -161,3 +161,74 @@ def test_no_sustainable_rate_in_the_range_raises() -> None:
         sustainable_rate(probe, 1100.0, 200.0, steps=3)
     # each rate twice, the low end itself last, before giving up
     assert probe.rates == [1100.0, 1100.0, 650.0, 650.0, 425.0, 425.0, 312.5, 312.5, 200.0, 200.0]
+
+
+# The harness's own garbage: the bench's in-process client must not make the server it measures
+# pause for garbage collections (release_response), and the server must leave no reference cycles
+# behind a request (a cycle is freed only by a collection, which stops the event loop).
+
+def _cycle_garbage_per_request(tmp_path: Any, *, release: bool, n: int = 64) -> float:
+    import gc
+
+    import httpx
+
+    from gateway.app import create_app
+    from gateway.auth import KeyStore
+    from gateway.bench.ledger_load import SleepingUpstream, release_response
+    from gateway.bench.ledger_pg import _settings
+    from gateway.ledger import Ledger
+    from gateway.runtime import RuntimeParts
+    from tests.gateway.gateway_harness import make_database
+
+    url, sf, _, raw = make_database(tmp_path)
+    ledger = Ledger(sf, tmp_path / "journal")
+    ledger.start()
+    app = create_app(_settings(tmp_path, url), RuntimeParts(session_factory=sf, ledger=ledger, keys=KeyStore(sf),
+                                                            local_provider=SleepingUpstream(0.0)))
+    body = {"model": "low", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 5}
+    headers = {"Authorization": f"Bearer {raw}"}
+    found: list[int] = []
+
+    async def run() -> None:
+        async with app.router.lifespan_context(app), httpx.AsyncClient(
+                transport=httpx.ASGITransport(app=app), base_url="http://bench") as client:
+            async def one() -> None:
+                r = await client.post("/v1/chat/completions", json=body, headers=headers)
+                assert r.status_code == 200, r.text
+                if release:
+                    release_response(r)
+
+            for _ in range(20):  # warm: first-use caches are not per-request garbage
+                await one()
+            gc.collect()
+            gc.disable()
+            gc.set_debug(gc.DEBUG_SAVEALL)  # what a collection would free is kept in gc.garbage
+            try:
+                for _ in range(n // 8):
+                    await asyncio.gather(*(one() for _ in range(8)))
+                gc.collect()
+                found.append(len(gc.garbage))
+            finally:
+                gc.set_debug(0)
+                gc.garbage.clear()
+                gc.enable()
+
+    try:
+        asyncio.run(run())
+    finally:
+        assert ledger.stop()
+    return found[0] / n
+
+
+@pytest.mark.slow
+def test_the_server_leaves_no_reference_cycles_behind_a_request(tmp_path: Any) -> None:
+    # The chat route with the journaled ledger, answered through the bench's client as the ledger
+    # bench drives it: nothing left for the collector (a handful of one-off objects at most).
+    assert _cycle_garbage_per_request(tmp_path, release=True) < 1.0
+
+
+@pytest.mark.slow
+def test_without_release_each_httpx_response_is_a_cycle(tmp_path: Any) -> None:
+    # What release_response is for: httpx binds each response's stream back to the response, so an
+    # answered response (with its request, URL and headers) waits for a collection.
+    assert _cycle_garbage_per_request(tmp_path, release=False) >= 10.0
