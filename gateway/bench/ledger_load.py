@@ -258,7 +258,8 @@ def release_response(response: Any) -> None:
     URL, headers and stream, ~31 container objects, is a reference cycle only the collector frees.
     The bench's in-process client makes one per request on the event loop it shares with the
     server: at ~1,000 requests/s that alone set off a young-generation collection every ~300
-    requests (the server's ``GEN0_THRESHOLD`` of 10,000 net new objects), each stopping the loop
+    requests (count-driven at 10,000 net new objects, as servers collected before
+    gateway.web.gc_pacing), each stopping the loop
     for every request in flight, 7 ms on average and up to 27 ms (the ledger bench's "all garbage
     collections" line, both kinds of phase). The server itself leaves no cycles behind a request
     (``tests/gateway/bench/test_ledger_load.py``). Breaking the one back-reference once the body is

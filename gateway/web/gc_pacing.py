@@ -7,8 +7,8 @@ counting frees all of it: ``tests/gateway/bench/test_ledger_load.py``), so what 
 mostly does is walk the objects of the requests in flight, find them alive and promote them.
 That makes the count-driven collector worst exactly when a server is busiest: a burst of arrivals
 allocates faster than answers free (the count passes the threshold sooner), and each collection
-walks more live objects (it lasts longer), so its cost grows with the square of the requests in
-flight, and every pause queues more of them. `tiergate bench ledger`'s open loop at 60% of
+walks more live objects (it lasts longer): the more requests are in flight, the more often it
+runs and the longer each run, and every pause queues more of them. `tiergate bench ledger`'s open loop at 60% of
 capacity on two cores (2026-12-04, AMD EPYC, before this module) ran 102 young collections in
 its ledger-on phases, 636 ms in all, max 18.9 ms, and 5 of the middle generation, 168 ms, one of
 67.6 ms; that stall's queue set the phase's p99 (up to 19x the ledger-off phase's in one round).
@@ -29,13 +29,10 @@ from __future__ import annotations
 
 import asyncio
 import gc
-import logging
 import os
 import time
 from collections.abc import Callable
 from contextlib import AsyncExitStack
-
-log = logging.getLogger("tiergate.gc")
 
 INTERVAL_S = 1.0  # the youngest generation is collected this often
 MIDDLE_EVERY = 10  # ... the middle one every this many ticks
@@ -65,7 +62,7 @@ def generation_for(tick: int) -> int:
 
 class Pacer:
     """The clock's collections, counted (``collections`` per generation) and timed
-    (``pause_s``: the longest)."""
+    (``longest_pause_s``)."""
 
     def __init__(self, interval_s: float, clock: Callable[[], float] = time.perf_counter) -> None:
         self.interval_s = interval_s
