@@ -134,11 +134,12 @@ def _freeze_startup_heap(stack: AsyncExitStack) -> None:
     default: that collection costs ~100 ms per app start, which a process that starts many
     (the tests) should not pay; a server starts one.
 
-    Collections from then on are paced by gateway.web.gc_pacing (``pace_collections``): on a
-    clock, not whenever allocations outrun frees (a burst of requests), which made each pause
-    longer and more frequent the more requests were in flight. (Count-driven, at the default
-    threshold of 700 the collector ran every ~130 requests and cost 12-20 us a request; at
-    ``GEN0_THRESHOLD``, what ``TIERGATE_GC_INTERVAL_S=0`` keeps, 0.6-0.9 us.) Restored at shutdown.
+    The youngest generation's threshold is raised too (700 -> gateway.web.gc_pacing's
+    ``GEN0_THRESHOLD`` net new container objects): at 700 the collector ran every ~130 requests
+    and cost 12-20 us per request (the chat route driven in process at 32 concurrent requests;
+    0.6-0.9 us at 10,000). With ``TIERGATE_GC_INTERVAL_S`` set (opt-in), collections run on a
+    clock instead (``pace_collections``; see that module for why, and why not by default).
+    Restored at shutdown.
 
     And the process's GIL switch interval is set to ``SWITCH_INTERVAL_S`` until shutdown, so every
     app built as a server (``tiergate serve`` and the benches that build the app in process alike)

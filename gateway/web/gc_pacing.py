@@ -13,7 +13,7 @@ capacity on two cores (2026-12-04, AMD EPYC, before this module) ran 102 young c
 its ledger-on phases, 636 ms in all, max 18.9 ms, and 5 of the middle generation, 168 ms, one of
 67.6 ms; that stall's queue set the phase's p99 (up to 19x the ledger-off phase's in one round).
 
-Here the automatic collector is only a backstop (``threshold0`` = ``BACKSTOP_GEN0``, for a
+Paced, the automatic collector is only a backstop (``threshold0`` = ``BACKSTOP_GEN0``, for a
 process that allocates cycles in a burst without yielding to its loop), and a task on the event
 loop collects on a clock: the youngest generation every ``interval_s``, the middle one every
 ``MIDDLE_EVERY`` ticks, everything (the startup heap stays frozen, see gateway.app) every
@@ -21,8 +21,14 @@ loop collects on a clock: the youngest generation every ``interval_s``, the midd
 more of them. Cycles some paths do leave (an ``httpx`` response of a library's upstream call is
 one; an exception kept with its traceback another) wait at most ``interval_s`` to be freed.
 
-``TIERGATE_GC_INTERVAL_S`` overrides ``interval_s``; ``0`` turns pacing off (CPython's own
-collector at ``GEN0_THRESHOLD``, as before). Imports the standard library only.
+**Opt-in** (``TIERGATE_GC_INTERVAL_S``, e.g. ``1``; unset or ``0``: not paced, CPython's own
+collector at ``GEN0_THRESHOLD``). Why not the default: `tiergate bench soak --minutes 20` from a clean
+clone (2026-12-04, the AMD EPYC machine) paced at 1 s measured the mix's max at 248 requests/s (182
+unpaced), soaked at 70% of that (174/s against 127) and fell behind after ~10 minutes (open fds
+50 -> 190-480, /healthz p99 110-185 ms, RSS 266 -> 349 MiB; 0 failed, every call billed once), where
+the unpaced soak held flat (RSS +0.9%, fds -3.8%). The two ran at different loads, so that is not a
+verdict on pacing, but nothing here shows a long mixed load (streams, cut streams, pipelines,
+batches) is safe with it yet. Imports the standard library only.
 """
 
 from __future__ import annotations
@@ -34,14 +40,15 @@ import time
 from collections.abc import Callable
 from contextlib import AsyncExitStack
 
-INTERVAL_S = 1.0  # the youngest generation is collected this often
+INTERVAL_S = 1.0  # the suggested interval (TIERGATE_GC_INTERVAL_S=1): the youngest generation this often
+DEFAULT_INTERVAL_S = 0.0  # not paced unless TIERGATE_GC_INTERVAL_S says so (see the module docstring)
 MIDDLE_EVERY = 10  # ... the middle one every this many ticks
 FULL_EVERY = 300  # ... and all of them every this many (5 minutes at 1 s)
 BACKSTOP_GEN0 = 200_000  # the automatic collector's threshold0 while paced: only a backstop
 GEN0_THRESHOLD = 10_000  # threshold0 when not paced (CPython's default: 700)
 
 
-def interval_from_env(default: float = INTERVAL_S) -> float:
+def interval_from_env(default: float = DEFAULT_INTERVAL_S) -> float:
     raw = os.environ.get("TIERGATE_GC_INTERVAL_S")
     if raw is None or raw.strip() == "":
         return default
@@ -89,8 +96,8 @@ class Pacer:
 
 async def pace_collections(stack: AsyncExitStack, interval_s: float | None = None) -> Pacer | None:
     """Collect on a clock on the running loop until ``stack`` closes (then the thresholds are put
-    back). ``interval_s`` None: ``TIERGATE_GC_INTERVAL_S`` or ``INTERVAL_S``; 0: not paced, CPython's
-    collector at ``GEN0_THRESHOLD`` (returns None)."""
+    back). ``interval_s`` None: ``TIERGATE_GC_INTERVAL_S`` (unset: not paced); 0: not paced,
+    CPython's collector at ``GEN0_THRESHOLD`` (returns None)."""
     interval = interval_from_env() if interval_s is None else interval_s
     old = gc.get_threshold()
     stack.callback(gc.set_threshold, *old)
