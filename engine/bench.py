@@ -28,6 +28,13 @@ from typing import Any
 
 import torch
 
+from engine.bench_traffic import (
+    decode_weight_bytes,
+    expert_share,
+    products_ceiling,
+    shared_weight_bytes,
+    step_weight_bytes,
+)
 from engine.engine import LLMEngine
 from engine.sampling_params import SamplingParams
 
@@ -100,58 +107,6 @@ def _bench_engine(model: Any, config: Any, sizes: BenchSizes) -> LLMEngine:
     return LLMEngine(model, config, eos_token_ids=(), max_model_len=sizes.prompt_tokens + sizes.decode_tokens + 8,
                      max_num_seqs=most, max_num_batched_tokens=max(512, most * sizes.prompt_tokens),
                      enable_prefix_caching=False, release_weights=True)
-
-
-def decode_weight_bytes(config: Any, k: int, dtype: torch.dtype = torch.float32) -> int:
-    """Bytes of weights one batch-1 decode step reads: attention, router, k experts per MoE layer
-    (dense MLP on dense layers), norms, one embedding row and the LM head."""
-    h, hd = config.hidden_size, config.head_dim
-    attn = h * hd * (config.num_attention_heads + 2 * config.num_key_value_heads) + config.num_attention_heads * hd * h
-    per_layer_sparse = h * config.num_experts + k * 3 * h * config.moe_intermediate_size + 3 * h * (
-        config.shared_expert_intermediate_size) + (h if config.shared_expert_intermediate_size else 0)
-    per_layer_dense = 3 * h * config.intermediate_size
-    total = 0
-    for i in range(config.num_hidden_layers):
-        mlp = per_layer_sparse if config.is_moe and config.layer_is_sparse(i) else per_layer_dense
-        total += attn + mlp + 2 * h
-    total += h + h + config.vocab_size * h
-    return total * (torch.finfo(dtype).bits // 8)
-
-
-def expert_coverage(num_experts: int, k: int, tokens: int) -> float:
-    """Expected fraction of experts that ``tokens`` tokens, each picking ``k`` distinct experts uniformly,
-    select between them (random routers are close to uniform)."""
-    return 1.0 - ((num_experts - k) / num_experts) ** tokens
-
-
-def _expert_bytes(config: Any, dtype: torch.dtype) -> int:
-    """One expert's weight bytes over all layers."""
-    return decode_weight_bytes(config, 2, dtype) - decode_weight_bytes(config, 1, dtype)
-
-
-def shared_weight_bytes(config: Any, k: int, dtype: torch.dtype = torch.float32) -> int:
-    """The weight bytes of a decode step that every token reads whichever experts it picks: attention, router,
-    norms, its embedding row and the LM head (a dense model: all of them)."""
-    one = decode_weight_bytes(config, k, dtype)
-    return one - k * _expert_bytes(config, dtype) if config.is_moe else one
-
-
-def step_weight_bytes(config: Any, k: int, streams: int, dtype: torch.dtype = torch.float32) -> float:
-    """Expected weight bytes one decode step of ``streams`` sequences reads: the dense part once, and each
-    expert that any of the tokens picked once."""
-    shared = shared_weight_bytes(config, k, dtype)
-    if not config.is_moe:
-        return shared
-    return shared + config.num_experts * expert_coverage(config.num_experts, k, streams) * _expert_bytes(config, dtype)
-
-
-def products_ceiling(most: int, shared: float, many_bytes: float, macs: float, streamed: float, one: float) -> float:
-    """Part (c)'s second ceiling: a ``most``-stream step with its products over the ``shared`` weight bytes every
-    token reads at ``macs`` multiply-adds/s (fp32: one a weight and token) or their bytes at ``streamed``
-    bytes/s, whichever is slower, and the rest of its ``many_bytes`` at ``streamed``; as a ratio to one stream's
-    ``one`` tokens/s."""
-    step = max(most * shared / 4 / macs, shared / streamed) + (many_bytes - shared) / streamed
-    return most / (step * one)
 
 
 def working_set_ceilings(bandwidth: Callable[[float], float], one_bytes: float, many_bytes: float, most: int,
@@ -241,11 +196,6 @@ def best_interleaved(measures: dict[Any, Callable[[], float]], repeats: int) -> 
 def _prompts(count: int, length: int, vocab: int, seed: int) -> list[list[int]]:
     g = torch.Generator().manual_seed(seed)
     return [torch.randint(1, vocab, (length,), generator=g).tolist() for _ in range(count)]
-
-
-def _expert_share(config: Any, k: int) -> float:
-    per_expert = decode_weight_bytes(config, 2) - decode_weight_bytes(config, 1)
-    return k * per_expert / decode_weight_bytes(config, k)
 
 
 def _verdict(value: float, target: float, higher: bool = True) -> str:
@@ -378,7 +328,7 @@ def run_expert_count_bench(demo_dir: Path, data_dir: Path, log: Log, *, decode_t
     line = (f"(d) demo model k=1 {speed[1]:.1f} tok/s vs k={trained} {speed[trained]:.1f} tok/s with the prefill "
             f"({speed[1] / speed[trained]:.2f}x); decode steps alone k=1 {decode[1]:.1f} tok/s vs k={trained} "
             f"{decode[trained]:.1f} tok/s -> speed ratio {ratio:.2f}x (target >= 1.5x: {_verdict(ratio, 1.5)}; "
-            f"ceiling {bound:.2f}x: its experts are {_expert_share(engine.config, trained):.0%} of the weight bytes "
+            f"ceiling {bound:.2f}x: its experts are {expert_share(engine.config, trained):.0%} of the weight bytes "
             f"a token reads; {ratio / bound:.0%} of it)")
     if ppl:
         change = ppl[1] / ppl[trained] - 1

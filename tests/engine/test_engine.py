@@ -195,7 +195,7 @@ def test_text_streams_and_stop_strings_truncate(tiny) -> None:
 
 
 def test_bench_weight_bytes_count_every_parameter_when_all_experts_are_active(tiny) -> None:
-    from engine.bench import decode_weight_bytes
+    from engine.bench_traffic import decode_weight_bytes
 
     model, config = tiny
     total = sum(p.numel() for p in model.parameters())
@@ -206,7 +206,12 @@ def test_bench_weight_bytes_count_every_parameter_when_all_experts_are_active(ti
 
 
 def test_bench_step_bytes_grow_with_the_experts_a_batch_touches(tiny) -> None:
-    from engine.bench import decode_weight_bytes, expert_coverage, shared_weight_bytes, step_weight_bytes
+    from engine.bench_traffic import (
+        decode_weight_bytes,
+        expert_coverage,
+        shared_weight_bytes,
+        step_weight_bytes,
+    )
 
     _, config = tiny
     e, k = config.num_experts, 2
