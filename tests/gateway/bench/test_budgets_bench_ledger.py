@@ -58,6 +58,10 @@ def test_bench_ledger_pg_small(postgres_url: str) -> None:
         assert int(m.group(3)) >= 0 and int(m.group(4)) > 0 and int(m.group(5)) > 0
         assert abs(int(m.group(3)) + int(m.group(4)) - int(m.group(2))) <= 1  # the total is the two summed
         assert re.search(rf"p99 ratio on/off: \d+\.\d+ \(median of the rounds; {verdict}", block)
+        # two rounds are too few for a 95% interval of the median: the run says so instead of a verdict
+        assert re.search(r"; 50% interval (of the median from the rounds' order statistics )?\d+\.\d+\.\.\d+\.\d+", block)
+        if verdict != "no target":
+            assert "too few rounds for a 95% interval: not settled" in block
         per_round = re.search(r"p99 ratio on/off per round: ([\d. ]+); all rounds pooled: \d+\.\d+", block)
         assert per_round is not None and len(per_round.group(1).split()) == 2
         assert re.search(r"full GC pauses while timed: ledger off \d+ \(max [\d.]+ ms\), ledger on \d+", block)
