@@ -28,8 +28,22 @@ def test_report_gives_each_variants_verdict_against_the_noise_floor() -> None:
     assert "noise floor (A/A: two identical servers): CPU ratio median 1.000" in text
     assert "metrics: costs +2.0% of RPS (CPU per request) -> RPS target (<= 5%) met" in text
     assert "metrics+otlp@0.1: costs +6.5% of RPS (CPU per request) -> RPS target (<= 5%) NOT met" in text
+    # three rounds are too few for a 95% interval of the median: their extremes, and what they cover
+    assert "(median; 75% interval of it +1.0%..+2.9%: too few rounds for a 95% interval: not settled)" in text
     assert "OTLP receiver: 3 export requests, 60 spans" in text
     assert "no-metrics-b: costs" not in text  # the control is the floor, not a variant with a verdict
+
+
+def test_the_verdict_of_enough_rounds_comes_from_the_interval() -> None:
+    args = PairedArgs(rounds=12, variants=("metrics", "traced"))
+    # 12 rounds: the 3rd smallest and 3rd largest cost bound the median (96.1%)
+    cheap = [1.00, 1.01, 1.01, 1.02, 1.02, 1.02, 1.03, 1.03, 1.03, 1.04, 1.04, 1.09]
+    edge = [1.02, 1.03, 1.04, 1.04, 1.05, 1.05, 1.05, 1.06, 1.06, 1.07, 1.08, 1.10]
+    pairs = {"metrics": [Pair(1000, 1.0, 1000, c, 100, 100) for c in cheap],
+             "traced": [Pair(1000, 1.0, 1000, c, 100, 100) for c in edge]}
+    text = "\n".join(report(pairs, args))
+    assert "metrics: costs +2.4% of RPS" in text and "96% interval of it +1.0%..+3.8%: met)" in text
+    assert "traced: costs +4.8% of RPS" in text and "interval of it +3.8%..+6.5%: not settled by these rounds" in text
 
 
 def test_every_variant_is_a_config_and_an_unknown_one_is_refused() -> None:
