@@ -31,6 +31,8 @@ def test_report_gives_each_variants_verdict_against_the_noise_floor() -> None:
     # three rounds are too few for a 95% interval of the median: their extremes, and what they cover
     assert "(median; 75% interval of it +1.0%..+2.9%: too few rounds for a 95% interval: not settled)" in text
     assert "OTLP receiver: 3 export requests, 60 spans" in text
+    # over the control of the same round: 1 - (1/1.06)/(1/0.99), 1 - (1/1.08)/(1/1.0), 1 - (1/1.07)/(1/1.02)
+    assert "  metrics+otlp@0.1 over the A/A pair of its own round: costs +6.6% of RPS (median; 75% interval +4.7%..+7.4%" in text
     assert "no-metrics-b: costs" not in text  # the control is the floor, not a variant with a verdict
 
 
@@ -44,6 +46,17 @@ def test_the_verdict_of_enough_rounds_comes_from_the_interval() -> None:
     text = "\n".join(report(pairs, args))
     assert "metrics: costs +2.4% of RPS" in text and "96% interval of it +1.0%..+3.8%: met)" in text
     assert "traced: costs +4.8% of RPS" in text and "interval of it +3.8%..+6.5%: not settled by these rounds" in text
+
+
+def test_dividing_by_the_same_rounds_control_cancels_the_start_order() -> None:
+    # the variant costs 3% in truth; the server started first (every other round) costs 4% more
+    args = PairedArgs(rounds=12, variants=("no-metrics-b", "metrics"))
+    first = [1.04 if r % 2 else 1.0 for r in range(12)]
+    pairs = {"no-metrics-b": [Pair(1000, 1.0, 1000, f, 100, 100) for f in first],
+             "metrics": [Pair(1000, 1.0, 1000, 1.03 * f, 100, 100) for f in first]}
+    text = "\n".join(report(pairs, args))
+    assert "metrics: costs +4.8% of RPS" in text  # the plain median sits between the two orders
+    assert "metrics over the A/A pair of its own round: costs +2.9% of RPS (median; 96% interval +2.9%..+2.9%: met)" in text
 
 
 def test_every_variant_is_a_config_and_an_unknown_one_is_refused() -> None:
