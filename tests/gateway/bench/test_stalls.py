@@ -98,9 +98,11 @@ def test_loop_lag_tells_a_busy_loop_thread_from_a_blocked_one() -> None:
         return lag
 
     # spinning, the loop thread is on a CPU or waiting for one the whole time, so those two
-    # cover the late wake-up; sleeping, it is on neither
+    # cover most of the late wake-up (not all of it on a VM: time the hypervisor gave the vCPU to
+    # another guest is in neither; a clean-clone CI run saw 37.6 + 7.0 ms of a 49.5 ms lag);
+    # sleeping, it is on neither
     busy = asyncio.run(main(spin)).worst()
-    assert busy.lag_s >= 0.04 and busy.on_cpu_s + busy.run_queue_s >= 0.045
+    assert busy.lag_s >= 0.04 and busy.on_cpu_s + busy.run_queue_s >= 0.03
     blocked = asyncio.run(main(time.sleep))
     assert blocked.worst().lag_s >= 0.04 and blocked.worst().on_cpu_s < 0.04  # asleep: not on a CPU
     cpu_s, queued_s = blocked.totals()
