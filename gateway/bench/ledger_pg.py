@@ -24,7 +24,7 @@ achieved rate. For each: ledger rows/s committed to PostgreSQL during the timed 
 request p50/p99 of both kinds (all rounds pooled); the p99 ratio on/off as the median of the
 rounds' ratios, so one disturbed phase cannot set it (target, open loop: ≥ 2,000 rows/s, p99
 ratio ≤ 1.10), with a distribution-free 95% interval of that median (the rounds' order
-statistics: gateway.bench.ledger_load.median_interval), so a run says whether its rounds settle the
+statistics: gateway.bench.intervals.median_interval), so a run says whether its rounds settle the
 target (met: the whole interval at or below it; NOT met: all above; else not settled — a round's
 ratio swings by ±30% on a shared 2-core machine, and 12 rounds resolve the median to about ±8%),
 each round's ratio and the pooled one; and the full (generation-2) garbage
@@ -55,6 +55,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from gateway.bench.intervals import interval_verdict, median_interval
 from gateway.bench.ledger_calls import loop_cpu_line, timed_calls_phase
 from gateway.bench.ledger_load import (
     FullCollections,
@@ -62,9 +63,7 @@ from gateway.bench.ledger_load import (
     Phase,
     Probe,
     SleepingUpstream,
-    interval_verdict,
     judge_probe,
-    median_interval,
     serve_phase,
     sustainable_rate,
 )

@@ -14,7 +14,7 @@ server over the window: requests answered and its CPU time (every thread's, from
   variant's observability on (RPS = CPU available / CPU per request). This is the figure held to
   the target (≥ 0.95: at most 5% of RPS lost): its median over the rounds, and beside it a
   distribution-free interval of that median (the rounds' order statistics,
-  gateway.bench.ledger_load.median_interval) saying whether the rounds settle the target (met: the
+  gateway.bench.intervals.median_interval) saying whether the rounds settle the target (met: the
   whole interval within 5%; NOT met: all of it above; else not settled — 8 rounds give only their
   extremes, at 99% coverage);
 - **RPS ratio**: the variant's requests over the baseline's in the same window. Both servers
@@ -60,7 +60,7 @@ from gateway.bench.gateway import (
     _process,
     serve_tiergate,
 )
-from gateway.bench.ledger_load import interval_verdict, median_interval
+from gateway.bench.intervals import interval_verdict, median_interval
 
 BASE = "no-metrics"
 COST_TARGET = 0.05  # at most 5% of RPS (CPU per request) for a variant's observability
