@@ -28,14 +28,15 @@ def median_interval(values: list[float], confidence: float = 0.95) -> tuple[floa
     return ordered[k - 1], ordered[n - k], covered
 
 
-def interval_verdict(low: float, high: float, coverage: float, target: float, confidence: float = 0.95) -> str:
+def interval_verdict(low: float, high: float, coverage: float, target: float, confidence: float = 0.95, *,
+                     shown: str | None = None) -> str:
     """Whether an interval of a ratio settles ``ratio <= target``: met (all of it at or below),
     NOT met (all of it above), or not settled by these rounds (the target inside it, or too few
-    rounds for ``confidence``)."""
+    rounds for ``confidence``). ``shown``: the target as the report writes it (default ``0.00``)."""
     if coverage < confidence:
         return f"too few rounds for a {confidence:.0%} interval: not settled"
     if high <= target:
         return "met"
     if low > target:
         return "NOT met"
-    return f"not settled by these rounds: {target:.2f} lies inside the interval"
+    return f"not settled by these rounds: {shown or f'{target:.2f}'} lies inside the interval"

@@ -64,6 +64,7 @@ from gateway.bench.intervals import interval_verdict, median_interval
 
 BASE = "no-metrics"
 COST_TARGET = 0.05  # at most 5% of RPS (CPU per request) for a variant's observability
+COST_SHOWN = f"{COST_TARGET:.0%}"
 VARIANTS: dict[str, dict[str, Any]] = {
     BASE: {"metrics": {"enabled": False}},
     "no-metrics-b": {"metrics": {"enabled": False}},  # the A/A control
@@ -219,7 +220,7 @@ def _against_control(ps: list[Pair], control: list[float]) -> str:
     costs = [1 - p.cpu_ratio / c for p, c in zip(ps, control, strict=True)]
     low, high, coverage = median_interval(costs)
     return (f"costs {statistics.median(costs) * 100:+.1f}% of RPS (median; {coverage:.0%} interval "
-            f"{low * 100:+.1f}%..{high * 100:+.1f}%: {interval_verdict(low, high, coverage, COST_TARGET)})")
+            f"{low * 100:+.1f}%..{high * 100:+.1f}%: {interval_verdict(low, high, coverage, COST_TARGET, shown=COST_SHOWN)})")
 
 
 def _spread(values: list[float]) -> str:
@@ -264,7 +265,7 @@ def report(pairs: dict[str, list[Pair]], args: PairedArgs, exported: dict[str, A
         verdict = "met" if med >= 0.95 else "NOT met"
         # the cost's interval: 1 - the CPU ratio's (distribution-free, from the rounds' order statistics)
         low, high, coverage = median_interval([1 - p.cpu_ratio for p in ps])
-        settled = interval_verdict(low, high, coverage, COST_TARGET)
+        settled = interval_verdict(low, high, coverage, COST_TARGET, shown=COST_SHOWN)
         lines.append(f"{name}: costs {(1 - med) * 100:+.1f}% of RPS (CPU per request) -> RPS target (<= 5%) {verdict} "
                      f"(median; {coverage:.0%} interval of it {low * 100:+.1f}%..{high * 100:+.1f}%: {settled})")
         if len(control) == len(ps):

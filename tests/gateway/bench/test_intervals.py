@@ -29,3 +29,4 @@ def test_interval_verdict_settles_the_target_only_with_the_whole_interval() -> N
     assert interval_verdict(1.11, 1.30, 0.96, 1.10) == "NOT met"
     assert interval_verdict(1.07, 1.28, 0.96, 1.10).startswith("not settled by these rounds: 1.10 lies inside")
     assert interval_verdict(1.01, 1.05, 0.5, 1.10) == "too few rounds for a 95% interval: not settled"
+    assert interval_verdict(0.04, 0.07, 0.96, 0.05, shown="5%").endswith(": 5% lies inside the interval")

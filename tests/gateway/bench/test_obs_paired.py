@@ -45,7 +45,7 @@ def test_the_verdict_of_enough_rounds_comes_from_the_interval() -> None:
              "traced": [Pair(1000, 1.0, 1000, c, 100, 100) for c in edge]}
     text = "\n".join(report(pairs, args))
     assert "metrics: costs +2.4% of RPS" in text and "96% interval of it +1.0%..+3.8%: met)" in text
-    assert "traced: costs +4.8% of RPS" in text and "interval of it +3.8%..+6.5%: not settled by these rounds" in text
+    assert "traced: costs +4.8% of RPS" in text and "interval of it +3.8%..+6.5%: not settled by these rounds: 5% lies inside the interval" in text
 
 
 def test_dividing_by_the_same_rounds_control_cancels_the_start_order() -> None:
