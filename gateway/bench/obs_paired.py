@@ -218,9 +218,14 @@ def _against_control(ps: list[Pair], control: list[float]) -> str:
     the ratio by a few percent (the A/A pair's own rounds show it); dividing by the control's
     ratio cancels that, at the price of the control's noise."""
     costs = [1 - p.cpu_ratio / c for p, c in zip(ps, control, strict=True)]
+    return f"costs {statistics.median(costs) * 100:+.1f}% of RPS (median; {_cost_interval(costs, 'interval')})"
+
+
+def _cost_interval(costs: list[float], label: str) -> str:
+    """``costs``' median interval (the rounds' order statistics) and whether it settles the target."""
     low, high, coverage = median_interval(costs)
-    return (f"costs {statistics.median(costs) * 100:+.1f}% of RPS (median; {coverage:.0%} interval "
-            f"{low * 100:+.1f}%..{high * 100:+.1f}%: {interval_verdict(low, high, coverage, COST_TARGET, shown=COST_SHOWN)})")
+    return (f"{coverage:.0%} {label} {low * 100:+.1f}%..{high * 100:+.1f}%: "
+            f"{interval_verdict(low, high, coverage, COST_TARGET, shown=COST_SHOWN)})")
 
 
 def _spread(values: list[float]) -> str:
@@ -263,11 +268,8 @@ def report(pairs: dict[str, list[Pair]], args: PairedArgs, exported: dict[str, A
             continue
         med = statistics.median(p.cpu_ratio for p in ps)
         verdict = "met" if med >= 0.95 else "NOT met"
-        # the cost's interval: 1 - the CPU ratio's (distribution-free, from the rounds' order statistics)
-        low, high, coverage = median_interval([1 - p.cpu_ratio for p in ps])
-        settled = interval_verdict(low, high, coverage, COST_TARGET, shown=COST_SHOWN)
         lines.append(f"{name}: costs {(1 - med) * 100:+.1f}% of RPS (CPU per request) -> RPS target (<= 5%) {verdict} "
-                     f"(median; {coverage:.0%} interval of it {low * 100:+.1f}%..{high * 100:+.1f}%: {settled})")
+                     f"(median; {_cost_interval([1 - p.cpu_ratio for p in ps], 'interval of it')})")
         if len(control) == len(ps):
             lines.append(f"  {name} over the A/A pair of its own round: {_against_control(ps, control)}")
     if exported:

@@ -40,8 +40,7 @@ import time
 from collections.abc import Callable
 from contextlib import AsyncExitStack
 
-INTERVAL_S = 1.0  # the suggested interval (TIERGATE_GC_INTERVAL_S=1): the youngest generation this often
-DEFAULT_INTERVAL_S = 0.0  # not paced unless TIERGATE_GC_INTERVAL_S says so (see the module docstring)
+DEFAULT_INTERVAL_S = 0.0  # not paced unless TIERGATE_GC_INTERVAL_S says so (e.g. 1: the youngest generation every 1 s)
 MIDDLE_EVERY = 10  # ... the middle one every this many ticks
 FULL_EVERY = 300  # ... and all of them every this many (5 minutes at 1 s)
 BACKSTOP_GEN0 = 200_000  # the automatic collector's threshold0 while paced: only a backstop

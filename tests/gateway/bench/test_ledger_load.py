@@ -232,4 +232,3 @@ def test_without_release_each_httpx_response_is_a_cycle(tmp_path: Any) -> None:
     # What release_response is for: httpx binds each response's stream back to the response, so an
     # answered response (with its request, URL and headers) waits for a collection.
     assert _cycle_garbage_per_request(tmp_path, release=False) >= 10.0
-
