@@ -29,7 +29,11 @@ also given over the A/A pair of its own round, which cancels that at the price o
 noise. Variants run in a rotating order within a
 round. The OTLP variants export with the real OTLP/HTTP exporter to the bench's receiver
 (``python -m gateway.bench.tools sink``, on the load core), so encoding and sending are in the
-server's CPU. Added p50 latency (the second target) is `tiergate bench gateway`'s: sequential
+server's CPU: on the SDK's default schedule (a batch every 5 s, ``--export-delay-ms``), and each
+window is followed by a quiet longer than that, so every span it recorded is encoded and sent
+before its CPU is read. (Until 2026-12-04 the schedule was shortened to 0.75 s to keep the
+windows short: ~7x as many batches as a default server sends, each ~0.6-1.2 ms of CPU whatever
+its size.) Added p50 latency (the second target) is `tiergate bench gateway`'s: sequential
 requests, one server at a time.
 
 Bench-only: imported lazily by gateway.cli.bench.
@@ -90,7 +94,16 @@ class PairedArgs:
     duration_s: float = 4.0
     concurrency: int = 16  # per server
     warmup: int = 300  # requests per server before the window, uncounted
-    settle_s: float = 1.5  # quiet after the warm-up and after the window (> the export schedule)
+    settle_s: float = 1.5  # quiet after the warm-up and after the window (at least the export schedule + 0.5 s)
+    # the span processor's export schedule (OTEL_BSP_SCHEDULE_DELAY), the SDK's default: batches of
+    # the size a default server sends (a shorter one sends more, smaller batches: more CPU a span)
+    export_delay_ms: int = 5000
+
+    @property
+    def quiet_s(self) -> float:
+        """The quiet after the warm-up and after the window: long enough for a scheduled export
+        to run in it, so the window's spans are encoded and sent before its CPU is read."""
+        return max(self.settle_s, self.export_delay_ms / 1000 + 0.5)
     server_core: int = 0
     load_core: int = 1
     variants: tuple[str, ...] = ("no-metrics-b", "metrics", "metrics+otlp@0.1", "metrics+otlp@1.0")
@@ -146,16 +159,16 @@ def _drive(servers: tuple[Server, Server], args: PairedArgs, order: tuple[int, i
 def _pair(base: Server, variant: Server, args: PairedArgs, swap: bool = False) -> Pair:
     """Drive both servers at once: first ``args.warmup`` requests each, uncounted (a fresh server's
     first requests import and build what later ones reuse); then ``args.duration_s`` seconds,
-    followed by ``args.settle_s`` of quiet so the span processors' scheduled exports of the spans
+    followed by ``args.quiet_s`` of quiet so the span processors' scheduled exports of the spans
     the window recorded run inside it (``OTEL_BSP_SCHEDULE_DELAY``, set below that). CPU is
     read before and after the window (the servers' every thread, /proc), requests counted by the
     load generators. ``swap``: the variant's generator starts first (alternated by round)."""
     servers, order = (base, variant), ((1, 0) if swap else (0, 1))
     _drive(servers, args, order, requests=args.warmup)
-    time.sleep(args.settle_s)  # the warm-up's spans exported before the window
+    time.sleep(args.quiet_s)  # the warm-up's spans exported before the window
     cpu0 = [_cpu_s(base.pid), _cpu_s(variant.pid)]
     got = _drive(servers, args, order, duration_s=args.duration_s)
-    time.sleep(args.settle_s)
+    time.sleep(args.quiet_s)
     cpu1 = [_cpu_s(base.pid), _cpu_s(variant.pid)]
     return Pair(int(got[0]["requests"]), cpu1[0] - cpu0[0], int(got[1]["requests"]), cpu1[1] - cpu0[1],
                 float(got[0]["rps"]), float(got[1]["rps"]))
@@ -178,10 +191,9 @@ def run(args: PairedArgs) -> list[str]:
     # every server the same string hashing (dict layouts), so two servers differ only in their config
     env = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True", "TIERGATE_BENCH_DATABASE_URL": "",
            "PYTHONHASHSEED": "0",
-           # the span processor's export schedule (the SDK's default 5 s) shortened so every span of a
-           # window is exported, and its encoding and sending counted, before the window's CPU is read;
-           # more, smaller batches than a default server sends: if anything, more export CPU per span
-           "OTEL_BSP_SCHEDULE_DELAY": str(int(args.settle_s * 1000 / 2))}
+           # the span processor's export schedule, set (whatever this environment says): the SDK's
+           # default unless asked otherwise; every pair's quiet after its window outlasts it
+           "OTEL_BSP_SCHEDULE_DELAY": str(args.export_delay_ms)}
     pairs: dict[str, list[Pair]] = {v: [] for v in args.variants}
     try:
         with ExitStack() as stack:
@@ -236,7 +248,7 @@ def report(pairs: dict[str, list[Pair]], args: PairedArgs, exported: dict[str, A
     what = "metrics and tracing off" if args.base == BASE else "as configured in VARIANTS"
     lines = [f"tiergate bench obs-paired: each variant's server beside the baseline ({args.base}: {what}), both on core {args.server_core} at the same time, {args.concurrency} connections each for "
              f"{args.duration_s:g} s, {args.rounds} rounds (load generators, mock upstream and OTLP receiver on "
-             f"core {args.load_core})", "",
+             f"core {args.load_core}; spans exported every {args.export_delay_ms} ms)", "",
              f"{'variant':<20}{'CPU us/req':>12}{'base us/req':>13}{'CPU ratio':>11}   {'per round':<16}"
              f"{'RPS ratio':>10}   per round"]
     control: list[float] = []

@@ -182,11 +182,14 @@ def obs_paired_bench(
     concurrency: int = typer.Option(16, help="connections per server"),
     variants: str = typer.Option("no-metrics-b,metrics,metrics+otlp@0.1,metrics+otlp@1.0", help="comma-separated"),
     base: str = typer.Option("no-metrics", help="the variant every other one runs beside"),
+    export_delay_ms: int = typer.Option(5000, min=100, help="the span processor's export schedule "
+                                        "(OTEL_BSP_SCHEDULE_DELAY; 5000: the SDK's default)"),
 ) -> None:
     """Metrics and tracing cost per request, each variant's server run beside the baseline at the same time on one core."""
     from gateway.bench.obs_paired import PairedArgs, run
 
-    args = PairedArgs(rounds, duration, concurrency, variants=tuple(v for v in variants.split(",") if v), base=base)
+    args = PairedArgs(rounds, duration, concurrency, variants=tuple(v for v in variants.split(",") if v), base=base,
+                      export_delay_ms=export_delay_ms)
     for line in run(args):
         typer.echo(line)
 

