@@ -34,6 +34,7 @@ from opentelemetry.sdk.environment_variables import (
     OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE,
     OTEL_EXPORTER_OTLP_TRACES_CLIENT_CERTIFICATE,
     OTEL_EXPORTER_OTLP_TRACES_CLIENT_KEY,
+    _OTEL_PYTHON_EXPORTER_OTLP_HTTP_TRACES_CREDENTIAL_PROVIDER,
 )
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExportResult
@@ -244,12 +245,14 @@ class WireSpanExporter(OTLPSpanExporter):
     default ``requests`` one: ~0.6 ms of CPU a batch instead of ~1.2 ms on the development
     machine (``requests`` adds its session, hooks and adapters over the same urllib3 pool), CPU
     taken from the event loop through the GIL. Given a ``requests`` ``session`` (e.g. one with an
-    auth hook), that session is used, as in the SDK."""
+    auth hook), or one named by the SDK's credential-provider variable, that session is used, as
+    in the SDK."""
 
     def __init__(self, endpoint: str | None = None, certificate_file: str | None = None,
                  client_key_file: str | None = None, client_certificate_file: str | None = None,
                  session: Any = None, **kwargs: Any) -> None:
-        if session is None and "_transport" not in kwargs:
+        if (session is None and "_transport" not in kwargs
+                and not os.environ.get(_OTEL_PYTHON_EXPORTER_OTLP_HTTP_TRACES_CREDENTIAL_PROVIDER)):
             kwargs["_transport"] = _urllib3_transport(certificate_file, client_key_file, client_certificate_file)
         super().__init__(endpoint, certificate_file, client_key_file, client_certificate_file, session=session,
                          **kwargs)

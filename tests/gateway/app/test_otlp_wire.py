@@ -172,3 +172,6 @@ def test_the_wire_exporter_sends_through_the_sdks_urllib3_transport_with_its_tls
     session = requests.Session()
     given = WireSpanExporter(session=session)._client._transport
     assert type(given) is RequestsHTTPTransport and given._session is session
+    monkeypatch.setenv("OTEL_PYTHON_EXPORTER_OTLP_HTTP_TRACES_CREDENTIAL_PROVIDER", "no-such-provider")
+    with pytest.raises(RuntimeError):  # left to the SDK, which loads the named session (here: none such)
+        WireSpanExporter()
