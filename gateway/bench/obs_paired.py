@@ -94,20 +94,20 @@ class PairedArgs:
     duration_s: float = 4.0
     concurrency: int = 16  # per server
     warmup: int = 300  # requests per server before the window, uncounted
-    settle_s: float = 1.5  # quiet after the warm-up and after the window (at least the export schedule + 0.5 s)
+    settle_s: float = 1.5  # the least quiet after the warm-up and after the window (see quiet_s)
     # the span processor's export schedule (OTEL_BSP_SCHEDULE_DELAY), the SDK's default: batches of
     # the size a default server sends (a shorter one sends more, smaller batches: more CPU a span)
     export_delay_ms: int = 5000
+    server_core: int = 0
+    load_core: int = 1
+    variants: tuple[str, ...] = ("no-metrics-b", "metrics", "metrics+otlp@0.1", "metrics+otlp@1.0")
+    base: str = BASE  # the variant every other one runs beside
 
     @property
     def quiet_s(self) -> float:
         """The quiet after the warm-up and after the window: long enough for a scheduled export
         to run in it, so the window's spans are encoded and sent before its CPU is read."""
         return max(self.settle_s, self.export_delay_ms / 1000 + 0.5)
-    server_core: int = 0
-    load_core: int = 1
-    variants: tuple[str, ...] = ("no-metrics-b", "metrics", "metrics+otlp@0.1", "metrics+otlp@1.0")
-    base: str = BASE  # the variant every other one runs beside
 
 
 @dataclass(frozen=True)
@@ -160,7 +160,7 @@ def _pair(base: Server, variant: Server, args: PairedArgs, swap: bool = False) -
     """Drive both servers at once: first ``args.warmup`` requests each, uncounted (a fresh server's
     first requests import and build what later ones reuse); then ``args.duration_s`` seconds,
     followed by ``args.quiet_s`` of quiet so the span processors' scheduled exports of the spans
-    the window recorded run inside it (``OTEL_BSP_SCHEDULE_DELAY``, set below that). CPU is
+    the window recorded run inside it (``OTEL_BSP_SCHEDULE_DELAY``: the quiet outlasts it). CPU is
     read before and after the window (the servers' every thread, /proc), requests counted by the
     load generators. ``swap``: the variant's generator starts first (alternated by round)."""
     servers, order = (base, variant), ((1, 0) if swap else (0, 1))
