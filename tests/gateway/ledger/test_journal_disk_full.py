@@ -104,6 +104,13 @@ async def test_a_full_journal_disk_refuses_new_work_and_recovers(tmp_path: Path,
 
         filler = Filler(tiny_fs / "filler")
         filler.start()
+        # The disk stays full: the journal's own sealed, committed segments are not deleted until
+        # space returns. Deleted, their pages went back to the journal before the filler could take
+        # them (the journal thread seals, deletes and writes the next segment in one go), so its
+        # retried writes went through and no request was ever refused (seen in CI, twice).
+        held: list[int] = []
+        delete = gw.ledger.segments._delete
+        gw.ledger.segments._delete = held.append
         # The journal's current segment may still have room in its last page: requests are served
         # until a journal write fails. A request whose call was made but whose rows then cannot be
         # journaled is a 503 too (its rows stay queued and are billed when space returns); from
@@ -130,6 +137,9 @@ async def test_a_full_journal_disk_refuses_new_work_and_recovers(tmp_path: Path,
         assert ready.status_code == 503 and ready.json()["ledger"] is False
 
         filler.stop()  # space returns: the journal's retried write goes through
+        gw.ledger.segments._delete = delete
+        for seq in held:
+            delete(seq)
         for _ in range(100):  # 100 polls of 50 ms at most
             r = await gw.client.post("/v1/chat/completions", headers=gw.auth, json=BODY)
             if r.status_code == 200:
