@@ -42,6 +42,7 @@ Bench-only: imported lazily by gateway.cli.bench.
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import statistics
 import subprocess
@@ -102,6 +103,9 @@ class PairedArgs:
     load_core: int = 1
     variants: tuple[str, ...] = ("no-metrics-b", "metrics", "metrics+otlp@0.1", "metrics+otlp@1.0")
     base: str = BASE  # the variant every other one runs beside
+    # PYTHONHASHSEED of every server: None, a new one each round (both servers of a round's pairs
+    # share it); a number, that one throughout (see run)
+    hash_seed: int | None = None
 
     @property
     def quiet_s(self) -> float:
@@ -188,9 +192,13 @@ def run(args: PairedArgs) -> list[str]:
     if unknown:
         raise ValueError(f"unknown variants {sorted(unknown)}; known: {sorted(VARIANTS)}")
     work = Path(tempfile.mkdtemp(prefix="tiergate-obs-paired-"))
-    # every server the same string hashing (dict layouts), so two servers differ only in their config
+    # String hashing (dict layouts) is the same for every server of a round, so the servers of its pairs
+    # differ only in their config; by default a new seed each round: a fixed one makes one layout's luck
+    # (where each configuration's dicts and objects fall in memory and in the caches) part of every
+    # round, the same for a variant each time, and so a bias no number of rounds averages out
+    seeds = random.Random()
     env = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True", "TIERGATE_BENCH_DATABASE_URL": "",
-           "PYTHONHASHSEED": "0",
+           "PYTHONHASHSEED": str(args.hash_seed if args.hash_seed is not None else 0),
            # the span processor's export schedule, set (whatever this environment says): the SDK's
            # default unless asked otherwise; every pair's quiet after its window outlasts it
            "OTEL_BSP_SCHEDULE_DELAY": str(args.export_delay_ms)}
@@ -204,6 +212,8 @@ def run(args: PairedArgs) -> list[str]:
             stack.enter_context(_process([*_pin(args.load_core), sys.executable, "-m", "gateway.bench.tools", "sink",
                                           "--port", str(sink_port)], f"{sink}/stats", work / "sink.log", env))
             for round_no in range(args.rounds):
+                if args.hash_seed is None:
+                    env["PYTHONHASHSEED"] = str(seeds.randrange(1, 2**32))
                 k = round_no % len(args.variants)
                 for name in args.variants[k:] + args.variants[:k]:  # a rotating order
                     sys.stderr.write(f"  round {round_no + 1}/{args.rounds}: {args.base} + {name} ...\n")
@@ -248,7 +258,8 @@ def report(pairs: dict[str, list[Pair]], args: PairedArgs, exported: dict[str, A
     what = "metrics and tracing off" if args.base == BASE else "as configured in VARIANTS"
     lines = [f"tiergate bench obs-paired: each variant's server beside the baseline ({args.base}: {what}), both on core {args.server_core} at the same time, {args.concurrency} connections each for "
              f"{args.duration_s:g} s, {args.rounds} rounds (load generators, mock upstream and OTLP receiver on "
-             f"core {args.load_core}; spans exported every {args.export_delay_ms} ms)", "",
+             f"core {args.load_core}; spans exported every {args.export_delay_ms} ms; PYTHONHASHSEED "
+             f"{'a new one each round' if args.hash_seed is None else args.hash_seed})", "",
              f"{'variant':<20}{'CPU us/req':>12}{'base us/req':>13}{'CPU ratio':>11}   {'per round':<16}"
              f"{'RPS ratio':>10}   per round"]
     control: list[float] = []

@@ -184,12 +184,13 @@ def obs_paired_bench(
     base: str = typer.Option("no-metrics", help="the variant every other one runs beside"),
     export_delay_ms: int = typer.Option(5000, min=100, help="the span processor's export schedule "
                                         "(OTEL_BSP_SCHEDULE_DELAY; 5000: the SDK's default)"),
+    hash_seed: int = typer.Option(-1, min=-1, help="every server's PYTHONHASHSEED (-1: a new one each round)"),
 ) -> None:
     """Metrics and tracing cost per request, each variant's server run beside the baseline at the same time on one core."""
     from gateway.bench.obs_paired import PairedArgs, run
 
     args = PairedArgs(rounds, duration, concurrency, variants=tuple(v for v in variants.split(",") if v), base=base,
-                      export_delay_ms=export_delay_ms)
+                      export_delay_ms=export_delay_ms, hash_seed=None if hash_seed < 0 else hash_seed)
     for line in run(args):
         typer.echo(line)
 

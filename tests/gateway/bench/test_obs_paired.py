@@ -76,3 +76,10 @@ def test_the_quiet_after_a_window_outlasts_the_export_schedule() -> None:
     assert PairedArgs(export_delay_ms=2000, settle_s=0.5).quiet_s == 2.5
     pairs = {"metrics": [Pair(1000, 1.0, 1000, 1.01, 100, 100)]}
     assert "spans exported every 5000 ms" in report(pairs, default)[0]
+
+
+def test_the_report_says_how_the_servers_string_hashing_was_seeded() -> None:
+    pairs = {"metrics": [Pair(1000, 1.0, 1000, 1.01, 100, 100)]}
+    # by default a new PYTHONHASHSEED each round (a fixed one would make one layout's luck a bias)
+    assert "PYTHONHASHSEED a new one each round" in report(pairs, PairedArgs(rounds=1, variants=("metrics",)))[0]
+    assert "PYTHONHASHSEED 0)" in report(pairs, PairedArgs(rounds=1, variants=("metrics",), hash_seed=0))[0]

@@ -52,8 +52,10 @@ def tiny_fs(tmp_path: Path) -> Iterator[Path]:
 
 class Filler:
     """Another writer that keeps the file system full: it grows its file until write(2) fails
-    with ENOSPC and takes whatever is freed again within a millisecond (the journal deletes its
-    sealed, committed segments), until stopped and its file removed."""
+    with ENOSPC and takes whatever else frees space within a millisecond, until stopped and its
+    file removed. (The journal's own deletions of sealed, committed segments are held by the test
+    while the disk is to stay full: their pages would go straight back to the journal's next
+    write in the same thread, before this thread could take them.)"""
 
     def __init__(self, path: Path) -> None:
         self.path = path
