@@ -8,7 +8,8 @@ baseline (metrics and tracing off) and one variant side by side: both real ``tie
 processes (one worker, the journaled ledger on SQLite, the bench's mock upstream) pinned to the
 same core, each driven by its own closed-loop load generator at the same concurrency, started
 and stopped together. Whatever else the machine does in that window it does to both. Measured per
-server over the window: requests answered and its CPU time (every thread's, from /proc), so:
+server over the window: requests answered and its CPU time (every thread's, from /proc; the event
+loop's thread, the process's main one, also alone, so the report says which side the cost is on), so:
 
 - **CPU per request, baseline over variant**: the share of RPS a CPU-bound server keeps with the
   variant's observability on (RPS = CPU available / CPU per request). This is the figure held to
@@ -124,6 +125,11 @@ class Pair:
     cpu_s: float
     base_rps: float
     rps: float
+    # of the CPU seconds above, the event loop's thread's (the process's main thread: uvicorn runs the
+    # app there); the rest is the other threads' (the ledger's journal and database writers, the
+    # metrics' folder, the span processor's exporter)
+    base_loop_cpu_s: float = float("nan")
+    loop_cpu_s: float = float("nan")
 
     @property
     def cpu_ratio(self) -> float:
@@ -141,6 +147,15 @@ class Server:
     url: str
     key: str
     pid: int
+
+
+def _loop_cpu_s(pid: int) -> float:
+    """CPU time (user + system) the process's main thread has used so far; nan if unknown."""
+    try:
+        fields = Path(f"/proc/{pid}/task/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return float("nan")
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _load_cmd(s: Server, concurrency: int, *, duration_s: float = 0.0, requests: int = 0, core: int) -> list[str]:
@@ -170,12 +185,12 @@ def _pair(base: Server, variant: Server, args: PairedArgs, swap: bool = False) -
     servers, order = (base, variant), ((1, 0) if swap else (0, 1))
     _drive(servers, args, order, requests=args.warmup)
     time.sleep(args.quiet_s)  # the warm-up's spans exported before the window
-    cpu0 = [_cpu_s(base.pid), _cpu_s(variant.pid)]
+    cpu0 = [_cpu_s(base.pid), _cpu_s(variant.pid), _loop_cpu_s(base.pid), _loop_cpu_s(variant.pid)]
     got = _drive(servers, args, order, duration_s=args.duration_s)
     time.sleep(args.quiet_s)
-    cpu1 = [_cpu_s(base.pid), _cpu_s(variant.pid)]
+    cpu1 = [_cpu_s(base.pid), _cpu_s(variant.pid), _loop_cpu_s(base.pid), _loop_cpu_s(variant.pid)]
     return Pair(int(got[0]["requests"]), cpu1[0] - cpu0[0], int(got[1]["requests"]), cpu1[1] - cpu0[1],
-                float(got[0]["rps"]), float(got[1]["rps"]))
+                float(got[0]["rps"]), float(got[1]["rps"]), cpu1[2] - cpu0[2], cpu1[3] - cpu0[3])
 
 
 def _start(stack: ExitStack, work: Path, name: str, upstream: str, sink: str, args: PairedArgs,
@@ -250,6 +265,25 @@ def _cost_interval(costs: list[float], label: str) -> str:
             f"{interval_verdict(low, high, coverage, COST_TARGET, shown=COST_SHOWN)})")
 
 
+def _threads(pairs: dict[str, list[Pair]]) -> list[str]:
+    """Where each variant's CPU per request goes: the event loop's thread and the others, baseline ->
+    variant (medians of the rounds), when the rounds measured them."""
+    lines = []
+    for name, ps in pairs.items():
+        ps = [p for p in ps if p.loop_cpu_s == p.loop_cpu_s and p.base_loop_cpu_s == p.base_loop_cpu_s]  # not nan
+        if not ps:
+            continue
+        loop = [(p.base_loop_cpu_s / max(p.base_requests, 1) * 1e6, p.loop_cpu_s / max(p.requests, 1) * 1e6) for p in ps]
+        rest = [((p.base_cpu_s - p.base_loop_cpu_s) / max(p.base_requests, 1) * 1e6,
+                 (p.cpu_s - p.loop_cpu_s) / max(p.requests, 1) * 1e6) for p in ps]
+        lines.append(f"{name}: us/req, baseline -> variant (medians): event-loop thread "
+                     f"{statistics.median(b for b, _ in loop):.1f} -> {statistics.median(v for _, v in loop):.1f} "
+                     f"({statistics.median(v - b for b, v in loop):+.1f}), other threads "
+                     f"{statistics.median(b for b, _ in rest):.1f} -> {statistics.median(v for _, v in rest):.1f} "
+                     f"({statistics.median(v - b for b, v in rest):+.1f})")
+    return [*lines, ""] if lines else []
+
+
 def _spread(values: list[float]) -> str:
     return f"[{min(values):.3f}..{max(values):.3f}]"
 
@@ -280,6 +314,7 @@ def report(pairs: dict[str, list[Pair]], args: PairedArgs, exported: dict[str, A
             lines.append(f"{name}: CPU ratio by round (rounds 2, 4, ...: the variant's server started first) "
                          + " ".join(f"{p.cpu_ratio:.3f}" for p in ps))
     lines.append("")
+    lines += _threads(pairs)
     lines.append("CPU ratio: the baseline's CPU per request over the variant's, median of the rounds (the RPS share "
                  "a CPU-bound server keeps; target >= 0.95). RPS ratio: requests answered, variant over baseline, "
                  "in the same window.")
