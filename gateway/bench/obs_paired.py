@@ -267,7 +267,8 @@ def _cost_interval(costs: list[float], label: str) -> str:
 
 def _threads(pairs: dict[str, list[Pair]]) -> list[str]:
     """Where each variant's CPU per request goes: the event loop's thread and the others, baseline ->
-    variant (medians of the rounds), when the rounds measured them."""
+    variant (medians of the rounds, and the median of the rounds' differences), when the rounds measured
+    them."""
     lines = []
     for name, ps in pairs.items():
         ps = [p for p in ps if p.loop_cpu_s == p.loop_cpu_s and p.base_loop_cpu_s == p.base_loop_cpu_s]  # not nan
@@ -276,7 +277,8 @@ def _threads(pairs: dict[str, list[Pair]]) -> list[str]:
         loop = [(p.base_loop_cpu_s / max(p.base_requests, 1) * 1e6, p.loop_cpu_s / max(p.requests, 1) * 1e6) for p in ps]
         rest = [((p.base_cpu_s - p.base_loop_cpu_s) / max(p.base_requests, 1) * 1e6,
                  (p.cpu_s - p.loop_cpu_s) / max(p.requests, 1) * 1e6) for p in ps]
-        lines.append(f"{name}: us/req, baseline -> variant (medians): event-loop thread "
+        lines.append(f"{name}: us/req, baseline -> variant (medians; in parentheses the median of the rounds' "
+                     f"differences): event-loop thread "
                      f"{statistics.median(b for b, _ in loop):.1f} -> {statistics.median(v for _, v in loop):.1f} "
                      f"({statistics.median(v - b for b, v in loop):+.1f}), other threads "
                      f"{statistics.median(b for b, _ in rest):.1f} -> {statistics.median(v for _, v in rest):.1f} "

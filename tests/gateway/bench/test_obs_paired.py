@@ -89,8 +89,8 @@ def test_the_report_splits_cpu_per_request_between_the_event_loop_and_the_other_
     # per round: the baseline 1.0 s over 1000 requests, 0.8 s of it on the loop; the variant 1.1 s, 0.88 s
     pairs = {"metrics+otlp@0.1": [Pair(1000, 1.0, 1000, 1.1, 100, 100, 0.8, 0.88)] * 3}
     text = "\n".join(report(pairs, PairedArgs(rounds=3, variants=("metrics+otlp@0.1",))))
-    assert ("metrics+otlp@0.1: us/req, baseline -> variant (medians): event-loop thread 800.0 -> 880.0 (+80.0), "
-            "other threads 200.0 -> 220.0 (+20.0)") in text
+    assert ("metrics+otlp@0.1: us/req, baseline -> variant (medians; in parentheses the median of the rounds' "
+            "differences): event-loop thread 800.0 -> 880.0 (+80.0), other threads 200.0 -> 220.0 (+20.0)") in text
     # rounds without the split (a thread's time unreadable): no line for them
     assert "us/req, baseline" not in "\n".join(report({"metrics": [Pair(1000, 1.0, 1000, 1.01, 100, 100)]},
                                                       PairedArgs(rounds=1, variants=("metrics",))))
