@@ -54,12 +54,14 @@ class Phase:
 WARMUP = 50  # sequential requests before each measured phase
 
 
-def _cpu_s(pid: int | None) -> float:
-    """CPU time (user + system, all threads) the process has used so far; nan if unknown."""
+def _cpu_s(pid: int | None, thread: int | None = None) -> float:
+    """CPU time (user + system) the process has used so far, all its threads, or only ``thread``'s
+    (a thread id; the process's own id: its main thread); nan if unknown."""
     if pid is None:
         return float("nan")
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        stat = Path(f"/proc/{pid}/stat" if thread is None else f"/proc/{pid}/task/{thread}/stat")
+        fields = stat.read_text().rsplit(")", 1)[1].split()
     except OSError:
         return float("nan")
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")

@@ -42,6 +42,7 @@ Bench-only: imported lazily by gateway.cli.bench.
 
 from __future__ import annotations
 
+import math
 import os
 import random
 import shutil
@@ -149,15 +150,6 @@ class Server:
     pid: int
 
 
-def _loop_cpu_s(pid: int) -> float:
-    """CPU time (user + system) the process's main thread has used so far; nan if unknown."""
-    try:
-        fields = Path(f"/proc/{pid}/task/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return float("nan")
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def _load_cmd(s: Server, concurrency: int, *, duration_s: float = 0.0, requests: int = 0, core: int) -> list[str]:
     return [*_pin(core), sys.executable, "-m", "gateway.bench.tools", "load", "--url", s.url,
             "--body", orjson.dumps(REQUEST).decode(), "--key", s.key, "--concurrency", str(concurrency),
@@ -185,10 +177,10 @@ def _pair(base: Server, variant: Server, args: PairedArgs, swap: bool = False) -
     servers, order = (base, variant), ((1, 0) if swap else (0, 1))
     _drive(servers, args, order, requests=args.warmup)
     time.sleep(args.quiet_s)  # the warm-up's spans exported before the window
-    cpu0 = [_cpu_s(base.pid), _cpu_s(variant.pid), _loop_cpu_s(base.pid), _loop_cpu_s(variant.pid)]
+    cpu0 = [_cpu_s(base.pid), _cpu_s(variant.pid), _cpu_s(base.pid, base.pid), _cpu_s(variant.pid, variant.pid)]
     got = _drive(servers, args, order, duration_s=args.duration_s)
     time.sleep(args.quiet_s)
-    cpu1 = [_cpu_s(base.pid), _cpu_s(variant.pid), _loop_cpu_s(base.pid), _loop_cpu_s(variant.pid)]
+    cpu1 = [_cpu_s(base.pid), _cpu_s(variant.pid), _cpu_s(base.pid, base.pid), _cpu_s(variant.pid, variant.pid)]
     return Pair(int(got[0]["requests"]), cpu1[0] - cpu0[0], int(got[1]["requests"]), cpu1[1] - cpu0[1],
                 float(got[0]["rps"]), float(got[1]["rps"]), cpu1[2] - cpu0[2], cpu1[3] - cpu0[3])
 
@@ -271,7 +263,7 @@ def _threads(pairs: dict[str, list[Pair]]) -> list[str]:
     them."""
     lines = []
     for name, ps in pairs.items():
-        ps = [p for p in ps if p.loop_cpu_s == p.loop_cpu_s and p.base_loop_cpu_s == p.base_loop_cpu_s]  # not nan
+        ps = [p for p in ps if not (math.isnan(p.loop_cpu_s) or math.isnan(p.base_loop_cpu_s))]
         if not ps:
             continue
         loop = [(p.base_loop_cpu_s / max(p.base_requests, 1) * 1e6, p.loop_cpu_s / max(p.requests, 1) * 1e6) for p in ps]
